@@ -1,0 +1,584 @@
+//! The client: connects, acquires locks and hands out guards.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::{RedisError, Value};
+
+use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, Topology};
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::guard::LockGuard;
+use crate::keys::LockKeys;
+use crate::options::LockOptions;
+use crate::scripts::{ACQUIRE, RELEASE};
+
+/// How the acquire script computes the next fence token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceMode {
+    /// `max(counter + 1, server time in µs + 1, floor + 1)`: a counter lost in a failover
+    /// resumes above every token granted before, provided the new master's clock is not behind
+    /// the old one's by more than the time the failover took (see `docs/safety.md`).
+    #[default]
+    Clock,
+    /// `max(counter + 1, floor + 1)`: small numbers, but a failover that loses the counter
+    /// makes tokens go backwards until a floor repairs it.
+    Counter,
+}
+
+impl FenceMode {
+    fn as_arg(self) -> &'static str {
+        match self {
+            FenceMode::Clock => "clock",
+            FenceMode::Counter => "counter",
+        }
+    }
+}
+
+/// Builds a [`Client`]; every setting has a documented default.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> fencelock::Result<()> {
+/// use std::time::Duration;
+///
+/// let client = fencelock::Client::builder(["redis://127.0.0.1:7000"])
+///     .prefix("myapp")
+///     .request_timeout(Duration::from_secs(1))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    urls: Vec<String>,
+    prefix: String,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retries: u32,
+    fence_mode: FenceMode,
+    wait_lanes: usize,
+}
+
+impl ClientBuilder {
+    /// Key prefix (default `fencelock`); must not contain `{` or `}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Time allowed to open a TCP connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Deadline for one call to Redis, including the client's own retries (default 2 s).
+    /// Every public call returns within it, plus the WAIT timeout where one is set.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How often a request is retried after a redirect or connection error (default 3).
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// How fence tokens are computed (default [`FenceMode::Clock`]).
+    pub fn fence_mode(mut self, mode: FenceMode) -> Self {
+        self.fence_mode = mode;
+        self
+    }
+
+    /// How many acquisitions with `wait_replicas` may wait at once, each on a connection of its
+    /// own (default 4).
+    pub fn wait_lanes(mut self, lanes: usize) -> Self {
+        self.wait_lanes = lanes;
+        self
+    }
+
+    /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Connect`] when no node
+    /// answers within the connect and request timeouts, or a node refuses the credentials.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing outlives a dropped call.
+    pub async fn connect(self) -> Result<Client> {
+        if self.prefix.contains(['{', '}']) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the key prefix {:?} contains a brace: remove it, braces choose hash slots",
+                    self.prefix
+                ),
+            });
+        }
+        for (what, value) in [
+            ("connect timeout", self.connect_timeout),
+            ("request timeout", self.request_timeout),
+        ] {
+            if value.is_zero() || value > Duration::from_secs(3600) {
+                return Err(Error::InvalidConfig {
+                    reason: format!("the {what} {value:?} is out of range: use 1 ms to 1 h"),
+                });
+            }
+        }
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.request_timeout,
+        };
+        let (endpoint, conn) = Endpoint::discover(&self.urls, timeouts, self.retries).await?;
+        tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
+        Ok(Client {
+            shared: Arc::new(Shared {
+                conn,
+                lanes: Lanes::new(endpoint, self.wait_lanes),
+                prefix: self.prefix,
+                request_timeout: self.request_timeout,
+                fence_mode: self.fence_mode,
+            }),
+        })
+    }
+}
+
+/// A connection to Redis Cluster or a standalone Redis that grants fenced locks.
+///
+/// Cheap to clone: clones share one connection.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> fencelock::Result<()> {
+/// use std::time::Duration;
+/// use fencelock::{Client, LockOptions};
+///
+/// let client = Client::connect(["redis://127.0.0.1:7000"]).await?;
+/// let options = LockOptions::new().ttl(Duration::from_secs(10));
+/// let guard = client.lock("orders:42", &options).await?;
+/// println!("holding {} with fence {}", guard.name(), guard.fence());
+/// // ... write to storage, passing guard.fence() along ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("nodes", &self.shared.lanes.endpoint().nodes)
+            .field("topology", &self.topology())
+            .field("prefix", &self.shared.prefix)
+            .finish()
+    }
+}
+
+/// What clients, guards and background releases share.
+pub(crate) struct Shared {
+    conn: Connection,
+    lanes: Lanes,
+    prefix: String,
+    pub(crate) request_timeout: Duration,
+    fence_mode: FenceMode,
+}
+
+/// Outcome of one acquisition attempt.
+enum Attempt {
+    Granted(LockGuard),
+    Busy { retry_after: Duration },
+}
+
+impl Client {
+    /// A builder with default settings for the given node URLs.
+    pub fn builder<I, S>(urls: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder {
+            urls: urls.into_iter().map(Into::into).collect(),
+            prefix: "fencelock".into(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(2),
+            retries: 3,
+            fence_mode: FenceMode::Clock,
+            wait_lanes: 4,
+        }
+    }
+
+    /// Connects with default settings; see [`ClientBuilder::connect`].
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientBuilder::connect`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn connect<I, S>(urls: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder(urls).connect().await
+    }
+
+    /// Whether the client talks to a cluster or a single server.
+    pub fn topology(&self) -> Topology {
+        self.shared.lanes.endpoint().topology
+    }
+
+    /// The Redis keys and slot lock `name` uses with `options`' placement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
+    pub fn keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
+        LockKeys::new(&self.shared.prefix, name, &options.placement)
+    }
+
+    /// Makes one attempt to acquire lock `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when another owner holds it; [`Error::ReplicasNotConfirmed`] when
+    /// `wait_replicas` was not met (the lock was released again); [`Error::InvalidName`] /
+    /// [`Error::InvalidOptions`] for bad input; [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// does not answer in time or fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, a background task
+    /// releases whatever the request may have acquired.
+    pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        let keys = self.keys(name, options)?;
+        options.validate(name)?;
+        match self.attempt(&keys, options).await? {
+            Attempt::Granted(guard) => Ok(guard),
+            Attempt::Busy { retry_after } => Err(Error::Busy {
+                name: name.to_owned(),
+                waited: Duration::ZERO,
+                retry_after,
+            }),
+        }
+    }
+
+    /// Acquires lock `name`, retrying with jittered backoff while another owner holds it or
+    /// Redis is briefly unavailable, for up to `options.timeout`.
+    ///
+    /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the lock stayed held until the timeout; [`Error::Timeout`] or
+    /// [`Error::Redis`] when Redis kept failing; otherwise as [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`try_lock`](Self::try_lock).
+    pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        let keys = self.keys(name, options)?;
+        options.validate(name)?;
+        let started = Instant::now();
+        let deadline = started + options.timeout;
+        let mut backoff = Backoff::new();
+        loop {
+            let outcome = self.attempt(&keys, options).await;
+            let pause = match outcome {
+                Ok(Attempt::Granted(guard)) => return Ok(guard),
+                Ok(Attempt::Busy { retry_after }) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::Busy {
+                            name: name.to_owned(),
+                            waited: started.elapsed(),
+                            retry_after,
+                        });
+                    }
+                    backoff.next().min(retry_after + Duration::from_millis(1))
+                }
+                Err(err) if err.is_transient() && Instant::now() < deadline => {
+                    tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
+                    backoff.next()
+                }
+                Err(err) => return Err(err),
+            };
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            tokio::time::sleep(pause.min(remaining)).await;
+        }
+    }
+
+    /// One acquire request under a fresh owner token (a token is never reused after a failed
+    /// request, whose background release could otherwise hit a later grant).
+    async fn attempt(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
+        let shared = &self.shared;
+        let owner = new_owner_token();
+        let owner = owner.as_str();
+        let started = Instant::now();
+        let ttl_ms = ttl_millis(options.ttl);
+        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let key_args = [keys.lock_key(), keys.fence_key()];
+        let args = [
+            owner,
+            ttl_ms.as_str(),
+            floor.as_str(),
+            shared.fence_mode.as_arg(),
+        ];
+        let in_flight = InFlight::arm(shared, keys.lock_key(), owner);
+
+        let (reply, acked) = match options.wait {
+            None => {
+                let mut conn = shared.conn.clone();
+                let call = conn::run_script(&mut conn, &ACQUIRE, &key_args, &args);
+                let reply = bounded(keys.name(), "acquire", shared.request_timeout, call).await?;
+                (reply, None)
+            }
+            Some((replicas, wait)) => {
+                let limit = shared.request_timeout + wait;
+                let call = async {
+                    let mut lane = shared.lanes.checkout().await?;
+                    let reply = conn::run_script_then_wait(
+                        &mut lane.conn,
+                        &ACQUIRE,
+                        &key_args,
+                        &args,
+                        replicas,
+                        wait,
+                    )
+                    .await?;
+                    lane.finish();
+                    Ok::<_, RedisError>(reply)
+                };
+                let (reply, acked) = bounded(keys.name(), "acquire", limit, call).await?;
+                (reply, Some((replicas, acked)))
+            }
+        };
+
+        let (status, value) = parse_pair(keys.name(), "acquire", reply)?;
+        match status {
+            1 | 2 => {
+                let fence = u64::try_from(value)
+                    .ok()
+                    .and_then(FenceToken::new)
+                    .ok_or_else(|| Error::UnexpectedReply {
+                        name: keys.name().to_owned(),
+                        operation: "acquire",
+                        detail: format!("fence {value} out of range"),
+                    })?;
+                in_flight.disarm();
+                let acked = match acked {
+                    Some((required, acked)) => {
+                        let acked = u32::try_from(acked).unwrap_or(0);
+                        if acked < required {
+                            let _ = release_owner(shared, keys.lock_key(), owner).await;
+                            return Err(Error::ReplicasNotConfirmed {
+                                name: keys.name().to_owned(),
+                                acked,
+                                required,
+                            });
+                        }
+                        Some(acked)
+                    }
+                    None => None,
+                };
+                tracing::debug!(lock = keys.name(), %fence, "acquired");
+                Ok(Attempt::Granted(LockGuard::new(
+                    Arc::clone(shared),
+                    keys.clone(),
+                    owner.to_owned(),
+                    fence,
+                    started,
+                    options.ttl,
+                    acked,
+                )))
+            }
+            0 => {
+                in_flight.disarm();
+                Ok(Attempt::Busy {
+                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
+                })
+            }
+            other => Err(Error::UnexpectedReply {
+                name: keys.name().to_owned(),
+                operation: "acquire",
+                detail: format!("status {other}"),
+            }),
+        }
+    }
+}
+
+/// Releases `owner`'s hold on `lock_key`: `1` released, `0` expired, `-1` held by another.
+pub(crate) async fn release_owner(shared: &Shared, lock_key: &str, owner: &str) -> Result<i64> {
+    run_owner_script(shared, lock_key, "release", &RELEASE, &[lock_key], &[owner]).await
+}
+
+/// Runs a script with EXTEND's or RELEASE's contract on the main connection.
+pub(crate) async fn run_owner_script(
+    shared: &Shared,
+    name: &str,
+    operation: &'static str,
+    script: &crate::scripts::LuaScript,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<i64> {
+    let mut conn = shared.conn.clone();
+    let call = conn::run_script(&mut conn, script, keys, args);
+    let reply = bounded(name, operation, shared.request_timeout, call).await?;
+    parse_int(name, operation, reply)
+}
+
+/// Bounds a Redis call by `limit`, naming the lock in the error.
+async fn bounded<T>(
+    name: &str,
+    operation: &'static str,
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) => Err(Error::Redis {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            name: name.to_owned(),
+            operation,
+            after: limit,
+        }),
+    }
+}
+
+fn parse_pair(name: &str, operation: &'static str, reply: Value) -> Result<(i64, i64)> {
+    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
+        name: name.to_owned(),
+        operation,
+        detail: format!("{reply:?}"),
+    })
+}
+
+fn parse_int(name: &str, operation: &'static str, reply: Value) -> Result<i64> {
+    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
+        name: name.to_owned(),
+        operation,
+        detail: format!("{reply:?}"),
+    })
+}
+
+pub(crate) fn ttl_millis(ttl: Duration) -> String {
+    ttl.as_millis().max(1).to_string()
+}
+
+/// A fresh 128-bit random owner token, hex encoded.
+fn new_owner_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// While armed, dropping it (a timeout or a cancelled call) releases what an acquire request
+/// in flight may have taken, in the background.
+struct InFlight<'a> {
+    shared: &'a Arc<Shared>,
+    lock_key: &'a str,
+    owner: &'a str,
+    armed: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn arm(shared: &'a Arc<Shared>, lock_key: &'a str, owner: &'a str) -> Self {
+        Self {
+            shared,
+            lock_key,
+            owner,
+            armed: true,
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_in_background(
+                Arc::clone(self.shared),
+                self.lock_key.to_owned(),
+                self.owner.to_owned(),
+            );
+        }
+    }
+}
+
+/// Hands a release to the current runtime, if there is one; never blocks or panics.
+pub(crate) fn release_in_background(shared: Arc<Shared>, lock_key: String, owner: String) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            if let Err(err) = release_owner(&shared, &lock_key, &owner).await {
+                tracing::debug!(lock = lock_key, error = %err, "background release failed");
+            }
+        });
+    }
+}
+
+/// Jittered exponential backoff from 5 ms up to 200 ms.
+struct Backoff {
+    next: Duration,
+    random: RandomState,
+    draws: u64,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const MAX: Duration = Duration::from_millis(200);
+
+    fn new() -> Self {
+        Self {
+            next: Self::FIRST,
+            random: RandomState::new(),
+            draws: 0,
+        }
+    }
+
+    /// A pause drawn uniformly from [d/2, d], then d doubles up to the cap.
+    fn next(&mut self) -> Duration {
+        let ceiling = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        self.draws += 1;
+        let mut hasher = self.random.build_hasher();
+        hasher.write_u64(self.draws);
+        let fraction = (hasher.finish() % 1000) as u32;
+        ceiling / 2 + ceiling / 2 * fraction / 1000
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_bounded() {
+        let mut backoff = Backoff::new();
+        let pauses: Vec<_> = (0..20).map(|_| backoff.next()).collect();
+        assert!(pauses[0] <= Backoff::FIRST && pauses[0] >= Backoff::FIRST / 2);
+        assert!(pauses.iter().all(|p| *p <= Backoff::MAX));
+        assert!(pauses[19] >= Backoff::MAX / 2);
+    }
+
+    #[test]
+    fn owner_tokens_are_128_bit_hex() {
+        let token = new_owner_token();
+        assert_eq!(token.len(), 32);
+        assert_ne!(token, new_owner_token());
+    }
+}

@@ -1,0 +1,436 @@
+//! Connections: cluster or standalone detection, timeouts, NOSCRIPT handling and WAIT lanes.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError};
+use redis::{RedisFuture, RedisResult, Value};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+use crate::scripts::LuaScript;
+
+/// What kind of deployment the client talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// A Redis Cluster (`cluster_enabled:1`).
+    Cluster,
+    /// A single Redis server.
+    Standalone,
+}
+
+/// Timeouts applied to every connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+/// One handle to Redis: a cluster connection (routes by key, follows MOVED/ASK) or a
+/// single-node one.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Cluster(ClusterConnection),
+    Managed(ConnectionManager),
+    Direct(MultiplexedConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+            Connection::Managed(c) => c.req_packed_command(cmd),
+            Connection::Direct(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Managed(c) => c.req_packed_commands(cmd, offset, count),
+            Connection::Direct(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Cluster(c) => c.get_db(),
+            Connection::Managed(c) => c.get_db(),
+            Connection::Direct(c) => c.get_db(),
+        }
+    }
+}
+
+/// How to open more connections to the same deployment.
+enum Opener {
+    /// Lanes are cluster connections of their own (no response timeout: callers bound them).
+    Cluster(ClusterClient),
+    Standalone(redis::Client),
+}
+
+/// The deployment found at the given URLs.
+pub(crate) struct Endpoint {
+    pub(crate) topology: Topology,
+    pub(crate) nodes: String,
+    opener: Opener,
+    timeouts: Timeouts,
+}
+
+impl Endpoint {
+    /// Connects to the first URL that answers, detects cluster mode and opens the main connection.
+    pub(crate) async fn discover(
+        urls: &[String],
+        timeouts: Timeouts,
+        retries: u32,
+    ) -> Result<(Self, Connection)> {
+        if urls.is_empty() {
+            return Err(Error::InvalidConfig {
+                reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:7000".into(),
+            });
+        }
+        let infos = urls
+            .iter()
+            .map(|url| parse_url(url))
+            .collect::<Result<Vec<_>>>()?;
+        let nodes = infos
+            .iter()
+            .map(|i| i.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+
+        let mut last_failure = None;
+        for info in &infos {
+            match probe(info, timeouts).await {
+                Ok(topology) => {
+                    let endpoint = Self::open(topology, &infos, info, timeouts, retries, &nodes)?;
+                    let conn = endpoint.main_connection(&infos, info, retries).await?;
+                    return Ok((endpoint, conn));
+                }
+                Err(
+                    err @ Error::Connect {
+                        source: Some(_), ..
+                    },
+                ) if is_auth_failure(&err) || !is_unreachable(&err) => return Err(err),
+                Err(err) => last_failure = Some(err),
+            }
+        }
+        Err(last_failure.unwrap_or_else(|| Error::Connect {
+            target: nodes.clone(),
+            reason: "no node answered".into(),
+            source: None,
+        }))
+    }
+
+    fn open(
+        topology: Topology,
+        infos: &[ConnectionInfo],
+        reachable: &ConnectionInfo,
+        timeouts: Timeouts,
+        retries: u32,
+        nodes: &str,
+    ) -> Result<Self> {
+        let opener = match topology {
+            Topology::Cluster => Opener::Cluster(
+                cluster_builder(infos, timeouts, retries)
+                    .response_timeout(Duration::from_secs(24 * 3600))
+                    .overall_response_timeout(None)
+                    .build()
+                    .map_err(|e| config_error(nodes, e))?,
+            ),
+            Topology::Standalone => Opener::Standalone(
+                redis::Client::open(reachable.clone()).map_err(|e| config_error(nodes, e))?,
+            ),
+        };
+        Ok(Self {
+            topology,
+            nodes: nodes.to_owned(),
+            opener,
+            timeouts,
+        })
+    }
+
+    async fn main_connection(
+        &self,
+        infos: &[ConnectionInfo],
+        reachable: &ConnectionInfo,
+        retries: u32,
+    ) -> Result<Connection> {
+        let deadline = self.timeouts.connect + self.timeouts.response;
+        let opened = match self.topology {
+            Topology::Cluster => {
+                let client = cluster_builder(infos, self.timeouts, retries)
+                    .build()
+                    .map_err(|e| config_error(&self.nodes, e))?;
+                tokio::time::timeout(deadline, client.get_async_connection())
+                    .await
+                    .map(|r| r.map(Connection::Cluster))
+            }
+            Topology::Standalone => {
+                let client = redis::Client::open(reachable.clone())
+                    .map_err(|e| config_error(&self.nodes, e))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeouts.connect))
+                    .set_response_timeout(Some(self.timeouts.response))
+                    .set_number_of_retries(retries as usize)
+                    .set_max_delay(Duration::from_millis(500));
+                tokio::time::timeout(deadline, client.get_connection_manager_with_config(config))
+                    .await
+                    .map(|r| r.map(Connection::Managed))
+            }
+        };
+        match opened {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(source)) => Err(connect_error(&self.nodes, source)),
+            Err(_) => Err(Error::Connect {
+                target: self.nodes.clone(),
+                reason: format!("no answer within {deadline:?}: is Redis running there?"),
+                source: None,
+            }),
+        }
+    }
+
+    /// Opens a connection that nothing else uses, for commands that block it (WAIT).
+    ///
+    /// It has no response timeout of its own: the caller bounds every request and drops the
+    /// connection when a deadline passes.
+    async fn open_lane(&self) -> RedisResult<Connection> {
+        match &self.opener {
+            Opener::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Opener::Standalone(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeouts.connect))
+                    .set_response_timeout(None);
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map(Connection::Direct)
+            }
+        }
+    }
+}
+
+fn cluster_builder(
+    infos: &[ConnectionInfo],
+    timeouts: Timeouts,
+    retries: u32,
+) -> ClusterClientBuilder {
+    ClusterClientBuilder::new(infos.to_vec())
+        .connection_timeout(timeouts.connect)
+        .response_timeout(timeouts.response)
+        .overall_response_timeout(Some(timeouts.response * (retries + 1)))
+        .retries(retries)
+        .min_retry_wait(10)
+        .max_retry_wait(300)
+        .retry_wait_formula(10, 2)
+}
+
+fn parse_url(url: &str) -> Result<ConnectionInfo> {
+    url.into_connection_info()
+        .map_err(|e| Error::InvalidConfig {
+            reason: format!(
+                "{:?} is not a usable Redis URL ({e}): expected redis://[user:password@]host:port \
+             or rediss://… (TLS needs the `tls` feature)",
+                redact(url)
+            ),
+        })
+}
+
+/// The URL with any password replaced, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &url[..scheme_end], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Asks one node whether it runs in cluster mode.
+async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
+    let target = info.addr().to_string();
+    let attempt = async {
+        let client = redis::Client::open(info.clone())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("INFO")
+            .arg("cluster")
+            .query_async::<String>(&mut conn)
+            .await
+    };
+    let deadline = timeouts.connect + timeouts.response;
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(Ok(info)) if info.contains("cluster_enabled:1") => Ok(Topology::Cluster),
+        Ok(Ok(_)) => Ok(Topology::Standalone),
+        Ok(Err(source)) => Err(connect_error(&target, source)),
+        Err(_) => Err(Error::Connect {
+            target,
+            reason: format!("no answer within {deadline:?}: is Redis running there?"),
+            source: None,
+        }),
+    }
+}
+
+fn connect_error(target: &str, source: RedisError) -> Error {
+    let reason = if source.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(source.code(), Some("NOAUTH" | "WRONGPASS"))
+    {
+        "authentication failed: check the user and password in the URL".to_owned()
+    } else if source.is_connection_refusal() || source.is_io_error() {
+        "connection refused or dropped: is Redis running there?".to_owned()
+    } else {
+        "the server refused the connection".to_owned()
+    };
+    Error::Connect {
+        target: target.to_owned(),
+        reason,
+        source: Some(source),
+    }
+}
+
+fn config_error(target: &str, source: RedisError) -> Error {
+    Error::InvalidConfig {
+        reason: format!("cannot configure a client for {target}: {source}"),
+    }
+}
+
+fn is_auth_failure(err: &Error) -> bool {
+    matches!(err, Error::Connect { reason, .. } if reason.starts_with("authentication"))
+}
+
+fn is_unreachable(err: &Error) -> bool {
+    matches!(err, Error::Connect { source: Some(s), .. } if s.is_connection_refusal() || s.is_io_error() || s.is_timeout())
+}
+
+/// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.
+pub(crate) async fn run_script(
+    conn: &mut Connection,
+    script: &LuaScript,
+    keys: &[&str],
+    args: &[&str],
+) -> RedisResult<Value> {
+    match script.evalsha(keys, args).query_async(conn).await {
+        Err(err) if is_noscript(&err) => script.eval(keys, args).query_async(conn).await,
+        other => other,
+    }
+}
+
+/// Runs `script` and then `WAIT replicas timeout` in one pipeline on one node connection, so
+/// WAIT counts acknowledgements of exactly the script's writes. Returns the script's reply and
+/// the number of replicas that acknowledged.
+pub(crate) async fn run_script_then_wait(
+    conn: &mut Connection,
+    script: &LuaScript,
+    keys: &[&str],
+    args: &[&str],
+    replicas: u32,
+    wait: Duration,
+) -> RedisResult<(Value, i64)> {
+    let wait_ms = wait.as_millis().max(1).to_string();
+    let pipe = |invocation: Cmd| {
+        let mut pipe = redis::pipe();
+        pipe.add_command(invocation)
+            .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
+        pipe
+    };
+    match pipe(script.evalsha(keys, args)).query_async(conn).await {
+        Err(err) if is_noscript(&err) => pipe(script.eval(keys, args)).query_async(conn).await,
+        other => other,
+    }
+}
+
+fn is_noscript(err: &RedisError) -> bool {
+    err.code() == Some("NOSCRIPT")
+}
+
+/// Dedicated connections for WAIT, which blocks its connection while it waits: each lane serves
+/// one acquisition at a time, so WAIT never delays unrelated lock traffic on the main connection.
+pub(crate) struct Lanes {
+    endpoint: Endpoint,
+    idle: Mutex<Vec<Connection>>,
+    permits: Arc<Semaphore>,
+}
+
+/// A lane checked out of [`Lanes`]; it goes back when [`Lane::finish`] is called after a clean
+/// reply, and is closed when dropped otherwise (its state after an error or timeout is unknown).
+pub(crate) struct Lane<'a> {
+    pub(crate) conn: Connection,
+    lanes: &'a Lanes,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lanes {
+    pub(crate) fn new(endpoint: Endpoint, count: usize) -> Self {
+        Self {
+            endpoint,
+            idle: Mutex::new(Vec::new()),
+            permits: Arc::new(Semaphore::new(count.max(1))),
+        }
+    }
+
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Waits for a free lane, opening a new connection when no idle one is left.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds no permit and opens nothing that outlives it.
+    pub(crate) async fn checkout(&self) -> RedisResult<Lane<'_>> {
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| RedisError::from((redis::ErrorKind::Client, "client closed")))?;
+        let idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => self.endpoint.open_lane().await?,
+        };
+        Ok(Lane {
+            conn,
+            lanes: self,
+            _permit: permit,
+        })
+    }
+}
+
+impl Lane<'_> {
+    /// Returns the lane to the pool for the next caller.
+    pub(crate) fn finish(self) {
+        self.lanes
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(self.conn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(redact("redis://u:secret@h:1"), "redis://***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

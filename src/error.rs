@@ -1,0 +1,163 @@
+//! The one error type of fencelock.
+
+use std::time::Duration;
+
+/// `Result` with fencelock's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in fencelock.
+///
+/// Each message names the lock (or the server) concerned and says what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock name cannot be used.
+    #[error("invalid lock name {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given (shortened when long).
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// An option for a lock (TTL, timeout, slot, tag, prefix, replica count) is out of range.
+    #[error("invalid options for lock {name:?}: {reason}")]
+    InvalidOptions {
+        /// The lock concerned.
+        name: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// A client setting or URL cannot be used.
+    #[error("invalid client configuration: {reason}")]
+    InvalidConfig {
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// No server could be reached, or a server refused the credentials.
+    #[error("cannot connect to {target}: {reason}")]
+    Connect {
+        /// The URL or node that was tried.
+        target: String,
+        /// What happened and what to check.
+        reason: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<redis::RedisError>,
+    },
+
+    /// The lock is held by another owner: [`try_lock`](crate::Client::try_lock) failed, or
+    /// [`lock`](crate::Client::lock) ran out of time.
+    #[error(
+        "lock {name:?} is held by another owner (waited {waited:?}; it frees in {retry_after:?} \
+         at the latest unless extended): retry later or wait longer"
+    )]
+    Busy {
+        /// The lock concerned.
+        name: String,
+        /// How long this call waited.
+        waited: Duration,
+        /// The lock's remaining TTL at the last attempt.
+        retry_after: Duration,
+    },
+
+    /// The lock was granted but fewer replicas than required confirmed it within the WAIT
+    /// timeout; fencelock released it again.
+    #[error(
+        "lock {name:?} was granted but only {acked} of {required} required replicas confirmed \
+         it; it was released again: check replica health or lower the requirement"
+    )]
+    ReplicasNotConfirmed {
+        /// The lock concerned.
+        name: String,
+        /// Replicas that acknowledged.
+        acked: u32,
+        /// Replicas required.
+        required: u32,
+    },
+
+    /// The lock had expired (no owner) when it was released or extended.
+    #[error(
+        "lock {name:?} had already expired: another owner may have held it meanwhile, so \
+         storage must have rejected stale writes by fence; use a longer TTL or extend sooner"
+    )]
+    Expired {
+        /// The lock concerned.
+        name: String,
+    },
+
+    /// The lock is held by another owner now, so this guard no longer owns it.
+    #[error(
+        "lock {name:?} is now held by another owner: this holder lost it (TTL ran out) and must \
+         stop writing; use a longer TTL or extend sooner"
+    )]
+    NotOwner {
+        /// The lock concerned.
+        name: String,
+    },
+
+    /// A call did not finish within its deadline.
+    #[error(
+        "{operation} on lock {name:?} did not finish within {after:?}: a Redis node is slow or \
+         not answering; the outcome is unknown, so treat the lock as not held"
+    )]
+    Timeout {
+        /// The lock concerned.
+        name: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The deadline that passed.
+        after: Duration,
+    },
+
+    /// Redis answered with an error, or the connection failed.
+    #[error("{operation} on lock {name:?} failed: {source}")]
+    Redis {
+        /// The lock concerned.
+        name: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The error from the Redis client.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Redis answered with something the scripts never return.
+    #[error(
+        "{operation} on lock {name:?} got an unexpected reply ({detail}): is another program \
+         using the same keys? choose another key prefix"
+    )]
+    UnexpectedReply {
+        /// The lock concerned.
+        name: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The reply, as far as it helps.
+        detail: String,
+    },
+}
+
+impl Error {
+    /// True when the guard's ownership is gone ([`Error::Expired`] or [`Error::NotOwner`]).
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, Error::Expired { .. } | Error::NotOwner { .. })
+    }
+
+    /// True when the lock was not acquired because another owner holds it.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, Error::Busy { .. })
+    }
+
+    /// True when a deadline passed or the connection failed, so trying again may succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout { .. } => true,
+            Error::Redis { source, .. } => {
+                source.is_io_error() || source.is_timeout() || source.is_connection_dropped()
+            }
+            _ => false,
+        }
+    }
+}

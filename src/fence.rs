@@ -1,0 +1,196 @@
+//! Fence tokens and the in-process gate that checks them.
+
+use std::fmt;
+use std::num::ParseIntError;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fencing token: a number that grows with every grant of a lock.
+///
+/// Storage that accepts writes from lock holders keeps the highest token it has seen and rejects
+/// writes that carry a lower one. Tokens are positive and below 2<sup>53</sup>, so they fit an
+/// `i64` (a SQL `BIGINT`) and an `f64` exactly.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock::FenceToken;
+///
+/// let a = FenceToken::new(7).unwrap();
+/// let b: FenceToken = "8".parse().unwrap();
+/// assert!(a < b);
+/// assert_eq!(i64::from(b), 8);
+/// assert_eq!(u64::from(b), 8);
+/// assert_eq!(b.to_string(), "8");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FenceToken(u64);
+
+impl FenceToken {
+    /// The largest token fencelock hands out: 2<sup>53</sup> − 1.
+    pub const MAX: FenceToken = FenceToken((1 << 53) - 1);
+
+    /// A token from its number; `None` for 0 or a number above [`FenceToken::MAX`].
+    pub const fn new(value: u64) -> Option<Self> {
+        if value == 0 || value > Self::MAX.0 {
+            None
+        } else {
+            Some(Self(value))
+        }
+    }
+
+    /// The token's number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FenceToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FenceToken> for u64 {
+    fn from(token: FenceToken) -> u64 {
+        token.0
+    }
+}
+
+impl From<FenceToken> for i64 {
+    fn from(token: FenceToken) -> i64 {
+        // Tokens are below 2^53, far inside i64.
+        token.0 as i64
+    }
+}
+
+/// The number is 0, negative or above [`FenceToken::MAX`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} is not a fence token: tokens run from 1 to 2^53 - 1")]
+pub struct InvalidFence(pub String);
+
+impl TryFrom<u64> for FenceToken {
+    type Error = InvalidFence;
+    fn try_from(value: u64) -> Result<Self, InvalidFence> {
+        Self::new(value).ok_or_else(|| InvalidFence(value.to_string()))
+    }
+}
+
+impl TryFrom<i64> for FenceToken {
+    type Error = InvalidFence;
+    fn try_from(value: i64) -> Result<Self, InvalidFence> {
+        u64::try_from(value)
+            .ok()
+            .and_then(Self::new)
+            .ok_or_else(|| InvalidFence(value.to_string()))
+    }
+}
+
+impl FromStr for FenceToken {
+    type Err = InvalidFence;
+    fn from_str(s: &str) -> Result<Self, InvalidFence> {
+        let value: u64 = s
+            .trim()
+            .parse()
+            .map_err(|_: ParseIntError| InvalidFence(s.to_owned()))?;
+        Self::try_from(value)
+    }
+}
+
+/// A write carried a token lower than one the gate already admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("stale fence {presented}: a holder with fence {highest} came later; stop and re-acquire")]
+pub struct StaleFence {
+    /// The token the rejected writer presented.
+    pub presented: FenceToken,
+    /// The highest token admitted so far; pass it as the next acquire's floor after a regression.
+    pub highest: FenceToken,
+}
+
+/// The storage side of fencing for in-process state: admits a token unless a higher one was seen.
+///
+/// A holder may write many times under its token, so the gate admits tokens equal to the highest
+/// seen and rejects only lower ones. Use one gate per protected resource.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock::{FenceGate, FenceToken};
+///
+/// let gate = FenceGate::new();
+/// let old = FenceToken::new(3).unwrap();
+/// let new = FenceToken::new(4).unwrap();
+/// assert!(gate.admit(old).is_ok());
+/// assert!(gate.admit(new).is_ok());
+/// let stale = gate.admit(old).unwrap_err();
+/// assert_eq!(stale.highest, new);
+/// ```
+#[derive(Debug, Default)]
+pub struct FenceGate {
+    highest: AtomicU64,
+}
+
+impl FenceGate {
+    /// A gate that has seen no token yet.
+    pub const fn new() -> Self {
+        Self {
+            highest: AtomicU64::new(0),
+        }
+    }
+
+    /// Admits `token` if no higher token was admitted before, and records it.
+    ///
+    /// To make the check and the write atomic, hold your state's own lock around both, or use the
+    /// gate as the only guard of state that a single writer updates.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleFence`] with the highest token seen when `token` is lower.
+    pub fn admit(&self, token: FenceToken) -> Result<(), StaleFence> {
+        let previous = self.highest.fetch_max(token.0, Ordering::AcqRel);
+        if previous > token.0 {
+            Err(StaleFence {
+                presented: token,
+                highest: FenceToken(previous),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The highest token admitted so far, if any.
+    pub fn highest(&self) -> Option<FenceToken> {
+        FenceToken::new(self.highest.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversions_reject_out_of_range_numbers() {
+        assert!(FenceToken::new(0).is_none());
+        assert!(FenceToken::new(1 << 53).is_none());
+        assert!(FenceToken::try_from(-1_i64).is_err());
+        assert!("abc".parse::<FenceToken>().is_err());
+        assert_eq!(i64::from(FenceToken::MAX), (1_i64 << 53) - 1);
+    }
+
+    #[test]
+    fn gate_admits_equal_and_rejects_lower() {
+        let gate = FenceGate::new();
+        let t = |n| FenceToken::new(n).unwrap();
+        assert_eq!(gate.highest(), None);
+        gate.admit(t(5)).unwrap();
+        gate.admit(t(5)).unwrap();
+        assert_eq!(
+            gate.admit(t(4)),
+            Err(StaleFence {
+                presented: t(4),
+                highest: t(5)
+            })
+        );
+        assert_eq!(gate.highest(), Some(t(5)));
+    }
+}

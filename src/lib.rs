@@ -1,0 +1,43 @@
+//! Distributed locks on Redis Cluster (and standalone Redis) that hand out **fencing tokens**.
+//!
+//! A lock keeps others out only while its holder is alive and timely. When a holder pauses
+//! past its TTL, or a failover loses the lock key, two holders can act at once. The fence token
+//! granted with each hold grows with every grant, so storage that remembers the highest token it
+//! accepted can reject the stale holder's writes ([`FenceGate`] does it for in-process state).
+//!
+//! ```no_run
+//! # async fn run() -> fencelock::Result<()> {
+//! use std::time::Duration;
+//! use fencelock::{Client, FenceGate, LockOptions};
+//!
+//! let client = Client::connect(["redis://127.0.0.1:7000"]).await?;
+//! let gate = FenceGate::new(); // lives with the protected state
+//! let guard = client
+//!     .lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(10)))
+//!     .await?;
+//! if gate.admit(guard.fence()).is_ok() {
+//!     // write the order
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/design.md` for the key layout, scripts and what is guaranteed.
+#![warn(missing_docs)]
+
+mod client;
+mod conn;
+mod error;
+mod fence;
+mod guard;
+mod keys;
+mod options;
+mod scripts;
+
+pub use client::{Client, ClientBuilder, FenceMode};
+pub use conn::Topology;
+pub use error::{Error, Result};
+pub use fence::{FenceGate, FenceToken, InvalidFence, StaleFence};
+pub use guard::LockGuard;
+pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
+pub use options::{LockOptions, MAX_TTL, MAX_WAIT_TIMEOUT};

@@ -1,0 +1,181 @@
+//! Per-lock options and their validation.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::keys::Placement;
+
+/// The longest TTL accepted: half of what fits Redis's millisecond expiry clock.
+pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
+/// The longest `WAIT` timeout accepted.
+pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Options for acquiring one lock. Cheap to clone; build once and reuse.
+///
+/// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
+/// no fence floor.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock::LockOptions;
+///
+/// let options = LockOptions::new()
+///     .ttl(Duration::from_secs(5))
+///     .timeout(Duration::from_secs(2))
+///     .wait_replicas(1, Duration::from_millis(100));
+/// assert_eq!(options.get_ttl(), Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) wait: Option<(u32, Duration)>,
+    pub(crate) placement: Placement,
+    pub(crate) floor: Option<FenceToken>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            wait: None,
+            placement: Placement::ByName,
+            floor: None,
+        }
+    }
+}
+
+impl LockOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long the lock lives unless extended (at least 1 ms, at most [`MAX_TTL`]).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`Client::lock`](crate::Client::lock) keeps trying while another owner holds the
+    /// lock; `Duration::ZERO` makes one attempt. [`Client::try_lock`](crate::Client::try_lock)
+    /// ignores it.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Requires `replicas` replicas to acknowledge the acquisition within `timeout` (Redis
+    /// `WAIT`). When fewer do, the lock is released and the call fails with
+    /// [`Error::ReplicasNotConfirmed`].
+    pub fn wait_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some((replicas, timeout));
+        self
+    }
+
+    /// Pins the lock's keys to a hash slot (0..=16383).
+    pub fn slot(mut self, slot: u16) -> Self {
+        self.placement = Placement::Slot(slot);
+        self
+    }
+
+    /// Uses `tag` as the hash tag, so locks sharing a tag share a slot.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.placement = Placement::Tag(tag.into());
+        self
+    }
+
+    /// Sets where the keys live (see [`Placement`]).
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Grants a token above `floor`: pass the highest token your storage has seen
+    /// ([`StaleFence::highest`](crate::StaleFence::highest)) to repair a regression.
+    pub fn floor(mut self, floor: FenceToken) -> Self {
+        self.floor = Some(floor);
+        self
+    }
+
+    /// The TTL set.
+    pub fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The waiting timeout set.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn validate(&self, name: &str) -> Result<()> {
+        let invalid = |reason: String| {
+            Err(Error::InvalidOptions {
+                name: name.to_owned(),
+                reason,
+            })
+        };
+        validate_ttl(name, self.ttl)?;
+        if let Some((replicas, timeout)) = self.wait {
+            if replicas == 0 {
+                return invalid(
+                    "wait_replicas needs at least 1 replica: leave it unset to skip WAIT".into(),
+                );
+            }
+            if timeout.is_zero() || timeout > MAX_WAIT_TIMEOUT {
+                return invalid(format!(
+                    "the WAIT timeout {timeout:?} is out of range: use 1 ms to 1 h \
+                     (Redis treats 0 as wait forever)"
+                ));
+            }
+        }
+        if self.floor == Some(FenceToken::MAX) {
+            return invalid(
+                "the floor is the largest token: no token can be granted above it".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Checks a TTL for a lock or an extension.
+pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
+    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+        return Err(Error::InvalidOptions {
+            name: name.to_owned(),
+            reason: format!(
+                "the TTL {ttl:?} is out of range: use at least 1 ms and at most {MAX_TTL:?}"
+            ),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_range_options_are_rejected() {
+        let bad = [
+            LockOptions::new().ttl(Duration::ZERO),
+            LockOptions::new().ttl(Duration::from_micros(999)),
+            LockOptions::new().ttl(Duration::MAX),
+            LockOptions::new().wait_replicas(0, Duration::from_secs(1)),
+            LockOptions::new().wait_replicas(1, Duration::ZERO),
+            LockOptions::new().floor(FenceToken::MAX),
+        ];
+        for options in bad {
+            assert!(
+                matches!(options.validate("x"), Err(Error::InvalidOptions { .. })),
+                "{options:?}"
+            );
+        }
+        assert!(LockOptions::new().validate("x").is_ok());
+    }
+}

@@ -1,0 +1,123 @@
+//! Every Lua script fencelock runs, with its KEYS/ARGV contract and replies.
+//!
+//! Each script starts with `#!lua`, which makes Redis treat it as a write script (a replica
+//! answers `MOVED` rather than `READONLY`) and requires all its keys to be declared and to share
+//! one slot. Scripts are sent as `EVALSHA`; on `NOSCRIPT` (a freshly promoted master, a
+//! `SCRIPT FLUSH`) the caller resends the same invocation as `EVAL`, which also caches it on
+//! that node — one extra round trip, and no other node is involved.
+//!
+//! The lock key is a hash with fields `owner` (the holder's 128-bit random token, hex) and
+//! `fence` (the token granted to that holder); it carries the lock's TTL. The fence key is a
+//! plain integer that never expires and is never deleted.
+
+use std::sync::LazyLock;
+
+use redis::Cmd;
+
+/// One Lua script and its SHA1.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    source: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    fn new(source: &'static str) -> Self {
+        let sha = redis::Script::new(source).get_hash().to_owned();
+        Self { source, sha }
+    }
+
+    /// `EVALSHA sha numkeys keys.. args..`.
+    pub(crate) fn evalsha(&self, keys: &[&str], args: &[&str]) -> Cmd {
+        Self::invocation("EVALSHA", &self.sha, keys, args)
+    }
+
+    /// `EVAL source numkeys keys.. args..`, the fallback after `NOSCRIPT`.
+    pub(crate) fn eval(&self, keys: &[&str], args: &[&str]) -> Cmd {
+        Self::invocation("EVAL", self.source, keys, args)
+    }
+
+    fn invocation(verb: &str, body: &str, keys: &[&str], args: &[&str]) -> Cmd {
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
+        cmd
+    }
+}
+
+/// Acquire: grant the lock to an owner and advance the fence counter.
+///
+/// - `KEYS[1]` lock key (hash), `KEYS[2]` fence key (integer).
+/// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor: the token granted is above it
+///   (decimal, `0` for none, below 2^53), `ARGV[4]` `clock` to raise the floor to the server's
+///   `TIME` in microseconds, or `counter` for a plain counter.
+///
+/// Replies:
+/// - `{1, fence}` granted now;
+/// - `{2, fence}` this owner already holds the lock (a resent script): the fence granted then,
+///   nothing changed;
+/// - `{0, pttl}` held by another owner, with its remaining TTL in ms.
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"#!lua
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  return {2, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+end
+if owner then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local fence = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if ARGV[4] == 'clock' then
+  local now = redis.call('TIME')
+  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if micros > floor then floor = micros end
+end
+if fence <= floor then
+  fence = floor + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', fence))
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', fence))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {1, fence}
+"#,
+    )
+});
+
+/// Release: delete the lock if this owner holds it.
+///
+/// - `KEYS[1]` lock key. `ARGV[1]` owner token.
+///
+/// Replies: `1` released; `0` no owner (expired); `-1` held by another owner (left alone).
+pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"#!lua
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if owner then return -1 end
+return 0
+"#,
+    )
+});
+
+/// Extend: reset the lock's TTL if this owner holds it.
+///
+/// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` new TTL in ms.
+///
+/// Replies: `1` extended; `0` no owner (expired); `-1` held by another owner (left alone).
+pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        r#"#!lua
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if owner then return -1 end
+return 0
+"#,
+    )
+});
