@@ -17,14 +17,15 @@ use redis::Cmd;
 /// One Lua script and its SHA1.
 #[derive(Debug)]
 pub(crate) struct LuaScript {
+    name: &'static str,
     source: &'static str,
     sha: String,
 }
 
 impl LuaScript {
-    fn new(source: &'static str) -> Self {
+    fn new(name: &'static str, source: &'static str) -> Self {
         let sha = redis::Script::new(source).get_hash().to_owned();
-        Self { source, sha }
+        Self { name, source, sha }
     }
 
     /// `EVALSHA sha numkeys keys.. args..`.
@@ -44,6 +45,36 @@ impl LuaScript {
     }
 }
 
+/// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
+///
+/// # Examples
+///
+/// ```
+/// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
+/// assert_eq!(names, ["acquire", "release", "extend"]);
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ScriptSource {
+    /// What the script does: `acquire`, `release` or `extend`.
+    pub name: &'static str,
+    /// The SHA1 Redis caches it under (`EVALSHA`).
+    pub sha1: &'static str,
+    /// The Lua source, `#!lua` first line included.
+    pub source: &'static str,
+}
+
+/// Every Lua script fencelock runs; their contracts are documented in `docs/design.md`.
+pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
+    [&*ACQUIRE, &*RELEASE, &*EXTEND]
+        .into_iter()
+        .map(|script| ScriptSource {
+            name: script.name,
+            sha1: &script.sha,
+            source: script.source,
+        })
+}
+
 /// Acquire: grant the lock to an owner and advance the fence counter.
 ///
 /// - `KEYS[1]` lock key (hash), `KEYS[2]` fence key (integer).
@@ -58,6 +89,7 @@ impl LuaScript {
 /// - `{0, pttl}` held by another owner, with its remaining TTL in ms.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
+        "acquire",
         r#"#!lua
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == ARGV[1] then
@@ -91,6 +123,7 @@ return {1, fence}
 /// Replies: `1` released; `0` no owner (expired); `-1` held by another owner (left alone).
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
+        "release",
         r#"#!lua
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == ARGV[1] then
@@ -110,6 +143,7 @@ return 0
 /// Replies: `1` extended; `0` no owner (expired); `-1` held by another owner (left alone).
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
+        "extend",
         r#"#!lua
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == ARGV[1] then

@@ -1,0 +1,281 @@
+//! Test harness: real `redis-server` processes on free 127.0.0.1 ports, stopped by pid on drop
+//! (also when a test fails). Waits poll for the awaited condition; no fixed sleeps.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// Polls `condition` every 20 ms until it holds, panicking after `limit`.
+pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < until, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn port_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A port whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(0, 20000 + (std::process::id() % 400) as u16 * 20, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port < 30000, "no free ports left");
+        if port_free(port) && port_free(port + 10000) {
+            return port;
+        }
+    }
+}
+
+fn scratch_dir(port: u16) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fencelock-test-{}-{port}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// One redis-server process.
+pub struct Node {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+    password: Option<String>,
+}
+
+impl Node {
+    fn spawn(extra: &[&str]) -> Node {
+        Self::spawn_with(extra, None)
+    }
+
+    fn spawn_with(extra: &[&str], password: Option<&str>) -> Node {
+        let port = free_port();
+        let dir = scratch_dir(port);
+        let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .args(extra)
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)");
+        let node = Node { port, child, dir, password: password.map(str::to_owned) };
+        wait_until(&format!("redis on {port}"), Duration::from_secs(10), || node.answers());
+        node
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self) -> String {
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn answers(&self) -> bool {
+        std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            && self.try_cmd::<String>(&mut redis::cmd("PING")).is_ok()
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(self.url())?;
+        let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(conn)
+    }
+
+    /// Runs one command on this node, whatever its slots.
+    pub fn try_cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> redis::RedisResult<T> {
+        let mut conn = self.connection()?;
+        cmd.query(&mut conn)
+    }
+
+    pub fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
+        self.try_cmd(cmd).unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
+    }
+
+    pub fn info(&self, section: &str) -> String {
+        self.try_cmd(redis::cmd("INFO").arg(section)).unwrap_or_default()
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.pid().to_string()]).status();
+        assert!(status.map(|s| s.success()).unwrap_or(false), "kill {signal} {}", self.pid());
+    }
+
+    /// SIGSTOP: the process keeps its sockets open but stops answering.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// SIGKILL, and reaps the process.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid().to_string()]).status();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A standalone server.
+pub struct Standalone {
+    pub node: Node,
+}
+
+impl Standalone {
+    pub fn start() -> Self {
+        Self { node: Node::spawn(&[]) }
+    }
+
+    /// A server that requires `password` (`requirepass`); `node.url()` carries it.
+    pub fn start_with_password(password: &str) -> Self {
+        Self { node: Node::spawn_with(&["--requirepass", password], Some(password)) }
+    }
+
+    pub fn url(&self) -> String {
+        self.node.url()
+    }
+}
+
+/// A 3-master/3-replica cluster (node timeout 2 s, replica validity factor 0).
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+}
+
+pub const NODE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+impl Cluster {
+    pub fn start() -> Self {
+        let timeout = NODE_TIMEOUT.as_millis().to_string();
+        let nodes: Vec<Node> = (0..6)
+            .map(|_| {
+                Node::spawn(&[
+                    "--cluster-enabled", "yes",
+                    "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", &timeout,
+                    "--cluster-replica-validity-factor", "0",
+                ])
+            })
+            .collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(Node::addr))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = Cluster { nodes };
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Waits until every live node sees the cluster ok and every replica is linked and synced.
+    pub fn wait_healthy(&self) {
+        wait_until("cluster ok and replicas in sync", Duration::from_secs(60), || {
+            let mut replicas = 0;
+            for node in self.nodes.iter() {
+                if !node.info("cluster").contains("cluster_state:ok")
+                    && !node
+                        .try_cmd::<String>(&mut redis::cmd("CLUSTER").arg("INFO"))
+                        .unwrap_or_default()
+                        .contains("cluster_state:ok")
+                {
+                    return false;
+                }
+                let replication = node.info("replication");
+                if replication.contains("role:slave") {
+                    if !replication.contains("master_link_status:up")
+                        || !replication.contains("master_sync_in_progress:0")
+                    {
+                        return false;
+                    }
+                    replicas += 1;
+                }
+            }
+            replicas == 3
+        });
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Node::url).collect()
+    }
+
+    /// The node currently serving `slot` as master (as seen by a live master).
+    pub fn master_of_slot(&self, slot: u16) -> &Node {
+        let port = self.slot_owner_port(slot);
+        self.nodes.iter().find(|n| n.port == port).expect("owner is one of ours")
+    }
+
+    fn slot_owner_port(&self, slot: u16) -> u16 {
+        for node in &self.nodes {
+            let Ok(slots) = node.try_cmd::<redis::Value>(&mut redis::cmd("CLUSTER").arg("SLOTS")) else {
+                continue;
+            };
+            let ranges: Vec<(i64, i64, (String, i64))> = match redis::from_redis_value::<Vec<redis::Value>>(slots) {
+                Ok(items) => items
+                    .into_iter()
+                    .filter_map(|item| {
+                        let parts: Vec<redis::Value> = redis::from_redis_value(item).ok()?;
+                        let start: i64 = redis::from_redis_value(parts.first()?.clone()).ok()?;
+                        let end: i64 = redis::from_redis_value(parts.get(1)?.clone()).ok()?;
+                        let master: Vec<redis::Value> = redis::from_redis_value(parts.get(2)?.clone()).ok()?;
+                        let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
+                        let port: i64 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
+                        Some((start, end, (host, port)))
+                    })
+                    .collect(),
+                Err(_) => continue,
+            };
+            if let Some((_, _, (_, port))) = ranges.iter().find(|(s, e, _)| *s <= slot as i64 && slot as i64 <= *e) {
+                return *port as u16;
+            }
+        }
+        panic!("no node reports an owner for slot {slot}");
+    }
+
+    /// The replica of the master on `master_port`.
+    pub fn replica_of(&self, master_port: u16) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| {
+                let info = n.info("replication");
+                info.contains("role:slave") && info.contains(&format!("master_port:{master_port}\r"))
+            })
+            .expect("every master has a replica")
+    }
+
+    pub fn node_mut(&mut self, port: u16) -> &mut Node {
+        self.nodes.iter_mut().find(|n| n.port == port).expect("known port")
+    }
+}
