@@ -1,0 +1,168 @@
+//! `fencelock exec`: hold a lock while a command runs, renewing it, and stop the command if the
+//! lock is lost.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use fencelock::{Client, LockGuard, LockOptions};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::{code, duration_arg, fail, PlacementArgs};
+
+/// Arguments of `fencelock exec`.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Lock TTL; the lock is extended every TTL/3 while CMD runs.
+    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    ttl: Duration,
+    /// How long to wait for the lock; 0 makes one attempt.
+    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    timeout: Duration,
+    /// Replicas that must confirm the acquisition (Redis WAIT).
+    #[arg(long)]
+    wait_replicas: Option<u32>,
+    /// How long WAIT may take.
+    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    wait_timeout: Duration,
+    #[command(flatten)]
+    placement: PlacementArgs,
+    /// Lock name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// How long a command gets to exit after SIGTERM before SIGKILL.
+const GRACE: Duration = Duration::from_secs(5);
+
+pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode {
+    let mut options = LockOptions::new()
+        .ttl(args.ttl)
+        .timeout(args.timeout)
+        .placement(args.placement.placement());
+    if let Some(replicas) = args.wait_replicas {
+        options = options.wait_replicas(replicas, args.wait_timeout);
+    }
+    let client = match Client::builder(urls).prefix(prefix).connect().await {
+        Ok(client) => client,
+        Err(err) => return fail(&err),
+    };
+    let mut guard = match client.lock(&args.name, &options).await {
+        Ok(guard) => guard,
+        Err(err) => return fail(&err),
+    };
+    let Some((program, rest)) = args.command.split_first() else {
+        eprintln!("fencelock: no command given: write it after --");
+        return ExitCode::from(code::USAGE);
+    };
+    let mut child = match Command::new(program)
+        .args(rest)
+        .env("FENCELOCK_TOKEN", guard.fence().to_string())
+        .env("FENCELOCK_NAME", &args.name)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("fencelock: cannot run {program:?}: {err}");
+            let _ = guard.release().await;
+            return ExitCode::from(127);
+        }
+    };
+    let outcome = supervise(&mut child, &mut guard, args.ttl).await;
+    match outcome {
+        Supervised::Exited(status) => {
+            if let Err(err) = guard.release().await {
+                eprintln!("fencelock: {err}");
+            }
+            ExitCode::from(status)
+        }
+        Supervised::Lost(reason) => {
+            eprintln!(
+                "fencelock: lost lock {:?} (fence {}) while the command ran: {reason}; the \
+                 command was terminated",
+                args.name,
+                guard.fence()
+            );
+            terminate(&mut child).await;
+            drop(guard);
+            ExitCode::from(code::LOCK_LOST)
+        }
+    }
+}
+
+enum Supervised {
+    Exited(u8),
+    Lost(String),
+}
+
+/// Waits for the child while extending the lock every ttl/3; forwards SIGINT and SIGTERM.
+async fn supervise(child: &mut Child, guard: &mut LockGuard, ttl: Duration) -> Supervised {
+    let (mut interrupt, mut terminate) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(i), Ok(t)) => (Some(i), Some(t)),
+        _ => (None, None),
+    };
+    let period = (ttl / 3).max(Duration::from_millis(1));
+    let mut next_extend = Instant::now() + period;
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                return Supervised::Exited(match status {
+                    Ok(status) => exit_byte(status),
+                    Err(_) => 1,
+                });
+            }
+            Some(()) = recv(&mut interrupt) => forward(child, libc::SIGINT),
+            Some(()) = recv(&mut terminate) => forward(child, libc::SIGTERM),
+            () = tokio::time::sleep_until(next_extend.into()) => {
+                match guard.extend(ttl).await {
+                    Ok(_) => next_extend = Instant::now() + period,
+                    Err(err) if err.is_lock_lost() => return Supervised::Lost(err.to_string()),
+                    Err(err) => {
+                        if !guard.is_valid() {
+                            return Supervised::Lost(format!("could not renew before the lease ran out ({err})"));
+                        }
+                        // Try again soon, but not after the lease runs out.
+                        let left = guard.valid_until().saturating_duration_since(Instant::now());
+                        next_extend = Instant::now() + (period / 4).min(left / 2);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn recv(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match stream {
+        Some(stream) => stream.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn forward(child: &Child, signal: libc::c_int) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) has no memory effects; the pid is our own child's.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL after the grace period.
+async fn terminate(child: &mut Child) {
+    forward(child, libc::SIGTERM);
+    if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+fn exit_byte(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(1),
+        _ => 1,
+    }
+}

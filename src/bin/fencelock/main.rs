@@ -1,0 +1,145 @@
+//! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
+//!
+//! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
+//! `--timeout`; 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
+//! lost while the command ran (the command is terminated); 64 for bad input; 69 when Redis
+//! cannot be reached.
+
+mod duration;
+mod exec;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use fencelock::{Error, LockKeys, Placement};
+
+/// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
+#[derive(Parser, Debug)]
+#[command(name = "fencelock", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// Redis node URL; repeat for several nodes (any reachable cluster node is enough).
+    #[arg(
+        long = "url",
+        global = true,
+        env = "FENCELOCK_URL",
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:7000"
+    )]
+    urls: Vec<String>,
+
+    /// Key prefix.
+    #[arg(long, global = true, default_value = "fencelock")]
+    prefix: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
+--timeout; 76 too few replicas confirmed; 70 lock lost while the command ran; 64 bad input; \
+69 Redis unreachable.";
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME.
+    Exec(exec::ExecArgs),
+    /// Print the slot and the Redis keys lock NAME uses.
+    Slot {
+        /// Lock name.
+        name: String,
+        #[command(flatten)]
+        placement: PlacementArgs,
+    },
+}
+
+/// Where a lock's keys live.
+#[derive(Args, Debug, Clone)]
+pub struct PlacementArgs {
+    /// Pin the lock to this hash slot (0..16383).
+    #[arg(long, conflicts_with = "tag")]
+    slot: Option<u16>,
+    /// Use this hash tag instead of the name.
+    #[arg(long)]
+    tag: Option<String>,
+}
+
+impl PlacementArgs {
+    fn placement(&self) -> Placement {
+        match (self.slot, &self.tag) {
+            (Some(slot), _) => Placement::Slot(slot),
+            (None, Some(tag)) => Placement::Tag(tag.clone()),
+            (None, None) => Placement::ByName,
+        }
+    }
+}
+
+/// Exit codes (sysexits.h where one fits).
+pub mod code {
+    /// Bad input.
+    pub const USAGE: u8 = 64;
+    /// Redis unreachable or failing.
+    pub const UNAVAILABLE: u8 = 69;
+    /// The lock was lost while the command ran.
+    pub const LOCK_LOST: u8 = 70;
+    /// Not acquired within --timeout.
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// Too few replicas confirmed.
+    pub const REPLICAS: u8 = 76;
+}
+
+/// Prints a one-line error and returns the exit code for it.
+pub fn fail(error: &Error) -> ExitCode {
+    eprintln!("fencelock: {error}");
+    ExitCode::from(match error {
+        Error::Busy { .. } | Error::Timeout { .. } => code::NOT_ACQUIRED,
+        Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
+        Error::InvalidName { .. } | Error::InvalidOptions { .. } | Error::InvalidConfig { .. } => {
+            code::USAGE
+        }
+        Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
+        _ => code::UNAVAILABLE,
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(code::USAGE);
+        }
+    };
+    match cli.command {
+        Command::Slot { name, placement } => {
+            match LockKeys::new(&cli.prefix, &name, &placement.placement()) {
+                Ok(keys) => {
+                    println!("slot {}", keys.slot());
+                    println!("lock {}", keys.lock_key());
+                    println!("fence {}", keys.fence_key());
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail(&err),
+            }
+        }
+        Command::Exec(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("fencelock: cannot start the async runtime: {err}");
+                    return ExitCode::from(code::UNAVAILABLE);
+                }
+            };
+            runtime.block_on(exec::run(cli.urls, cli.prefix, args))
+        }
+    }
+}
+
+/// clap value parser for durations.
+pub fn duration_arg(text: &str) -> Result<Duration, String> {
+    duration::parse(text)
+}
