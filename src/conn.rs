@@ -72,7 +72,8 @@ impl ConnectionLike for Connection {
     }
 }
 
-/// How to open more connections to the same deployment.
+/// How to open more connections to the same deployment (one per client: size is no concern).
+#[allow(clippy::large_enum_variant)]
 enum Opener {
     /// Lanes are cluster connections of their own (no response timeout: callers bound them).
     Cluster(ClusterClient),

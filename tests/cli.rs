@@ -26,10 +26,16 @@ fn stderr(output: &Output) -> String {
 fn slot_prints_the_slot_and_keys_without_a_server() {
     let output = fencelock("redis://127.0.0.1:1", &["slot", "orders:42"]);
     assert!(output.status.success());
-    let keys = fencelock::LockKeys::new("fencelock", "orders:42", &fencelock::Placement::ByName).unwrap();
+    let keys =
+        fencelock::LockKeys::new("fencelock", "orders:42", &fencelock::Placement::ByName).unwrap();
     assert_eq!(
         String::from_utf8(output.stdout).unwrap(),
-        format!("slot {}\nlock {}\nfence {}\n", keys.slot(), keys.lock_key(), keys.fence_key())
+        format!(
+            "slot {}\nlock {}\nfence {}\n",
+            keys.slot(),
+            keys.lock_key(),
+            keys.fence_key()
+        )
     );
     let pinned = fencelock("redis://127.0.0.1:1", &["slot", "--slot", "12739", "x"]);
     assert!(String::from_utf8_lossy(&pinned.stdout).starts_with("slot 12739\n"));
@@ -38,18 +44,44 @@ fn slot_prints_the_slot_and_keys_without_a_server() {
 #[test]
 fn exec_exports_the_token_and_passes_the_exit_status_through() {
     let server = Standalone::start();
-    let output = fencelock(&server.url(), &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7"]);
+    let output = fencelock(
+        &server.url(),
+        &[
+            "exec",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7",
+        ],
+    );
     assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
     let (token, name) = stdout.trim().split_once(' ').unwrap();
     assert!(token.parse::<u64>().unwrap() > 0);
     assert_eq!(name, "job");
-    assert_eq!(server.node.cmd::<i64>(redis::cmd("EXISTS").arg("fencelock:{job}:lock")), 0, "released after exit");
+    assert_eq!(
+        server
+            .node
+            .cmd::<i64>(redis::cmd("EXISTS").arg("fencelock:{job}:lock")),
+        0,
+        "released after exit"
+    );
 
-    let again = fencelock(&server.url(), &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"]);
+    let again = fencelock(
+        &server.url(),
+        &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"],
+    );
     assert!(again.status.success());
-    let next: u64 = String::from_utf8(again.stdout).unwrap().trim().parse().unwrap();
-    assert!(next > token.parse::<u64>().unwrap(), "tokens grow across runs");
+    let next: u64 = String::from_utf8(again.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        next > token.parse::<u64>().unwrap(),
+        "tokens grow across runs"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -58,13 +90,28 @@ async fn exec_exits_75_when_held_and_76_without_replicas() {
     let client = Client::connect([server.url()]).await.unwrap();
     let holder = client.try_lock("busy", &LockOptions::new()).await.unwrap();
     for timeout in ["0", "200ms"] {
-        let output = fencelock(&server.url(), &["exec", "--timeout", timeout, "busy", "--", "true"]);
+        let output = fencelock(
+            &server.url(),
+            &["exec", "--timeout", timeout, "busy", "--", "true"],
+        );
         assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
         assert_eq!(stderr(&output).lines().count(), 1, "one-line error");
     }
     holder.release().await.unwrap();
 
-    let output = fencelock(&server.url(), &["exec", "--wait-replicas", "1", "--wait-timeout", "50ms", "free", "--", "true"]);
+    let output = fencelock(
+        &server.url(),
+        &[
+            "exec",
+            "--wait-replicas",
+            "1",
+            "--wait-timeout",
+            "50ms",
+            "free",
+            "--",
+            "true",
+        ],
+    );
     assert_eq!(output.status.code(), Some(76), "{}", stderr(&output));
 }
 
@@ -79,10 +126,22 @@ fn exec_rejects_bad_input_and_unreachable_servers_with_one_line() {
         &["exec", "--slot", "99999", "x", "--", "true"],
     ] {
         let output = fencelock(&server.url(), args);
-        assert_eq!(output.status.code(), Some(64), "{args:?}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            stderr(&output)
+        );
     }
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let output = fencelock(&format!("redis://127.0.0.1:{closed}"), &["exec", "x", "--", "true"]);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = fencelock(
+        &format!("redis://127.0.0.1:{closed}"),
+        &["exec", "x", "--", "true"],
+    );
     assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
     assert_eq!(stderr(&output).lines().count(), 1);
 }
@@ -91,11 +150,26 @@ fn exec_rejects_bad_input_and_unreachable_servers_with_one_line() {
 fn exec_keeps_the_lock_alive_and_stops_the_command_when_it_is_lost() {
     let server = Standalone::start();
     // Renewal: a 300 ms TTL survives a command running well past it.
-    let output = fencelock(&server.url(), &["exec", "--ttl", "300ms", "renewed", "--", "sh", "-c", "sleep 1"]);
+    let output = fencelock(
+        &server.url(),
+        &[
+            "exec", "--ttl", "300ms", "renewed", "--", "sh", "-c", "sleep 1",
+        ],
+    );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 
     let child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
-        .args(["--url", &server.url(), "exec", "--ttl", "600ms", "lost", "--", "sleep", "60"])
+        .args([
+            "--url",
+            &server.url(),
+            "exec",
+            "--ttl",
+            "600ms",
+            "lost",
+            "--",
+            "sleep",
+            "60",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -104,20 +178,49 @@ fn exec_keeps_the_lock_alive_and_stops_the_command_when_it_is_lost() {
         server.node.cmd::<i64>(redis::cmd("EXISTS").arg(key)) == 1
     });
     // Another owner takes over, as after an expiry.
-    server.node.cmd::<()>(redis::cmd("HSET").arg(key).arg("owner").arg("someone-else").arg("fence").arg(1));
+    server.node.cmd::<()>(
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("owner")
+            .arg("someone-else")
+            .arg("fence")
+            .arg(1),
+    );
     let started = Instant::now();
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
     assert!(stderr(&output).contains("lost lock"), "{}", stderr(&output));
-    assert!(started.elapsed() < Duration::from_secs(5), "stopped promptly: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped promptly: {:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
 fn exec_works_on_a_cluster_with_replica_confirmation() {
     let cluster = Cluster::start();
     let url = cluster.nodes[1].url();
-    let output = fencelock(&url, &["exec", "--wait-replicas", "1", "--wait-timeout", "2s", "orders:42", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"]);
+    let output = fencelock(
+        &url,
+        &[
+            "exec",
+            "--wait-replicas",
+            "1",
+            "--wait-timeout",
+            "2s",
+            "orders:42",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_TOKEN",
+        ],
+    );
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    let token: u64 = String::from_utf8(output.stdout).unwrap().trim().parse().unwrap();
+    let token: u64 = String::from_utf8(output.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(token > 0);
 }

@@ -22,7 +22,10 @@ async fn standalone_is_detected_and_a_lock_cycle_works() {
     assert_eq!(client.topology(), Topology::Standalone);
     let options = LockOptions::new().ttl(Duration::from_secs(5));
 
-    let first = client.try_lock("orders:42", &options).await.expect("free lock");
+    let first = client
+        .try_lock("orders:42", &options)
+        .await
+        .expect("free lock");
     assert!(first.is_valid());
     match client.try_lock("orders:42", &options).await {
         Err(Error::Busy { retry_after, .. }) => assert!(retry_after <= Duration::from_secs(5)),
@@ -32,10 +35,16 @@ async fn standalone_is_detected_and_a_lock_cycle_works() {
     first.release().await.expect("release");
     assert!(!exists(&server, "fencelock:{orders:42}:lock"));
 
-    let second = client.try_lock("orders:42", &options).await.expect("free again");
+    let second = client
+        .try_lock("orders:42", &options)
+        .await
+        .expect("free again");
     assert!(second.fence() > fence);
     second.release().await.unwrap();
-    assert!(exists(&server, "fencelock:{orders:42}:fence"), "the fence key is never deleted");
+    assert!(
+        exists(&server, "fencelock:{orders:42}:fence"),
+        "the fence key is never deleted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -47,7 +56,10 @@ async fn release_and_extend_report_expired_and_not_owner() {
 
     let mut lost = client.try_lock("job", &options).await.unwrap();
     server.node.cmd::<i64>(redis::cmd("DEL").arg(key));
-    assert!(matches!(lost.extend(Duration::from_secs(5)).await, Err(Error::Expired { .. })));
+    assert!(matches!(
+        lost.extend(Duration::from_secs(5)).await,
+        Err(Error::Expired { .. })
+    ));
     assert!(matches!(lost.release().await, Err(Error::Expired { .. })));
 
     let mut stale = client.try_lock("job", &options).await.unwrap();
@@ -55,27 +67,46 @@ async fn release_and_extend_report_expired_and_not_owner() {
     let newer = client.try_lock("job", &options).await.unwrap();
     assert!(newer.fence() > stale.fence());
     let err = stale.extend(Duration::from_secs(5)).await.unwrap_err();
-    assert!(matches!(err, Error::NotOwner { .. }) && err.is_lock_lost(), "{err}");
+    assert!(
+        matches!(err, Error::NotOwner { .. }) && err.is_lock_lost(),
+        "{err}"
+    );
     assert!(matches!(stale.release().await, Err(Error::NotOwner { .. })));
-    assert!(exists(&server, key), "a non-owner's release leaves the lock alone");
+    assert!(
+        exists(&server, key),
+        "a non-owner's release leaves the lock alone"
+    );
     newer.release().await.unwrap();
 
     // A real TTL expiry, observed by polling for the key to vanish.
-    let mut short = client.try_lock("job", &LockOptions::new().ttl(Duration::from_millis(50))).await.unwrap();
-    wait_until("the lock to expire", Duration::from_secs(5), || !exists(&server, key));
+    let mut short = client
+        .try_lock("job", &LockOptions::new().ttl(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    wait_until("the lock to expire", Duration::from_secs(5), || {
+        !exists(&server, key)
+    });
     assert!(!short.is_valid());
-    assert!(matches!(short.extend(Duration::from_secs(1)).await, Err(Error::Expired { .. })));
+    assert!(matches!(
+        short.extend(Duration::from_secs(1)).await,
+        Err(Error::Expired { .. })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn extend_moves_valid_until_forward() {
     let server = Standalone::start();
     let client = client(&server).await;
-    let mut guard = client.try_lock("x", &LockOptions::new().ttl(Duration::from_millis(200))).await.unwrap();
+    let mut guard = client
+        .try_lock("x", &LockOptions::new().ttl(Duration::from_millis(200)))
+        .await
+        .unwrap();
     let before = guard.valid_until();
     let after = guard.extend(Duration::from_secs(60)).await.unwrap();
     assert!(after > before + Duration::from_secs(50));
-    let pttl: i64 = server.node.cmd(redis::cmd("PTTL").arg("fencelock:{x}:lock"));
+    let pttl: i64 = server
+        .node
+        .cmd(redis::cmd("PTTL").arg("fencelock:{x}:lock"));
     assert!(pttl > 50_000, "pttl {pttl}");
     guard.release().await.unwrap();
 }
@@ -83,17 +114,31 @@ async fn extend_moves_valid_until_forward() {
 #[tokio::test(flavor = "multi_thread")]
 async fn acquire_script_is_idempotent_for_the_same_owner() {
     let server = Standalone::start();
-    let source = fencelock::lua_scripts().find(|s| s.name == "acquire").unwrap().source;
+    let source = fencelock::lua_scripts()
+        .find(|s| s.name == "acquire")
+        .unwrap()
+        .source;
     let keys = ["k{t}:lock", "k{t}:fence"];
     let eval = |owner: &str| -> (i64, i64) {
         server.node.cmd(
-            redis::cmd("EVAL").arg(source).arg(2).arg(&keys).arg(owner).arg(10_000).arg(0).arg("counter"),
+            redis::cmd("EVAL")
+                .arg(source)
+                .arg(2)
+                .arg(&keys)
+                .arg(owner)
+                .arg(10_000)
+                .arg(0)
+                .arg("counter"),
         )
     };
     let (status, fence) = eval("owner-a");
     assert_eq!((status, fence), (1, 1));
     let (status, again) = eval("owner-a");
-    assert_eq!((status, again), (2, 1), "a resent acquire returns the same fence");
+    assert_eq!(
+        (status, again),
+        (2, 1),
+        "a resent acquire returns the same fence"
+    );
     let counter: i64 = server.node.cmd(redis::cmd("GET").arg(keys[1]));
     assert_eq!(counter, 1, "and does not advance the counter");
     let (status, pttl) = eval("owner-b");
@@ -104,7 +149,11 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
 #[tokio::test(flavor = "multi_thread")]
 async fn fence_modes_and_floor() {
     let server = Standalone::start();
-    let counter = Client::builder([server.url()]).fence_mode(FenceMode::Counter).connect().await.unwrap();
+    let counter = Client::builder([server.url()])
+        .fence_mode(FenceMode::Counter)
+        .connect()
+        .await
+        .unwrap();
     let options = LockOptions::new();
     let mut fences = Vec::new();
     for _ in 0..3 {
@@ -115,18 +164,27 @@ async fn fence_modes_and_floor() {
     assert_eq!(fences, [1, 2, 3]);
 
     let floor = FenceToken::new(1_000_000).unwrap();
-    let guard = counter.try_lock("c", &options.clone().floor(floor)).await.unwrap();
+    let guard = counter
+        .try_lock("c", &options.clone().floor(floor))
+        .await
+        .unwrap();
     assert_eq!(guard.fence().get(), 1_000_001);
     guard.release().await.unwrap();
 
     let clock = client(&server).await;
     let (secs, micros): (u64, u64) = server.node.cmd(&mut redis::cmd("TIME"));
     let guard = clock.try_lock("c", &options).await.unwrap();
-    assert!(guard.fence().get() > secs * 1_000_000 + micros, "clock mode starts above server time");
+    assert!(
+        guard.fence().get() > secs * 1_000_000 + micros,
+        "clock mode starts above server time"
+    );
     let previous = guard.fence();
     guard.release().await.unwrap();
     let next = counter.try_lock("c", &options).await.unwrap();
-    assert!(next.fence() > previous, "counter mode continues above clock tokens");
+    assert!(
+        next.fence() > previous,
+        "counter mode continues above clock tokens"
+    );
     next.release().await.unwrap();
 }
 
@@ -146,11 +204,18 @@ async fn lock_waits_for_release_and_times_out_when_held() {
 
     let waiter = {
         let client = client.clone();
-        tokio::spawn(async move { client.lock("w", &LockOptions::new().timeout(Duration::from_secs(10))).await })
+        tokio::spawn(async move {
+            client
+                .lock("w", &LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
     };
     let holder_fence = holder.fence();
     holder.release().await.unwrap();
-    let next = waiter.await.unwrap().expect("the waiter gets the lock after release");
+    let next = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock after release");
     assert!(next.fence() > holder_fence);
     next.release().await.unwrap();
 }
@@ -162,7 +227,9 @@ async fn dropped_guard_releases_in_background() {
     let guard = client.try_lock("d", &LockOptions::new()).await.unwrap();
     assert!(exists(&server, "fencelock:{d}:lock"));
     drop(guard);
-    wait_until("the background release", Duration::from_secs(5), || !exists(&server, "fencelock:{d}:lock"));
+    wait_until("the background release", Duration::from_secs(5), || {
+        !exists(&server, "fencelock:{d}:lock")
+    });
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -171,21 +238,40 @@ async fn wait_replicas_without_replicas_fails_and_releases() {
     let client = client(&server).await;
     let options = LockOptions::new().wait_replicas(1, Duration::from_millis(50));
     match client.try_lock("r", &options).await {
-        Err(Error::ReplicasNotConfirmed { acked: 0, required: 1, .. }) => {}
+        Err(Error::ReplicasNotConfirmed {
+            acked: 0,
+            required: 1,
+            ..
+        }) => {}
         other => panic!("expected ReplicasNotConfirmed, got {other:?}"),
     }
-    assert!(!exists(&server, "fencelock:{r}:lock"), "the unconfirmed lock was released");
+    assert!(
+        !exists(&server, "fencelock:{r}:lock"),
+        "the unconfirmed lock was released"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn noscript_is_recovered_after_script_flush() {
     let server = Standalone::start();
     let client = client(&server).await;
-    client.try_lock("n", &LockOptions::new()).await.unwrap().release().await.unwrap();
+    client
+        .try_lock("n", &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.node.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
-    let guard = client.try_lock("n", &LockOptions::new()).await.expect("EVAL fallback after NOSCRIPT");
+    let guard = client
+        .try_lock("n", &LockOptions::new())
+        .await
+        .expect("EVAL fallback after NOSCRIPT");
     guard.release().await.expect("release after flush");
-    let sha = fencelock::lua_scripts().find(|s| s.name == "acquire").unwrap().sha1;
+    let sha = fencelock::lua_scripts()
+        .find(|s| s.name == "acquire")
+        .unwrap()
+        .sha1;
     let cached: Vec<i64> = server.node.cmd(redis::cmd("SCRIPT").arg("EXISTS").arg(sha));
     assert_eq!(cached, [1], "the fallback cached the script again");
 }
@@ -195,8 +281,14 @@ async fn bad_input_gives_errors_not_panics() {
     let server = Standalone::start();
     let client = client(&server).await;
     let ok = LockOptions::new();
-    assert!(matches!(client.try_lock("", &ok).await, Err(Error::InvalidName { .. })));
-    assert!(matches!(client.lock(&"n".repeat(5000), &ok).await, Err(Error::InvalidName { .. })));
+    assert!(matches!(
+        client.try_lock("", &ok).await,
+        Err(Error::InvalidName { .. })
+    ));
+    assert!(matches!(
+        client.lock(&"n".repeat(5000), &ok).await,
+        Err(Error::InvalidName { .. })
+    ));
     for bad in [
         LockOptions::new().ttl(Duration::ZERO),
         LockOptions::new().ttl(Duration::MAX),
@@ -206,21 +298,39 @@ async fn bad_input_gives_errors_not_panics() {
     ] {
         let err = client.try_lock("n", &bad).await.unwrap_err();
         assert!(matches!(err, Error::InvalidOptions { .. }), "{err}");
-        assert!(err.to_string().contains("\"n\""), "the message names the lock: {err}");
+        assert!(
+            err.to_string().contains("\"n\""),
+            "the message names the lock: {err}"
+        );
     }
     let mut guard = client.try_lock("n", &ok).await.unwrap();
-    assert!(matches!(guard.extend(Duration::ZERO).await, Err(Error::InvalidOptions { .. })));
+    assert!(matches!(
+        guard.extend(Duration::ZERO).await,
+        Err(Error::InvalidOptions { .. })
+    ));
     guard.release().await.unwrap();
 
     // Braces cannot move a lock out of its reported slot.
     let guard = client.try_lock("a}{b", &ok).await.unwrap();
-    assert_eq!(guard.keys().slot(), fencelock::slot_of(guard.keys().lock_key().as_bytes()));
+    assert_eq!(
+        guard.keys().slot(),
+        fencelock::slot_of(guard.keys().lock_key().as_bytes())
+    );
     guard.release().await.unwrap();
 
-    assert!(matches!(Client::connect(Vec::<String>::new()).await, Err(Error::InvalidConfig { .. })));
-    assert!(matches!(Client::connect(["http://127.0.0.1:1"]).await, Err(Error::InvalidConfig { .. })));
     assert!(matches!(
-        Client::builder([server.url()]).prefix("a{b").connect().await,
+        Client::connect(Vec::<String>::new()).await,
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        Client::connect(["http://127.0.0.1:1"]).await,
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        Client::builder([server.url()])
+            .prefix("a{b")
+            .connect()
+            .await,
         Err(Error::InvalidConfig { .. })
     ));
 }
@@ -245,12 +355,26 @@ async fn unreachable_and_wrong_password_are_connect_errors() {
     let wrong = format!("redis://:wrong@127.0.0.1:{}", secured.node.port);
     let err = Client::connect([wrong]).await.unwrap_err();
     assert!(err.to_string().contains("authentication"), "{err}");
-    assert!(!err.to_string().contains("wrong"), "the password is not shown: {err}");
+    assert!(
+        !err.to_string().contains("wrong"),
+        "the password is not shown: {err}"
+    );
     let missing = format!("redis://127.0.0.1:{}", secured.node.port);
-    assert!(matches!(Client::connect([missing]).await, Err(Error::Connect { .. })));
+    assert!(matches!(
+        Client::connect([missing]).await,
+        Err(Error::Connect { .. })
+    ));
 
-    let right = Client::connect([secured.url()]).await.expect("right password");
-    right.try_lock("p", &LockOptions::new()).await.unwrap().release().await.unwrap();
+    let right = Client::connect([secured.url()])
+        .await
+        .expect("right password");
+    right
+        .try_lock("p", &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -264,12 +388,25 @@ async fn a_stopped_server_does_not_hang_calls() {
     let guard = client.try_lock("h", &LockOptions::new()).await.unwrap();
     server.node.pause();
     let started = std::time::Instant::now();
-    let err = client.try_lock("h2", &LockOptions::new()).await.unwrap_err();
+    let err = client
+        .try_lock("h2", &LockOptions::new())
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
-    let err = client.lock("h2", &LockOptions::new().timeout(Duration::from_millis(500))).await.unwrap_err();
+    let err = client
+        .lock(
+            "h2",
+            &LockOptions::new().timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap_err();
     assert!(err.is_transient(), "{err}");
     let err = guard.release().await.unwrap_err();
     assert!(err.is_transient(), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     server.node.resume();
 }

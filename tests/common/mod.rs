@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let until = Instant::now() + limit;
     while !condition() {
-        assert!(Instant::now() < until, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < until,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -24,7 +27,12 @@ fn port_free(port: u16) -> bool {
 /// A port whose cluster bus port (+10000) is free too.
 fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(0, 20000 + (std::process::id() % 400) as u16 * 20, Ordering::SeqCst, Ordering::SeqCst);
+    let _ = NEXT.compare_exchange(
+        0,
+        20000 + (std::process::id() % 400) as u16 * 20,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
     loop {
         let port = NEXT.fetch_add(1, Ordering::SeqCst);
         assert!(port < 30000, "no free ports left");
@@ -59,7 +67,16 @@ impl Node {
         let dir = scratch_dir(port);
         let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&dir)
             .args(extra)
@@ -67,8 +84,15 @@ impl Node {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (scripts/test.sh installs it)");
-        let node = Node { port, child, dir, password: password.map(str::to_owned) };
-        wait_until(&format!("redis on {port}"), Duration::from_secs(10), || node.answers());
+        let node = Node {
+            port,
+            child,
+            dir,
+            password: password.map(str::to_owned),
+        };
+        wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
+            node.answers()
+        });
         node
     }
 
@@ -106,16 +130,24 @@ impl Node {
     }
 
     pub fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
-        self.try_cmd(cmd).unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
+        self.try_cmd(cmd)
+            .unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
     }
 
     pub fn info(&self, section: &str) -> String {
-        self.try_cmd(redis::cmd("INFO").arg(section)).unwrap_or_default()
+        self.try_cmd(redis::cmd("INFO").arg(section))
+            .unwrap_or_default()
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill").args([signal, &self.pid().to_string()]).status();
-        assert!(status.map(|s| s.success()).unwrap_or(false), "kill {signal} {}", self.pid());
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status();
+        assert!(
+            status.map(|s| s.success()).unwrap_or(false),
+            "kill {signal} {}",
+            self.pid()
+        );
     }
 
     /// SIGSTOP: the process keeps its sockets open but stops answering.
@@ -141,7 +173,9 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.pid().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.pid().to_string()])
+            .status();
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -154,12 +188,16 @@ pub struct Standalone {
 
 impl Standalone {
     pub fn start() -> Self {
-        Self { node: Node::spawn(&[]) }
+        Self {
+            node: Node::spawn(&[]),
+        }
     }
 
     /// A server that requires `password` (`requirepass`); `node.url()` carries it.
     pub fn start_with_password(password: &str) -> Self {
-        Self { node: Node::spawn_with(&["--requirepass", password], Some(password)) }
+        Self {
+            node: Node::spawn_with(&["--requirepass", password], Some(password)),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -180,10 +218,14 @@ impl Cluster {
         let nodes: Vec<Node> = (0..6)
             .map(|_| {
                 Node::spawn(&[
-                    "--cluster-enabled", "yes",
-                    "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", &timeout,
-                    "--cluster-replica-validity-factor", "0",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    &timeout,
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ])
             })
             .collect();
@@ -202,29 +244,29 @@ impl Cluster {
 
     /// Waits until every live node sees the cluster ok and every replica is linked and synced.
     pub fn wait_healthy(&self) {
-        wait_until("cluster ok and replicas in sync", Duration::from_secs(60), || {
-            let mut replicas = 0;
-            for node in self.nodes.iter() {
-                if !node.info("cluster").contains("cluster_state:ok")
-                    && !node
-                        .try_cmd::<String>(&mut redis::cmd("CLUSTER").arg("INFO"))
-                        .unwrap_or_default()
-                        .contains("cluster_state:ok")
-                {
-                    return false;
-                }
-                let replication = node.info("replication");
-                if replication.contains("role:slave") {
-                    if !replication.contains("master_link_status:up")
-                        || !replication.contains("master_sync_in_progress:0")
-                    {
+        wait_until(
+            "cluster ok and replicas in sync",
+            Duration::from_secs(60),
+            || {
+                let mut replicas = 0;
+                for node in self.nodes.iter() {
+                    let state = node.try_cmd::<String>(redis::cmd("CLUSTER").arg("INFO"));
+                    if !state.unwrap_or_default().contains("cluster_state:ok") {
                         return false;
                     }
-                    replicas += 1;
+                    let replication = node.info("replication");
+                    if replication.contains("role:slave") {
+                        if !replication.contains("master_link_status:up")
+                            || !replication.contains("master_sync_in_progress:0")
+                        {
+                            return false;
+                        }
+                        replicas += 1;
+                    }
                 }
-            }
-            replicas == 3
-        });
+                replicas == 3
+            },
+        );
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -234,22 +276,29 @@ impl Cluster {
     /// The node currently serving `slot` as master (as seen by a live master).
     pub fn master_of_slot(&self, slot: u16) -> &Node {
         let port = self.slot_owner_port(slot);
-        self.nodes.iter().find(|n| n.port == port).expect("owner is one of ours")
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("owner is one of ours")
     }
 
     fn slot_owner_port(&self, slot: u16) -> u16 {
         for node in &self.nodes {
-            let Ok(slots) = node.try_cmd::<redis::Value>(&mut redis::cmd("CLUSTER").arg("SLOTS")) else {
+            let Ok(slots) = node.try_cmd::<redis::Value>(redis::cmd("CLUSTER").arg("SLOTS")) else {
                 continue;
             };
-            let ranges: Vec<(i64, i64, (String, i64))> = match redis::from_redis_value::<Vec<redis::Value>>(slots) {
+            let ranges: Vec<(i64, i64, (String, i64))> = match redis::from_redis_value::<
+                Vec<redis::Value>,
+            >(slots)
+            {
                 Ok(items) => items
                     .into_iter()
                     .filter_map(|item| {
                         let parts: Vec<redis::Value> = redis::from_redis_value(item).ok()?;
                         let start: i64 = redis::from_redis_value(parts.first()?.clone()).ok()?;
                         let end: i64 = redis::from_redis_value(parts.get(1)?.clone()).ok()?;
-                        let master: Vec<redis::Value> = redis::from_redis_value(parts.get(2)?.clone()).ok()?;
+                        let master: Vec<redis::Value> =
+                            redis::from_redis_value(parts.get(2)?.clone()).ok()?;
                         let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
                         let port: i64 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
                         Some((start, end, (host, port)))
@@ -257,7 +306,10 @@ impl Cluster {
                     .collect(),
                 Err(_) => continue,
             };
-            if let Some((_, _, (_, port))) = ranges.iter().find(|(s, e, _)| *s <= slot as i64 && slot as i64 <= *e) {
+            if let Some((_, _, (_, port))) = ranges
+                .iter()
+                .find(|(s, e, _)| *s <= slot as i64 && slot as i64 <= *e)
+            {
                 return *port as u16;
             }
         }
@@ -270,12 +322,16 @@ impl Cluster {
             .iter()
             .find(|n| {
                 let info = n.info("replication");
-                info.contains("role:slave") && info.contains(&format!("master_port:{master_port}\r"))
+                info.contains("role:slave")
+                    && info.contains(&format!("master_port:{master_port}\r"))
             })
             .expect("every master has a replica")
     }
 
     pub fn node_mut(&mut self, port: u16) -> &mut Node {
-        self.nodes.iter_mut().find(|n| n.port == port).expect("known port")
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("known port")
     }
 }

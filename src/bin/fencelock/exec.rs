@@ -100,7 +100,10 @@ enum Supervised {
 
 /// Waits for the child while extending the lock every ttl/3; forwards SIGINT and SIGTERM.
 async fn supervise(child: &mut Child, guard: &mut LockGuard, ttl: Duration) -> Supervised {
-    let (mut interrupt, mut terminate) = match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+    let (mut interrupt, mut terminate) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
         (Ok(i), Ok(t)) => (Some(i), Some(t)),
         _ => (None, None),
     };

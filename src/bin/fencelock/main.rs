@@ -127,7 +127,10 @@ fn main() -> ExitCode {
             }
         }
         Command::Exec(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(runtime) => runtime,
                 Err(err) => {
                     eprintln!("fencelock: cannot start the async runtime: {err}");
