@@ -2,7 +2,8 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
@@ -13,7 +14,7 @@ use crate::fence::FenceToken;
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
-use crate::scripts::{ACQUIRE, RELEASE};
+use crate::scripts::{LuaScript, ACQUIRE, RELEASE};
 
 /// How the acquire script computes the next fence token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -140,7 +141,9 @@ impl ClientBuilder {
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
         Ok(Client {
             shared: Arc::new(Shared {
-                conn,
+                conn: RwLock::new(conn),
+                failures: AtomicU32::new(0),
+                rebuilding: AtomicBool::new(false),
                 lanes: Lanes::new(endpoint, self.wait_lanes),
                 prefix: self.prefix,
                 request_timeout: self.request_timeout,
@@ -186,7 +189,11 @@ impl std::fmt::Debug for Client {
 
 /// What clients, guards and background releases share.
 pub(crate) struct Shared {
-    conn: Connection,
+    /// The main connection; replaced when it keeps timing out (see [`Shared::observe`]).
+    conn: RwLock<Connection>,
+    /// Consecutive transient failures on the main connection.
+    failures: AtomicU32,
+    rebuilding: AtomicBool,
     lanes: Lanes,
     prefix: String,
     pub(crate) request_timeout: Duration,
@@ -338,9 +345,9 @@ impl Client {
 
         let (reply, acked) = match options.wait {
             None => {
-                let mut conn = shared.conn.clone();
-                let call = conn::run_script(&mut conn, &ACQUIRE, &key_args, &args);
-                let reply = bounded(keys.name(), "acquire", shared.request_timeout, call).await?;
+                let reply = shared
+                    .run_script(keys.name(), "acquire", &ACQUIRE, &key_args, &args)
+                    .await?;
                 (reply, None)
             }
             Some((replicas, wait)) => {
@@ -359,7 +366,9 @@ impl Client {
                     lane.finish();
                     Ok::<_, RedisError>(reply)
                 };
-                let (reply, acked) = bounded(keys.name(), "acquire", limit, call).await?;
+                let outcome = bounded(keys.name(), "acquire", limit, call).await;
+                shared.observe(&outcome);
+                let (reply, acked) = outcome?;
                 (reply, Some((replicas, acked)))
             }
         };
@@ -418,23 +427,79 @@ impl Client {
 }
 
 /// Releases `owner`'s hold on `lock_key`: `1` released, `0` expired, `-1` held by another.
-pub(crate) async fn release_owner(shared: &Shared, lock_key: &str, owner: &str) -> Result<i64> {
-    run_owner_script(shared, lock_key, "release", &RELEASE, &[lock_key], &[owner]).await
+pub(crate) async fn release_owner(
+    shared: &Arc<Shared>,
+    lock_key: &str,
+    owner: &str,
+) -> Result<i64> {
+    let reply = shared
+        .run_script(lock_key, "release", &RELEASE, &[lock_key], &[owner])
+        .await?;
+    parse_int(lock_key, "release", reply)
 }
 
-/// Runs a script with EXTEND's or RELEASE's contract on the main connection.
-pub(crate) async fn run_owner_script(
-    shared: &Shared,
-    name: &str,
-    operation: &'static str,
-    script: &crate::scripts::LuaScript,
-    keys: &[&str],
-    args: &[&str],
-) -> Result<i64> {
-    let mut conn = shared.conn.clone();
-    let call = conn::run_script(&mut conn, script, keys, args);
-    let reply = bounded(name, operation, shared.request_timeout, call).await?;
-    parse_int(name, operation, reply)
+/// After this many consecutive timeouts or connection errors the main connection is rebuilt.
+const REBUILD_AFTER: u32 = 2;
+
+impl Shared {
+    fn connection(&self) -> Connection {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `script` on the main connection within the request timeout.
+    pub(crate) async fn run_script(
+        self: &Arc<Self>,
+        name: &str,
+        operation: &'static str,
+        script: &LuaScript,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<Value> {
+        let mut conn = self.connection();
+        let call = conn::run_script(&mut conn, script, keys, args);
+        let outcome = bounded(name, operation, self.request_timeout, call).await;
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Counts consecutive transient failures and rebuilds the main connection after
+    /// [`REBUILD_AFTER`] of them. redis-rs keeps routing a slot to a master that stopped
+    /// answering with its socket open (SIGSTOP) even after a replica was promoted; a new
+    /// connection reads a fresh slot map and routes to the new master.
+    pub(crate) fn observe<T>(self: &Arc<Self>, outcome: &Result<T>) {
+        match outcome {
+            Err(err) if err.is_transient() => {
+                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= REBUILD_AFTER {
+                    self.rebuild();
+                }
+            }
+            _ => self.failures.store(0, Ordering::Release),
+        }
+    }
+
+    fn rebuild(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let shared = Arc::clone(self);
+        runtime.spawn(async move {
+            match shared.lanes.endpoint().main_connection().await {
+                Ok(conn) => {
+                    *shared.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                    shared.failures.store(0, Ordering::Release);
+                    tracing::info!(nodes = %shared.lanes.endpoint().nodes, "rebuilt the connection after repeated timeouts");
+                }
+                Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),
+            }
+            shared.rebuilding.store(false, Ordering::Release);
+        });
+    }
 }
 
 /// Bounds a Redis call by `limit`, naming the lock in the error.
@@ -467,7 +532,7 @@ fn parse_pair(name: &str, operation: &'static str, reply: Value) -> Result<(i64,
     })
 }
 
-fn parse_int(name: &str, operation: &'static str, reply: Value) -> Result<i64> {
+pub(crate) fn parse_int(name: &str, operation: &'static str, reply: Value) -> Result<i64> {
     redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
         name: name.to_owned(),
         operation,

@@ -86,6 +86,9 @@ pub(crate) struct Endpoint {
     pub(crate) nodes: String,
     opener: Opener,
     timeouts: Timeouts,
+    infos: Vec<ConnectionInfo>,
+    reachable: ConnectionInfo,
+    retries: u32,
 }
 
 impl Endpoint {
@@ -115,7 +118,7 @@ impl Endpoint {
             match probe(info, timeouts).await {
                 Ok(topology) => {
                     let endpoint = Self::open(topology, &infos, info, timeouts, retries, &nodes)?;
-                    let conn = endpoint.main_connection(&infos, info, retries).await?;
+                    let conn = endpoint.main_connection().await?;
                     return Ok((endpoint, conn));
                 }
                 Err(
@@ -158,15 +161,15 @@ impl Endpoint {
             nodes: nodes.to_owned(),
             opener,
             timeouts,
+            infos: infos.to_vec(),
+            reachable: reachable.clone(),
+            retries,
         })
     }
 
-    async fn main_connection(
-        &self,
-        infos: &[ConnectionInfo],
-        reachable: &ConnectionInfo,
-        retries: u32,
-    ) -> Result<Connection> {
+    /// Opens the connection all lock traffic but WAIT uses: with a fresh slot map when rebuilt.
+    pub(crate) async fn main_connection(&self) -> Result<Connection> {
+        let (infos, reachable, retries) = (&self.infos, &self.reachable, self.retries);
         let deadline = self.timeouts.connect + self.timeouts.response;
         let opened = match self.topology {
             Topology::Cluster => {

@@ -150,12 +150,20 @@ impl Error {
         matches!(self, Error::Busy { .. })
     }
 
-    /// True when a deadline passed or the connection failed, so trying again may succeed.
+    /// True when a deadline passed, the connection failed or the cluster is changing (failover,
+    /// resharding), so trying again may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Timeout { .. } => true,
             Error::Redis { source, .. } => {
-                source.is_io_error() || source.is_timeout() || source.is_connection_dropped()
+                source.is_io_error()
+                    || source.is_timeout()
+                    || source.is_connection_dropped()
+                    || source.kind() == redis::ErrorKind::ClusterConnectionNotFound
+                    || matches!(
+                        source.code(),
+                        Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING" | "READONLY")
+                    )
             }
             _ => false,
         }

@@ -127,16 +127,17 @@ impl LockGuard {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
         let ttl_ms = client::ttl_millis(ttl);
-        let outcome = client::run_owner_script(
-            &self.shared,
-            self.keys.name(),
-            "extend",
-            &EXTEND,
-            &[self.keys.lock_key()],
-            &[&self.owner, &ttl_ms],
-        )
-        .await?;
-        self.outcome(outcome, "extend")?;
+        let reply = self
+            .shared
+            .run_script(
+                self.keys.name(),
+                "extend",
+                &EXTEND,
+                &[self.keys.lock_key()],
+                &[&self.owner, &ttl_ms],
+            )
+            .await?;
+        self.outcome(reply, "extend")?;
         self.valid_until = lease_end(sent, ttl);
         Ok(self.valid_until)
     }
@@ -155,21 +156,24 @@ impl LockGuard {
     /// Cancel safe: if the call is dropped before Redis answers, the guard's drop releases the
     /// lock in the background.
     pub async fn release(mut self) -> Result<()> {
-        let outcome = client::run_owner_script(
-            &self.shared,
-            self.keys.name(),
-            "release",
-            &RELEASE,
-            &[self.keys.lock_key()],
-            &[&self.owner],
-        )
-        .await?;
+        let reply = self
+            .shared
+            .run_script(
+                self.keys.name(),
+                "release",
+                &RELEASE,
+                &[self.keys.lock_key()],
+                &[&self.owner],
+            )
+            .await?;
         self.released = true;
-        tracing::debug!(lock = self.keys.name(), fence = %self.fence, outcome, "released");
-        self.outcome(outcome, "release")
+        tracing::debug!(lock = self.keys.name(), fence = %self.fence, "released");
+        self.outcome(reply, "release")
     }
 
-    fn outcome(&self, code: i64, operation: &'static str) -> Result<()> {
+    /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result.
+    fn outcome(&self, reply: redis::Value, operation: &'static str) -> Result<()> {
+        let code = client::parse_int(self.keys.name(), operation, reply)?;
         let name = self.keys.name().to_owned();
         match code {
             1 => Ok(()),

@@ -55,6 +55,7 @@ pub struct Node {
     child: Child,
     dir: PathBuf,
     password: Option<String>,
+    killed: bool,
 }
 
 impl Node {
@@ -89,6 +90,7 @@ impl Node {
             child,
             dir,
             password: password.map(str::to_owned),
+            killed: false,
         };
         wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
             node.answers()
@@ -162,8 +164,11 @@ impl Node {
 
     /// SIGKILL, and reaps the process.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !self.killed {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            self.killed = true;
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -326,6 +331,42 @@ impl Cluster {
                     && info.contains(&format!("master_port:{master_port}\r"))
             })
             .expect("every master has a replica")
+    }
+
+    /// Promotes the replica on `port` with `CLUSTER FAILOVER <mode>` ("" for a plain one) and
+    /// waits until it is master and every other live master routes `slot` to it.
+    pub fn promote(&self, port: u16, mode: &str, slot: u16, skip: &[u16]) {
+        let replica = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("known port");
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("FAILOVER");
+        if !mode.is_empty() {
+            cmd.arg(mode);
+        }
+        replica.cmd::<()>(&mut cmd);
+        wait_until("the promotion", Duration::from_secs(30), || {
+            replica.info("replication").contains("role:master")
+                && self
+                    .nodes
+                    .iter()
+                    .filter(|n| n.port != port && !skip.contains(&n.port))
+                    .filter(|n| n.info("replication").contains("role:master"))
+                    .all(|n| {
+                        n.try_cmd::<u16>(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
+                            .is_err()
+                            || n.try_cmd::<String>(redis::cmd("CLUSTER").arg("NODES"))
+                                .map(|nodes| {
+                                    nodes.lines().any(|l| {
+                                        l.contains(&format!("127.0.0.1:{port}@"))
+                                            && l.contains("master")
+                                    })
+                                })
+                                .unwrap_or(false)
+                    })
+        });
     }
 
     pub fn node_mut(&mut self, port: u16) -> &mut Node {

@@ -1,0 +1,135 @@
+//! Failover on a real cluster: killed and paused masters, promoted replicas, lost writes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Cluster, NODE_TIMEOUT};
+use fencelock::{Client, FenceMode, FenceToken, LockOptions};
+
+/// Grants `rounds` holds of `name` and returns the highest fence.
+async fn grant(client: &Client, name: &str, options: &LockOptions, rounds: usize) -> FenceToken {
+    let mut highest = None;
+    for _ in 0..rounds {
+        let guard = client.lock(name, options).await.expect("grant");
+        highest = highest.max(Some(guard.fence()));
+        guard.release().await.expect("release");
+    }
+    highest.expect("at least one round")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_master_does_not_hang_calls_and_promotion_restores_acquisition() {
+    let cluster = Cluster::start();
+    let client = Client::builder(cluster.urls())
+        .request_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(5));
+    let guard = client.try_lock("acct:1", &options).await.unwrap();
+    let (slot, before) = (guard.keys().slot(), guard.fence());
+    guard.release().await.unwrap();
+    let master = cluster.master_of_slot(slot);
+    let (master_port, replica_port) = (master.port, cluster.replica_of(master.port).port);
+
+    master.pause();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = client.try_lock("acct:1", &options).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "bounded: {:?}",
+            started.elapsed()
+        );
+    }
+
+    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+    let promoted = Instant::now();
+    let guard = client
+        .lock("acct:1", &options.clone().timeout(Duration::from_secs(20)))
+        .await
+        .expect("acquisition succeeds again after promotion");
+    let recovered = promoted.elapsed();
+    eprintln!("paused master: acquisition recovered {recovered:?} after the promotion");
+    assert!(
+        recovered < NODE_TIMEOUT + Duration::from_secs(3),
+        "recovered after {recovered:?}"
+    );
+    assert!(guard.fence() > before);
+    guard.release().await.unwrap();
+
+    master.resume();
+    cluster.wait_healthy();
+    let guard = client
+        .try_lock("acct:1", &options)
+        .await
+        .expect("after the old master rejoined");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresses() {
+    let mut cluster = Cluster::start();
+    let fenced = Client::connect(cluster.urls()).await.unwrap();
+    let plain = Client::builder(cluster.urls())
+        .fence_mode(FenceMode::Counter)
+        .connect()
+        .await
+        .unwrap();
+    // Both locks in one slot, so one failover hits both.
+    let options = LockOptions::new()
+        .tag("acct")
+        .timeout(Duration::from_secs(20));
+    let confirmed = options.clone().wait_replicas(1, Duration::from_secs(2));
+    grant(&fenced, "clock", &confirmed, 1).await;
+    grant(&plain, "counter", &confirmed, 1).await;
+
+    let slot = fenced.keys("clock", &options).unwrap().slot();
+    let master_port = cluster.master_of_slot(slot).port;
+    let replica_port = cluster.replica_of(master_port).port;
+
+    // Cut the replica off: pause it and drop its link so buffered writes never reach it.
+    cluster.node_mut(replica_port).pause();
+    let killed: i64 = cluster
+        .node_mut(master_port)
+        .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
+    assert_eq!(killed, 1);
+    let clock_before = grant(&fenced, "clock", &options, 8).await;
+    let counter_before = grant(&plain, "counter", &options, 8).await;
+
+    cluster.node_mut(master_port).kill();
+    cluster.node_mut(replica_port).resume();
+    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+
+    let after = fenced
+        .lock("clock", &options)
+        .await
+        .expect("clock lock after failover");
+    assert!(
+        after.fence() > clock_before,
+        "clock mode: {} after failover must exceed {} granted before",
+        after.fence(),
+        clock_before
+    );
+    let after_fence = after.fence();
+    after.release().await.unwrap();
+
+    let regressed = plain
+        .lock("counter", &options)
+        .await
+        .expect("counter lock after failover");
+    assert!(
+        regressed.fence() <= counter_before,
+        "the baseline shows the loss: {} after failover, {} before",
+        regressed.fence(),
+        counter_before
+    );
+    eprintln!(
+        "forced loss: clock {clock_before} -> {}; plain counter {counter_before} -> {}",
+        after_fence,
+        regressed.fence()
+    );
+    regressed.release().await.unwrap();
+}
