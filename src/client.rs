@@ -11,10 +11,11 @@ use redis::{RedisError, Value};
 use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, Topology};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::fence::StaleFence;
 use crate::guard::LockGuard;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
-use crate::scripts::{LuaScript, ACQUIRE, RELEASE};
+use crate::scripts::{LuaScript, ACQUIRE, FENCED_SET, RELEASE};
 
 /// How the acquire script computes the next fence token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -253,6 +254,73 @@ impl Client {
     /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
     pub fn keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
         LockKeys::new(&self.shared.prefix, name, &options.placement)
+    }
+
+    /// Stores `value` in the Redis hash `key` (fields `value` and `fence`) only if `fence` is not
+    /// lower than any fence accepted for `key` before: the storage-side check for state kept in
+    /// Redis. Works on any Redis; `key` is used as given (no prefix).
+    ///
+    /// Returns `Ok(Err(StaleFence))` when rejected, with the highest fence accepted so far, which
+    /// a new holder may pass as its [`LockOptions::floor`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client, guard: fencelock::LockGuard) -> fencelock::Result<()> {
+    /// match client.fenced_set("stock:sku-1", guard.fence(), "41").await? {
+    ///     Ok(()) => println!("written"),
+    ///     Err(stale) => println!("rejected: {stale}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty key; [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// does not answer or fails (for example `WRONGTYPE` when `key` is not a hash).
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have written.
+    pub async fn fenced_set(
+        &self,
+        key: &str,
+        fence: FenceToken,
+        value: &str,
+    ) -> Result<std::result::Result<(), StaleFence>> {
+        if key.is_empty() {
+            return Err(Error::InvalidName {
+                name: String::new(),
+                reason: "the resource key is empty: name the key that holds the value".into(),
+            });
+        }
+        let fence_arg = fence.get().to_string();
+        let reply = self
+            .shared
+            .run_script(
+                key,
+                "fenced write",
+                &FENCED_SET,
+                &[key],
+                &[&fence_arg, value],
+            )
+            .await?;
+        let (status, highest) = parse_pair(key, "fenced write", reply)?;
+        if status == 1 {
+            return Ok(Ok(()));
+        }
+        let highest = u64::try_from(highest)
+            .ok()
+            .and_then(FenceToken::new)
+            .ok_or_else(|| Error::UnexpectedReply {
+                name: key.to_owned(),
+                operation: "fenced write",
+                detail: format!("highest fence {highest}"),
+            })?;
+        Ok(Err(StaleFence {
+            presented: fence,
+            highest,
+        }))
     }
 
     /// Makes one attempt to acquire lock `name`.

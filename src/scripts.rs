@@ -51,7 +51,7 @@ impl LuaScript {
 ///
 /// ```
 /// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
-/// assert_eq!(names, ["acquire", "release", "extend"]);
+/// assert_eq!(names, ["acquire", "release", "extend", "fenced_set"]);
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -66,7 +66,7 @@ pub struct ScriptSource {
 
 /// Every Lua script fencelock runs; their contracts are documented in `docs/design.md`.
 pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
-    [&*ACQUIRE, &*RELEASE, &*EXTEND]
+    [&*ACQUIRE, &*RELEASE, &*EXTEND, &*FENCED_SET]
         .into_iter()
         .map(|script| ScriptSource {
             name: script.name,
@@ -152,6 +152,28 @@ if owner == ARGV[1] then
 end
 if owner then return -1 end
 return 0
+"#,
+    )
+});
+
+/// Fenced write, for storage kept in Redis: store a value only under a fence token no lower than
+/// any accepted before for that resource.
+///
+/// - `KEYS[1]` the resource: a hash with fields `value` and `fence`.
+/// - `ARGV[1]` the writer's fence token (decimal), `ARGV[2]` the value.
+///
+/// Replies: `{1, fence}` written; `{0, highest}` rejected, with the highest fence accepted so far.
+pub(crate) static FENCED_SET: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        "fenced_set",
+        r#"#!lua
+local highest = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
+local fence = tonumber(ARGV[1])
+if fence < highest then
+  return {0, highest}
+end
+redis.call('HSET', KEYS[1], 'value', ARGV[2], 'fence', ARGV[1])
+return {1, fence}
 "#,
     )
 });

@@ -410,3 +410,46 @@ async fn a_stopped_server_does_not_hang_calls() {
     );
     server.node.resume();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fenced_set_rejects_lower_fences_and_reports_the_highest() {
+    let server = Standalone::start();
+    let client = client(&server).await;
+    let old = client.try_lock("stock", &LockOptions::new()).await.unwrap();
+    let old_fence = old.fence();
+    server
+        .node
+        .cmd::<i64>(redis::cmd("DEL").arg("fencelock:{stock}:lock"));
+    let new = client.try_lock("stock", &LockOptions::new()).await.unwrap();
+
+    assert_eq!(
+        client
+            .fenced_set("stock:sku-1", new.fence(), "41")
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        client
+            .fenced_set("stock:sku-1", new.fence(), "40")
+            .await
+            .unwrap(),
+        Ok(()),
+        "the holder may write again"
+    );
+    let stale = client
+        .fenced_set("stock:sku-1", old_fence, "99")
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!((stale.presented, stale.highest), (old_fence, new.fence()));
+    let value: String = server
+        .node
+        .cmd(redis::cmd("HGET").arg("stock:sku-1").arg("value"));
+    assert_eq!(value, "40", "the stale write was not applied");
+    assert!(matches!(
+        client.fenced_set("", new.fence(), "x").await,
+        Err(Error::InvalidName { .. })
+    ));
+    new.release().await.unwrap();
+}
