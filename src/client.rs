@@ -305,7 +305,7 @@ impl Client {
                 &[&fence_arg, value],
             )
             .await?;
-        let (status, highest) = parse_pair(key, "fenced write", reply)?;
+        let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
         if status == 1 {
             return Ok(Ok(()));
         }
@@ -441,7 +441,7 @@ impl Client {
             }
         };
 
-        let (status, value) = parse_pair(keys.name(), "acquire", reply)?;
+        let (status, value) = parse_reply::<(i64, i64)>(keys.name(), "acquire", reply)?;
         match status {
             1 | 2 => {
                 let fence = u64::try_from(value)
@@ -503,7 +503,7 @@ pub(crate) async fn release_owner(
     let reply = shared
         .run_script(lock_key, "release", &RELEASE, &[lock_key], &[owner])
         .await?;
-    parse_int(lock_key, "release", reply)
+    parse_reply(lock_key, "release", reply)
 }
 
 /// After this many consecutive timeouts or connection errors the main connection is rebuilt.
@@ -592,15 +592,12 @@ async fn bounded<T>(
     }
 }
 
-fn parse_pair(name: &str, operation: &'static str, reply: Value) -> Result<(i64, i64)> {
-    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
-        name: name.to_owned(),
-        operation,
-        detail: format!("{reply:?}"),
-    })
-}
-
-pub(crate) fn parse_int(name: &str, operation: &'static str, reply: Value) -> Result<i64> {
+/// Decodes a script's reply, naming the lock and showing the reply when it has another shape.
+pub(crate) fn parse_reply<T: redis::FromRedisValue>(
+    name: &str,
+    operation: &'static str,
+    reply: Value,
+) -> Result<T> {
     redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
         name: name.to_owned(),
         operation,

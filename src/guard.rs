@@ -173,7 +173,7 @@ impl LockGuard {
 
     /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result.
     fn outcome(&self, reply: redis::Value, operation: &'static str) -> Result<()> {
-        let code = client::parse_int(self.keys.name(), operation, reply)?;
+        let code: i64 = client::parse_reply(self.keys.name(), operation, reply)?;
         let name = self.keys.name().to_owned();
         match code {
             1 => Ok(()),
