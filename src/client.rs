@@ -402,7 +402,7 @@ impl Client {
         let started = Instant::now();
         let ttl_ms = ttl_millis(options.ttl);
         let floor = options.floor.map_or(0, FenceToken::get).to_string();
-        let key_args = [keys.lock_key(), keys.fence_key()];
+        let key_args = [keys.lock_key()];
         let args = [
             owner,
             ttl_ms.as_str(),
@@ -661,7 +661,7 @@ pub(crate) fn release_in_background(shared: Arc<Shared>, lock_key: String, owner
     }
 }
 
-/// Jittered exponential backoff from 5 ms up to 200 ms.
+/// Jittered exponential backoff from 5 ms up to 50 ms.
 struct Backoff {
     next: Duration,
     random: RandomState,
@@ -670,7 +670,7 @@ struct Backoff {
 
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(5);
-    const MAX: Duration = Duration::from_millis(200);
+    const MAX: Duration = Duration::from_millis(50);
 
     fn new() -> Self {
         Self {

@@ -82,7 +82,7 @@ pub enum Placement {
     Tag(String),
 }
 
-/// The Redis keys of one lock, all in one slot.
+/// The Redis key of one lock and the slot it lives in.
 ///
 /// # Examples
 ///
@@ -91,14 +91,12 @@ pub enum Placement {
 ///
 /// let keys = LockKeys::new("fencelock", "orders:42", &Placement::ByName).unwrap();
 /// assert_eq!(keys.lock_key(), "fencelock:{orders:42}:lock");
-/// assert_eq!(keys.fence_key(), "fencelock:{orders:42}:fence");
 /// assert_eq!(keys.slot(), fencelock::slot_of(b"orders:42"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockKeys {
     name: String,
     lock: String,
-    fence: String,
     slot: u16,
 }
 
@@ -149,7 +147,6 @@ impl LockKeys {
         let slot = slot_of(lock.as_bytes());
         Ok(Self {
             name: name.to_owned(),
-            fence: format!("{base}:fence"),
             lock,
             slot,
         })
@@ -160,17 +157,13 @@ impl LockKeys {
         &self.name
     }
 
-    /// The key holding the current owner (a hash with fields `owner` and `fence`; it expires).
+    /// The lock's key: a hash with the last fence granted (kept for good) and the current
+    /// owner and lease end (removed on release). The key has no TTL.
     pub fn lock_key(&self) -> &str {
         &self.lock
     }
 
-    /// The key holding the fence counter (never expires, never deleted by fencelock).
-    pub fn fence_key(&self) -> &str {
-        &self.fence
-    }
-
-    /// The hash slot both keys live in.
+    /// The hash slot the key lives in.
     pub fn slot(&self) -> u16 {
         self.slot
     }
@@ -178,11 +171,7 @@ impl LockKeys {
 
 impl fmt::Display for LockKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "slot {} lock {} fence {}",
-            self.slot, self.lock, self.fence
-        )
+        write!(f, "slot {} key {}", self.slot, self.lock)
     }
 }
 
@@ -263,7 +252,7 @@ mod tests {
         for name in ["a}b", "{x}", "}{", "a{b}c", "%7B", "{"] {
             let keys = LockKeys::new("p", name, &Placement::ByName).unwrap();
             assert_eq!(keys.slot(), slot_of(escape(name).as_bytes()), "{name}");
-            assert_eq!(slot_of(keys.fence_key().as_bytes()), keys.slot());
+            assert_eq!(slot_of(keys.lock_key().as_bytes()), keys.slot());
         }
         let a = LockKeys::new("p", "%7B", &Placement::ByName).unwrap();
         let b = LockKeys::new("p", "{", &Placement::ByName).unwrap();
@@ -275,7 +264,7 @@ mod tests {
         for slot in [0, 1, 5000, 16383] {
             let keys = LockKeys::new("fencelock", "a{b}", &Placement::Slot(slot)).unwrap();
             assert_eq!(keys.slot(), slot);
-            assert_eq!(slot_of(keys.fence_key().as_bytes()), slot);
+            assert_eq!(slot_of(keys.lock_key().as_bytes()), slot);
         }
         let tagged = LockKeys::new("", "x", &Placement::Tag("orders".into())).unwrap();
         assert_eq!(tagged.slot(), slot_of(b"orders"));

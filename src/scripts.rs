@@ -6,9 +6,12 @@
 //! `SCRIPT FLUSH`) the caller resends the same invocation as `EVAL`, which also caches it on
 //! that node — one extra round trip, and no other node is involved.
 //!
-//! The lock key is a hash with fields `owner` (the holder's 128-bit random token, hex) and
-//! `fence` (the token granted to that holder); it carries the lock's TTL. The fence key is a
-//! plain integer that never expires and is never deleted.
+//! A lock is one key: a hash with fields `fence` (the last token granted, never removed),
+//! `owner` (the holder's 128-bit random token, hex) and `until` (the end of the lease in server
+//! milliseconds since the epoch, from `TIME`). The key itself never expires: the lease is
+//! judged inside the scripts, so the fence survives every release and expiry. One key per lock
+//! also means a lock is never split across nodes while its slot migrates (a multi-key script
+//! would answer `TRYAGAIN` until both keys had moved).
 
 use std::sync::LazyLock;
 
@@ -75,9 +78,27 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         })
 }
 
-/// Acquire: grant the lock to an owner and advance the fence counter.
+/// The prologue every lock script shares: the server's time and the lock's state.
+/// `now_us` is `TIME` in microseconds, `now_ms` in milliseconds; `live` is true when `owner`
+/// holds an unexpired lease.
+macro_rules! lock_script {
+    ($body:literal) => {
+        concat!(
+            "#!lua\n",
+            "local now = redis.call('TIME')\n",
+            "local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])\n",
+            "local now_ms = math.floor(now_us / 1000)\n",
+            "local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence')\n",
+            "local owner, expires = lock[1], tonumber(lock[2])\n",
+            "local live = owner and expires and expires > now_ms\n",
+            $body
+        )
+    };
+}
+
+/// Acquire: grant the lock to an owner and advance its fence.
 ///
-/// - `KEYS[1]` lock key (hash), `KEYS[2]` fence key (integer).
+/// - `KEYS[1]` the lock key (hash).
 /// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor: the token granted is above it
 ///   (decimal, `0` for none, below 2^53), `ARGV[4]` `clock` to raise the floor to the server's
 ///   `TIME` in microseconds, or `counter` for a plain counter.
@@ -86,73 +107,61 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// - `{1, fence}` granted now;
 /// - `{2, fence}` this owner already holds the lock (a resent script): the fence granted then,
 ///   nothing changed;
-/// - `{0, pttl}` held by another owner, with its remaining TTL in ms.
+/// - `{0, pttl}` held by another owner, with its remaining lease in ms.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "acquire",
-        r#"#!lua
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] then
-  return {2, tonumber(redis.call('HGET', KEYS[1], 'fence'))}
+        lock_script!(
+            r#"if live then
+  if owner == ARGV[1] then return {2, tonumber(lock[3])} end
+  return {0, expires - now_ms}
 end
-if owner then
-  return {0, redis.call('PTTL', KEYS[1])}
-end
-local fence = redis.call('INCR', KEYS[2])
+local fence = (tonumber(lock[3]) or 0) + 1
 local floor = tonumber(ARGV[3])
-if ARGV[4] == 'clock' then
-  local now = redis.call('TIME')
-  local micros = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if micros > floor then floor = micros end
-end
-if fence <= floor then
-  fence = floor + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', fence))
-end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fence', string.format('%.0f', fence))
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if ARGV[4] == 'clock' and now_us > floor then floor = now_us end
+if fence <= floor then fence = floor + 1 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1],
+  'until', string.format('%.0f', now_ms + tonumber(ARGV[2])),
+  'fence', string.format('%.0f', fence))
 return {1, fence}
-"#,
+"#
+        ),
     )
 });
 
-/// Release: delete the lock if this owner holds it.
+/// Release: end this owner's lease, keeping the fence.
 ///
 /// - `KEYS[1]` lock key. `ARGV[1]` owner token.
 ///
-/// Replies: `1` released; `0` no owner (expired); `-1` held by another owner (left alone).
+/// Replies: `1` released; `0` no live lease (expired); `-1` held by another owner (left alone).
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "release",
-        r#"#!lua
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-if owner then return -1 end
-return 0
-"#,
+        lock_script!(
+            r#"if owner == ARGV[1] then redis.call('HDEL', KEYS[1], 'owner', 'until') end
+if not live then return 0 end
+if owner == ARGV[1] then return 1 end
+return -1
+"#
+        ),
     )
 });
 
-/// Extend: reset the lock's TTL if this owner holds it.
+/// Extend: move this owner's lease end to now + TTL.
 ///
 /// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` new TTL in ms.
 ///
-/// Replies: `1` extended; `0` no owner (expired); `-1` held by another owner (left alone).
+/// Replies: `1` extended; `0` no live lease (expired); `-1` held by another owner (left alone).
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "extend",
-        r#"#!lua
-local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if owner then return -1 end
-return 0
-"#,
+        lock_script!(
+            r#"if not live then return 0 end
+if owner ~= ARGV[1] then return -1 end
+redis.call('HSET', KEYS[1], 'until', string.format('%.0f', now_ms + tonumber(ARGV[2])))
+return 1
+"#
+        ),
     )
 });
 

@@ -11,8 +11,8 @@ async fn client(server: &Standalone) -> Client {
     Client::connect([server.url()]).await.expect("connect")
 }
 
-fn exists(server: &Standalone, key: &str) -> bool {
-    server.node.cmd::<i64>(redis::cmd("EXISTS").arg(key)) == 1
+fn held(server: &Standalone, key: &str) -> bool {
+    server.node.held(key)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -33,17 +33,24 @@ async fn standalone_is_detected_and_a_lock_cycle_works() {
     }
     let fence = first.fence();
     first.release().await.expect("release");
-    assert!(!exists(&server, "fencelock:{orders:42}:lock"));
+    assert!(!held(&server, "fencelock:{orders:42}:lock"));
 
     let second = client
         .try_lock("orders:42", &options)
         .await
         .expect("free again");
     assert!(second.fence() > fence);
+    let second_fence = second.fence();
     second.release().await.unwrap();
-    assert!(
-        exists(&server, "fencelock:{orders:42}:fence"),
-        "the fence key is never deleted"
+    let kept: Option<u64> = server.node.cmd(
+        redis::cmd("HGET")
+            .arg("fencelock:{orders:42}:lock")
+            .arg("fence"),
+    );
+    assert_eq!(
+        kept,
+        Some(second_fence.get()),
+        "the fence outlives the release"
     );
 }
 
@@ -73,18 +80,18 @@ async fn release_and_extend_report_expired_and_not_owner() {
     );
     assert!(matches!(stale.release().await, Err(Error::NotOwner { .. })));
     assert!(
-        exists(&server, key),
+        held(&server, key),
         "a non-owner's release leaves the lock alone"
     );
     newer.release().await.unwrap();
 
-    // A real TTL expiry, observed by polling for the key to vanish.
+    // A real lease expiry, observed by polling.
     let mut short = client
         .try_lock("job", &LockOptions::new().ttl(Duration::from_millis(50)))
         .await
         .unwrap();
     wait_until("the lock to expire", Duration::from_secs(5), || {
-        !exists(&server, key)
+        !held(&server, key)
     });
     assert!(!short.is_valid());
     assert!(matches!(
@@ -104,10 +111,8 @@ async fn extend_moves_valid_until_forward() {
     let before = guard.valid_until();
     let after = guard.extend(Duration::from_secs(60)).await.unwrap();
     assert!(after > before + Duration::from_secs(50));
-    let pttl: i64 = server
-        .node
-        .cmd(redis::cmd("PTTL").arg("fencelock:{x}:lock"));
-    assert!(pttl > 50_000, "pttl {pttl}");
+    let lease = server.node.lease_ms("fencelock:{x}:lock");
+    assert!(lease > Some(50_000), "lease {lease:?}");
     guard.release().await.unwrap();
 }
 
@@ -118,13 +123,13 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
         .find(|s| s.name == "acquire")
         .unwrap()
         .source;
-    let keys = ["k{t}:lock", "k{t}:fence"];
+    let key = "k{t}:lock";
     let eval = |owner: &str| -> (i64, i64) {
         server.node.cmd(
             redis::cmd("EVAL")
                 .arg(source)
-                .arg(2)
-                .arg(&keys)
+                .arg(1)
+                .arg(key)
                 .arg(owner)
                 .arg(10_000)
                 .arg(0)
@@ -139,7 +144,7 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
         (2, 1),
         "a resent acquire returns the same fence"
     );
-    let counter: i64 = server.node.cmd(redis::cmd("GET").arg(keys[1]));
+    let counter: i64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
     assert_eq!(counter, 1, "and does not advance the counter");
     let (status, pttl) = eval("owner-b");
     assert_eq!(status, 0);
@@ -225,10 +230,10 @@ async fn dropped_guard_releases_in_background() {
     let server = Standalone::start();
     let client = client(&server).await;
     let guard = client.try_lock("d", &LockOptions::new()).await.unwrap();
-    assert!(exists(&server, "fencelock:{d}:lock"));
+    assert!(held(&server, "fencelock:{d}:lock"));
     drop(guard);
     wait_until("the background release", Duration::from_secs(5), || {
-        !exists(&server, "fencelock:{d}:lock")
+        !held(&server, "fencelock:{d}:lock")
     });
 }
 
@@ -246,7 +251,7 @@ async fn wait_replicas_without_replicas_fails_and_releases() {
         other => panic!("expected ReplicasNotConfirmed, got {other:?}"),
     }
     assert!(
-        !exists(&server, "fencelock:{r}:lock"),
+        !held(&server, "fencelock:{r}:lock"),
         "the unconfirmed lock was released"
     );
 }

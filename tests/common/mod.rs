@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod chaos;
+
 /// Polls `condition` every 20 ms until it holds, panicking after `limit`.
 pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let until = Instant::now() + limit;
@@ -134,6 +136,29 @@ impl Node {
     pub fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
         self.try_cmd(cmd)
             .unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
+    }
+
+    /// The remaining lease of fencelock lock `key` on this node in ms, or `None` when nobody
+    /// holds it (the key itself stays: it keeps the fence).
+    pub fn lease_ms(&self, key: &str) -> Option<i64> {
+        let remaining: i64 = self.cmd(
+            redis::cmd("EVAL")
+                .arg(
+                    "local t = redis.call('TIME') \
+                     local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+                     local fields = redis.call('HMGET', KEYS[1], 'owner', 'until') \
+                     if fields[1] and tonumber(fields[2]) > now then \
+                     return tonumber(fields[2]) - now end return -1",
+                )
+                .arg(1)
+                .arg(key),
+        );
+        (remaining > 0).then_some(remaining)
+    }
+
+    /// Whether fencelock lock `key` is held.
+    pub fn held(&self, key: &str) -> bool {
+        self.lease_ms(key).is_some()
     }
 
     pub fn info(&self, section: &str) -> String {
@@ -336,23 +361,25 @@ impl Cluster {
     /// Promotes the replica on `port` with `CLUSTER FAILOVER <mode>` ("" for a plain one) and
     /// waits until it is master and every other live master routes `slot` to it.
     pub fn promote(&self, port: u16, mode: &str, slot: u16, skip: &[u16]) {
-        let replica = self
-            .nodes
-            .iter()
-            .find(|n| n.port == port)
-            .expect("known port");
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("FAILOVER");
         if !mode.is_empty() {
             cmd.arg(mode);
         }
-        replica.cmd::<()>(&mut cmd);
+        self.node(port).cmd::<()>(&mut cmd);
+        self.wait_promoted(port, slot, skip);
+    }
+
+    /// Waits until the node on `port` is master and every other live master (but `skip`) sees
+    /// it as one, so `slot` routes to it.
+    pub fn wait_promoted(&self, port: u16, slot: u16, skip: &[u16]) {
+        let replica = self.node(port);
         wait_until("the promotion", Duration::from_secs(30), || {
             replica.info("replication").contains("role:master")
                 && self
                     .nodes
                     .iter()
-                    .filter(|n| n.port != port && !skip.contains(&n.port))
+                    .filter(|n| n.port != port && !skip.contains(&n.port) && !n.killed)
                     .filter(|n| n.info("replication").contains("role:master"))
                     .all(|n| {
                         n.try_cmd::<u16>(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
@@ -367,6 +394,77 @@ impl Cluster {
                                 .unwrap_or(false)
                     })
         });
+    }
+
+    /// Waits until the node on `port` has rejoined as a replica with its link up.
+    pub fn wait_replica(&self, port: u16) {
+        let node = self.node(port);
+        wait_until(
+            "the old master to rejoin as replica",
+            Duration::from_secs(30),
+            || {
+                let info = node.info("replication");
+                info.contains("role:slave") && info.contains("master_link_status:up")
+            },
+        );
+    }
+
+    /// Moves `slot` from the master on `from` to the master on `to` the way `redis-cli
+    /// --cluster reshard` does (SETSLOT IMPORTING/MIGRATING, MIGRATE key by key, SETSLOT NODE),
+    /// calling `between` after each key so traffic runs against the half-moved slot.
+    pub fn migrate_slot(&self, slot: u16, from: u16, to: u16, mut between: impl FnMut()) {
+        let (source, target) = (self.node(from), self.node(to));
+        let id = |n: &Node| n.cmd::<String>(redis::cmd("CLUSTER").arg("MYID"));
+        let (source_id, target_id) = (id(source), id(target));
+        let setslot = |n: &Node, state: &str, node_id: &str| {
+            n.cmd::<()>(
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(state)
+                    .arg(node_id),
+            )
+        };
+        setslot(target, "IMPORTING", &source_id);
+        setslot(source, "MIGRATING", &target_id);
+        loop {
+            let keys: Vec<String> = source.cmd(
+                redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(100),
+            );
+            let Some(key) = keys.first() else { break };
+            source.cmd::<String>(
+                redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(key),
+            );
+            between();
+        }
+        setslot(target, "NODE", &target_id);
+        setslot(source, "NODE", &target_id);
+        for node in self
+            .nodes
+            .iter()
+            .filter(|n| !n.killed && n.port != from && n.port != to)
+        {
+            if node.info("replication").contains("role:master") {
+                setslot(node, "NODE", &target_id);
+            }
+        }
+    }
+
+    pub fn node(&self, port: u16) -> &Node {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("known port")
     }
 
     pub fn node_mut(&mut self, port: u16) -> &mut Node {

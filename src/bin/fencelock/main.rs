@@ -120,7 +120,6 @@ fn main() -> ExitCode {
                 Ok(keys) => {
                     println!("slot {}", keys.slot());
                     println!("lock {}", keys.lock_key());
-                    println!("fence {}", keys.fence_key());
                     ExitCode::SUCCESS
                 }
                 Err(err) => fail(&err),
