@@ -86,13 +86,16 @@ pub(crate) struct Endpoint {
     pub(crate) nodes: String,
     opener: Opener,
     timeouts: Timeouts,
-    infos: Vec<ConnectionInfo>,
-    reachable: ConnectionInfo,
+    seeds: Vec<ConnectionInfo>,
     retries: u32,
 }
 
+/// After the first seed answers, how long the others get to answer too.
+const PROBE_GRACE: Duration = Duration::from_millis(25);
+
 impl Endpoint {
-    /// Connects to the first URL that answers, detects cluster mode and opens the main connection.
+    /// Probes every URL at once, detects cluster mode and opens the main connection through
+    /// the nodes that answer.
     pub(crate) async fn discover(
         urls: &[String],
         timeouts: Timeouts,
@@ -103,77 +106,53 @@ impl Endpoint {
                 reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:7000".into(),
             });
         }
-        let infos = urls
+        let seeds = urls
             .iter()
             .map(|url| parse_url(url))
             .collect::<Result<Vec<_>>>()?;
-        let nodes = infos
+        let nodes = seeds
             .iter()
             .map(|i| i.addr().to_string())
             .collect::<Vec<_>>()
             .join(", ");
-
-        let mut last_failure = None;
-        for info in &infos {
-            match probe(info, timeouts).await {
-                Ok(topology) => {
-                    let endpoint = Self::open(topology, &infos, info, timeouts, retries, &nodes)?;
-                    let conn = endpoint.main_connection().await?;
-                    return Ok((endpoint, conn));
-                }
-                Err(
-                    err @ Error::Connect {
-                        source: Some(_), ..
-                    },
-                ) if is_auth_failure(&err) || !is_unreachable(&err) => return Err(err),
-                Err(err) => last_failure = Some(err),
-            }
-        }
-        Err(last_failure.unwrap_or_else(|| Error::Connect {
-            target: nodes.clone(),
-            reason: "no node answered".into(),
-            source: None,
-        }))
-    }
-
-    fn open(
-        topology: Topology,
-        infos: &[ConnectionInfo],
-        reachable: &ConnectionInfo,
-        timeouts: Timeouts,
-        retries: u32,
-        nodes: &str,
-    ) -> Result<Self> {
+        let (topology, live) = probe_all(&seeds, timeouts, &nodes).await?;
         let opener = match topology {
             Topology::Cluster => Opener::Cluster(
-                cluster_builder(infos, timeouts, retries)
+                cluster_builder(&seeds, timeouts, retries)
                     .response_timeout(Duration::from_secs(24 * 3600))
                     .overall_response_timeout(None)
                     .build()
-                    .map_err(|e| config_error(nodes, e))?,
+                    .map_err(|e| config_error(&nodes, e))?,
             ),
             Topology::Standalone => Opener::Standalone(
-                redis::Client::open(reachable.clone()).map_err(|e| config_error(nodes, e))?,
+                redis::Client::open(live[0].clone()).map_err(|e| config_error(&nodes, e))?,
             ),
         };
-        Ok(Self {
+        let endpoint = Self {
             topology,
-            nodes: nodes.to_owned(),
+            nodes,
             opener,
             timeouts,
-            infos: infos.to_vec(),
-            reachable: reachable.clone(),
+            seeds,
             retries,
-        })
+        };
+        let conn = endpoint.connect_through(&live).await?;
+        Ok((endpoint, conn))
     }
 
-    /// Opens the connection all lock traffic but WAIT uses: with a fresh slot map when rebuilt.
+    /// Opens a fresh main connection (new slot map) through the seeds that answer now.
     pub(crate) async fn main_connection(&self) -> Result<Connection> {
-        let (infos, reachable, retries) = (&self.infos, &self.reachable, self.retries);
+        let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+        self.connect_through(&live).await
+    }
+
+    /// Opens the connection all lock traffic but WAIT uses, seeded only with nodes that just
+    /// answered: redis-rs waits for every seed, and a paused one would stall it.
+    async fn connect_through(&self, live: &[ConnectionInfo]) -> Result<Connection> {
         let deadline = self.timeouts.connect + self.timeouts.response;
         let opened = match self.topology {
             Topology::Cluster => {
-                let client = cluster_builder(infos, self.timeouts, retries)
+                let client = cluster_builder(live, self.timeouts, self.retries)
                     .build()
                     .map_err(|e| config_error(&self.nodes, e))?;
                 tokio::time::timeout(deadline, client.get_async_connection())
@@ -181,12 +160,12 @@ impl Endpoint {
                     .map(|r| r.map(Connection::Cluster))
             }
             Topology::Standalone => {
-                let client = redis::Client::open(reachable.clone())
+                let client = redis::Client::open(live[0].clone())
                     .map_err(|e| config_error(&self.nodes, e))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
                     .set_response_timeout(Some(self.timeouts.response))
-                    .set_number_of_retries(retries as usize)
+                    .set_number_of_retries(self.retries as usize)
                     .set_max_delay(Duration::from_millis(500));
                 tokio::time::timeout(deadline, client.get_connection_manager_with_config(config))
                     .await
@@ -260,6 +239,58 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Probes every seed at once. Returns the topology and the seeds that answered (the first, and
+/// any others within [`PROBE_GRACE`] of it), or, when none did, the most telling failure: a
+/// refusal such as a wrong password is returned at once, as no other seed will fare better.
+async fn probe_all(
+    seeds: &[ConnectionInfo],
+    timeouts: Timeouts,
+    nodes: &str,
+) -> Result<(Topology, Vec<ConnectionInfo>)> {
+    let mut probes = tokio::task::JoinSet::new();
+    for seed in seeds {
+        let seed = seed.clone();
+        probes.spawn(async move {
+            let outcome = probe(&seed, timeouts).await;
+            (seed, outcome)
+        });
+    }
+    let (mut topology, mut live, mut failure) = (None, Vec::new(), None);
+    let mut grace_end = None;
+    loop {
+        let joined = match grace_end {
+            Some(end) => match tokio::time::timeout_at(end, probes.join_next()).await {
+                Ok(joined) => joined,
+                Err(_) => break,
+            },
+            None => probes.join_next().await,
+        };
+        let Some(joined) = joined else { break };
+        let Ok((seed, outcome)) = joined else {
+            continue;
+        };
+        match outcome {
+            Ok(found) => {
+                topology.get_or_insert(found);
+                live.push(seed);
+                grace_end.get_or_insert(tokio::time::Instant::now() + PROBE_GRACE);
+            }
+            Err(err) if live.is_empty() && is_refusal(&err) => return Err(err),
+            Err(err) => {
+                failure.get_or_insert(err);
+            }
+        }
+    }
+    match topology {
+        Some(topology) => Ok((topology, live)),
+        None => Err(failure.unwrap_or_else(|| Error::Connect {
+            target: nodes.to_owned(),
+            reason: "no node answered".into(),
+            source: None,
+        })),
+    }
+}
+
 /// Asks one node whether it runs in cluster mode.
 async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
     let target = info.addr().to_string();
@@ -289,10 +320,13 @@ async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
     }
 }
 
-fn connect_error(target: &str, source: RedisError) -> Error {
-    let reason = if source.kind() == redis::ErrorKind::AuthenticationFailed
+fn is_auth_failure(source: &RedisError) -> bool {
+    source.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(source.code(), Some("NOAUTH" | "WRONGPASS"))
-    {
+}
+
+fn connect_error(target: &str, source: RedisError) -> Error {
+    let reason = if is_auth_failure(&source) {
         "authentication failed: check the user and password in the URL".to_owned()
     } else if source.is_connection_refusal() || source.is_io_error() {
         "connection refused or dropped: is Redis running there?".to_owned()
@@ -312,12 +346,10 @@ fn config_error(target: &str, source: RedisError) -> Error {
     }
 }
 
-fn is_auth_failure(err: &Error) -> bool {
-    matches!(err, Error::Connect { reason, .. } if reason.starts_with("authentication"))
-}
-
-fn is_unreachable(err: &Error) -> bool {
-    matches!(err, Error::Connect { source: Some(s), .. } if s.is_connection_refusal() || s.is_io_error() || s.is_timeout())
+/// A node answered and said no (bad password, refused handshake), as opposed to not answering.
+fn is_refusal(err: &Error) -> bool {
+    matches!(err, Error::Connect { source: Some(s), .. }
+        if is_auth_failure(s) || !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
 }
 
 /// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.

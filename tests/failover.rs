@@ -133,3 +133,100 @@ async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresse
     );
     regressed.release().await.unwrap();
 }
+
+/// Runs `fencelock exec` against every node of `cluster` and returns its exit code, the token
+/// the command saw, and how long it took.
+fn cli_exec(cluster: &Cluster, args: &[&str]) -> (Option<i32>, Option<u64>, Duration) {
+    let started = Instant::now();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env("FENCELOCK_URL", cluster.urls().join(","))
+        .arg("exec")
+        .args(args)
+        .args(["--", "sh", "-c", "echo $FENCELOCK_TOKEN"])
+        .output()
+        .expect("run fencelock");
+    let token = String::from_utf8_lossy(&output.stdout).trim().parse().ok();
+    if !output.status.success() {
+        eprintln!("fencelock: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    (output.status.code(), token, started.elapsed())
+}
+
+fn slot_of_lock(name: &str) -> u16 {
+    fencelock::LockKeys::new("fencelock", name, &fencelock::Placement::ByName)
+        .unwrap()
+        .slot()
+}
+
+#[test]
+fn forced_loss_through_the_cli_yields_a_token_above_every_earlier_one() {
+    let mut cluster = Cluster::start();
+    let name = "cli:loss";
+    let slot = slot_of_lock(name);
+    let (code, _, _) = cli_exec(
+        &cluster,
+        &["--wait-replicas", "1", "--wait-timeout", "2s", name],
+    );
+    assert_eq!(code, Some(0), "confirmed first grant");
+    let master_port = cluster.master_of_slot(slot).port;
+    let replica_port = cluster.replica_of(master_port).port;
+
+    cluster.node(replica_port).pause();
+    let cut: i64 = cluster
+        .node(master_port)
+        .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
+    assert_eq!(cut, 1);
+    let before: Vec<u64> = (0..8)
+        .map(|_| {
+            let (code, token, _) = cli_exec(&cluster, &[name]);
+            assert_eq!(code, Some(0));
+            token.expect("the command printed its token")
+        })
+        .collect();
+
+    cluster.node_mut(master_port).kill();
+    cluster.node(replica_port).resume();
+    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+
+    let (code, after, _) = cli_exec(&cluster, &["--timeout", "20s", name]);
+    assert_eq!(code, Some(0));
+    let after = after.expect("token after failover");
+    let highest = *before.iter().max().unwrap();
+    eprintln!("CLI forced loss: tokens before {before:?}, after failover {after}");
+    assert!(
+        after > highest,
+        "token {after} after failover must exceed {highest}"
+    );
+}
+
+#[test]
+fn a_paused_master_does_not_hang_the_cli() {
+    let cluster = Cluster::start();
+    let name = "cli:paused";
+    let slot = slot_of_lock(name);
+    let master = cluster.master_of_slot(slot);
+    let replica = cluster.replica_of(master.port);
+
+    // With the replica able to take over, the command gets the lock once it has.
+    master.pause();
+    let (code, token, took) = cli_exec(&cluster, &["--timeout", "20s", name]);
+    eprintln!("paused master, replica promoted by the cluster: exit {code:?} after {took:?}");
+    assert_eq!(code, Some(0), "acquired through the promoted replica");
+    assert!(token.is_some());
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+
+    // With no replica left to promote, the command gives up by its deadline, reporting the
+    // cluster down.
+    let new_master = cluster.master_of_slot(slot);
+    assert_eq!(new_master.port, replica.port);
+    replica.pause();
+    let (code, _, took) = cli_exec(&cluster, &["--timeout", "3s", name]);
+    eprintln!("slot without a live master: exit {code:?} after {took:?}");
+    assert_eq!(code, Some(69), "unavailable: the slot has no master");
+    assert!(
+        took < Duration::from_secs(3) + Duration::from_secs(2) + Duration::from_secs(2),
+        "bounded by --timeout plus one request timeout: {took:?}"
+    );
+    replica.resume();
+    master.resume();
+}
