@@ -11,3 +11,16 @@ ensure_redis() {
   # Debian's package starts a service on 6379; fencelock starts its own servers.
   if command -v service >/dev/null; then service redis-server stop >/dev/null 2>&1 || true; fi
 }
+
+# Installs the PostgreSQL server with apt-get when it is missing (tests/postgres.rs starts its
+# own server on a free port and needs only the binaries and the `postgres` system user).
+ensure_postgres() {
+  if ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && id postgres >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "installing postgresql with apt-get" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  # Debian's package starts a cluster on 5432; fencelock's tests start their own.
+  if command -v service >/dev/null; then service postgresql stop >/dev/null 2>&1 || true; fi
+}

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs everything CI runs: installs what is missing, checks formatting, lints, runs all tests.
-# The tests start and stop their own Redis servers on free 127.0.0.1 ports.
+# The tests start and stop their own Redis and PostgreSQL servers on free 127.0.0.1 ports.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 . "$here/lib.sh"
 ensure_redis
+ensure_postgres
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 

@@ -474,3 +474,126 @@ impl Cluster {
             .expect("known port")
     }
 }
+
+/// A PostgreSQL server on a free port, run as the `postgres` system user when the tests run as
+/// root (PostgreSQL refuses root), with trust authentication on 127.0.0.1. Stopped on drop.
+pub struct Postgres {
+    pub port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Postgres {
+    fn bindir() -> PathBuf {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL must be installed (scripts/test.sh installs it)")
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|bin| bin.join("postgres").exists())
+            .collect();
+        versions.sort();
+        versions.pop().expect("a PostgreSQL server binary")
+    }
+
+    /// The uid/gid to run as: `postgres` when we are root, else ourselves.
+    fn account() -> Option<(u32, u32)> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return None;
+        }
+        let id = |flag: &str| -> u32 {
+            let out = Command::new("id")
+                .args([flag, "postgres"])
+                .output()
+                .expect("id");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("a postgres system user (the Debian package creates it)")
+        };
+        Some((id("-u"), id("-g")))
+    }
+
+    fn command(program: PathBuf, account: Option<(u32, u32)>) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(program);
+        if let Some((uid, gid)) = account {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.env("LC_ALL", "C");
+        cmd
+    }
+
+    pub fn start() -> Self {
+        let bin = Self::bindir();
+        let account = Self::account();
+        let port = free_port();
+        let dir = scratch_dir(port);
+        let data = dir.join("data");
+        if let Some((uid, gid)) = account {
+            std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).expect("chown scratch dir");
+        }
+        let status = Self::command(bin.join("initdb"), account)
+            .args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(&data)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run initdb");
+        assert!(status.success(), "initdb failed");
+        let log = std::fs::File::create(dir.join("postgres.log")).expect("log file");
+        if let Some((uid, gid)) = account {
+            std::os::unix::fs::chown(dir.join("postgres.log"), Some(uid), Some(gid)).ok();
+        }
+        let child = Self::command(bin.join("postgres"), account)
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .arg("-k")
+            .arg(&dir)
+            .args(["-c", "fsync=off"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start postgres");
+        let server = Postgres { port, child, dir };
+        wait_until(
+            &format!("PostgreSQL on {port}"),
+            Duration::from_secs(30),
+            || {
+                Command::new(bin.join("pg_isready"))
+                    .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            },
+        );
+        server
+    }
+
+    /// A connection string for `tokio_postgres`.
+    pub fn config(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGINT: fast shutdown, which also ends the server's own child processes.
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
