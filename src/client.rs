@@ -29,6 +29,13 @@ pub enum FenceMode {
     /// `max(counter + 1, floor + 1)`: small numbers, but a failover that loses the counter
     /// makes tokens go backwards until a floor repairs it.
     Counter,
+    /// `max(counter + 1, epoch × 2^32 + 1, floor + 1)`, where `epoch` is the master's
+    /// `cluster_my_epoch`: a promoted replica always has a higher config epoch than the master
+    /// it replaced, so its tokens start above every earlier one without trusting clocks — as
+    /// long as one master grants fewer than 2^32 tokens per lock. Reading the epoch
+    /// (`CLUSTER INFO`) roughly halves the acquire script's throughput (`docs/benchmarks.md`).
+    /// On a standalone server the epoch is 0 and this behaves as [`FenceMode::Counter`].
+    Epoch,
 }
 
 impl FenceMode {
@@ -36,6 +43,7 @@ impl FenceMode {
         match self {
             FenceMode::Clock => "clock",
             FenceMode::Counter => "counter",
+            FenceMode::Epoch => "epoch",
         }
     }
 }

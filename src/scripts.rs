@@ -101,7 +101,8 @@ macro_rules! lock_script {
 /// - `KEYS[1]` the lock key (hash).
 /// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor: the token granted is above it
 ///   (decimal, `0` for none, below 2^53), `ARGV[4]` `clock` to raise the floor to the server's
-///   `TIME` in microseconds, or `counter` for a plain counter.
+///   `TIME` in microseconds, `epoch` to raise it to `cluster_my_epoch` × 2^32, or `counter`
+///   for a plain counter.
 ///
 /// Replies:
 /// - `{1, fence}` granted now;
@@ -119,6 +120,14 @@ end
 local fence = (tonumber(lock[3]) or 0) + 1
 local floor = tonumber(ARGV[3])
 if ARGV[4] == 'clock' and now_us > floor then floor = now_us end
+if ARGV[4] == 'epoch' then
+  local ok, info = pcall(redis.call, 'CLUSTER', 'INFO')
+  local epoch = ok and tonumber(string.match(info, 'cluster_my_epoch:(%d+)')) or 0
+  if epoch >= 2097152 then
+    return redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
+  end
+  if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
+end
 if fence <= floor then fence = floor + 1 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%.0f', now_ms + tonumber(ARGV[2])),

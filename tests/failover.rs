@@ -70,9 +70,14 @@ async fn a_paused_master_does_not_hang_calls_and_promotion_restores_acquisition(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresses() {
+async fn forced_loss_keeps_clock_and_epoch_fences_monotonic_while_a_plain_counter_regresses() {
     let mut cluster = Cluster::start();
     let fenced = Client::connect(cluster.urls()).await.unwrap();
+    let epoch = Client::builder(cluster.urls())
+        .fence_mode(FenceMode::Epoch)
+        .connect()
+        .await
+        .unwrap();
     let plain = Client::builder(cluster.urls())
         .fence_mode(FenceMode::Counter)
         .connect()
@@ -85,6 +90,7 @@ async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresse
     let confirmed = options.clone().wait_replicas(1, Duration::from_secs(2));
     grant(&fenced, "clock", &confirmed, 1).await;
     grant(&plain, "counter", &confirmed, 1).await;
+    grant(&epoch, "epoch", &confirmed, 1).await;
 
     let slot = fenced.keys("clock", &options).unwrap().slot();
     let master_port = cluster.master_of_slot(slot).port;
@@ -98,6 +104,7 @@ async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresse
     assert_eq!(killed, 1);
     let clock_before = grant(&fenced, "clock", &options, 8).await;
     let counter_before = grant(&plain, "counter", &options, 8).await;
+    let epoch_before = grant(&epoch, "epoch", &options, 8).await;
 
     cluster.node_mut(master_port).kill();
     cluster.node_mut(replica_port).resume();
@@ -115,6 +122,22 @@ async fn forced_loss_keeps_clock_fences_monotonic_while_a_plain_counter_regresse
     );
     let after_fence = after.fence();
     after.release().await.unwrap();
+
+    let epoch_after = epoch
+        .lock("epoch", &options)
+        .await
+        .expect("epoch lock after failover");
+    assert!(
+        epoch_after.fence() > epoch_before,
+        "epoch mode: {} after failover must exceed {}",
+        epoch_after.fence(),
+        epoch_before
+    );
+    eprintln!(
+        "forced loss: epoch mode {epoch_before} -> {}",
+        epoch_after.fence()
+    );
+    epoch_after.release().await.unwrap();
 
     let regressed = plain
         .lock("counter", &options)

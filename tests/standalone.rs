@@ -191,6 +191,15 @@ async fn fence_modes_and_floor() {
         "counter mode continues above clock tokens"
     );
     next.release().await.unwrap();
+
+    let epoch = Client::builder([server.url()])
+        .fence_mode(FenceMode::Epoch)
+        .connect()
+        .await
+        .unwrap();
+    let guard = epoch.try_lock("e", &options).await.unwrap();
+    assert_eq!(guard.fence().get(), 1, "no cluster epoch: a plain counter");
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -203,9 +203,11 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.pid().to_string()])
-            .status();
+        if !self.killed {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.pid().to_string()])
+                .status();
+        }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use fencelock::{Client, LockGuard, LockOptions};
+use fencelock::{Client, FenceMode, LockGuard, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -26,6 +26,9 @@ pub struct ExecArgs {
     /// How long WAIT may take.
     #[arg(long, default_value = "1s", value_parser = duration_arg)]
     wait_timeout: Duration,
+    /// How fence tokens are computed (see `docs/safety.md`).
+    #[arg(long, value_enum, default_value = "clock")]
+    fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
     /// Lock name.
@@ -33,6 +36,27 @@ pub struct ExecArgs {
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
+}
+
+/// `fencelock::FenceMode` on the command line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum FenceModeArg {
+    /// Counter raised to the server clock in µs (the default).
+    Clock,
+    /// Counter raised to the master's config epoch × 2^32.
+    Epoch,
+    /// A plain counter.
+    Counter,
+}
+
+impl From<FenceModeArg> for FenceMode {
+    fn from(mode: FenceModeArg) -> Self {
+        match mode {
+            FenceModeArg::Clock => FenceMode::Clock,
+            FenceModeArg::Epoch => FenceMode::Epoch,
+            FenceModeArg::Counter => FenceMode::Counter,
+        }
+    }
 }
 
 /// How long a command gets to exit after SIGTERM before SIGKILL.
@@ -46,7 +70,10 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
     if let Some(replicas) = args.wait_replicas {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
-    let client = match Client::builder(urls).prefix(prefix).connect().await {
+    let client = Client::builder(urls)
+        .prefix(prefix)
+        .fence_mode(args.fence_mode.into());
+    let client = match client.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),
     };

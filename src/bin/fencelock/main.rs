@@ -44,7 +44,13 @@ const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquire
 enum Command {
     /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME.
     Exec(exec::ExecArgs),
-    /// Print the slot and the Redis keys lock NAME uses.
+    /// Print the Lua source of one of fencelock's scripts (acquire, release, extend,
+    /// fenced_set), e.g. to `SCRIPT LOAD` it or benchmark it.
+    Script {
+        /// Script name.
+        name: String,
+    },
+    /// Print the slot and the Redis key lock NAME uses.
     Slot {
         /// Lock name.
         name: String,
@@ -115,6 +121,20 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Script { name } => match fencelock::lua_scripts().find(|s| s.name == name) {
+            Some(script) => {
+                print!("{}", script.source);
+                ExitCode::SUCCESS
+            }
+            None => {
+                let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
+                eprintln!(
+                    "fencelock: no script named {name:?}; choose one of {}",
+                    names.join(", ")
+                );
+                ExitCode::from(code::USAGE)
+            }
+        },
         Command::Slot { name, placement } => {
             match LockKeys::new(&cli.prefix, &name, &placement.placement()) {
                 Ok(keys) => {
