@@ -16,6 +16,7 @@ use crate::guard::LockGuard;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 use crate::scripts::{LuaScript, ACQUIRE, FENCED_SET, RELEASE};
+use crate::stats::{Counters, Stats};
 
 /// How the acquire script computes the next fence token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,6 +155,7 @@ impl ClientBuilder {
                 failures: AtomicU32::new(0),
                 rebuilding: AtomicBool::new(false),
                 lanes: Lanes::new(endpoint, self.wait_lanes),
+                counters: Counters::default(),
                 prefix: self.prefix,
                 request_timeout: self.request_timeout,
                 fence_mode: self.fence_mode,
@@ -207,6 +209,7 @@ pub(crate) struct Shared {
     prefix: String,
     pub(crate) request_timeout: Duration,
     fence_mode: FenceMode,
+    pub(crate) counters: Counters,
 }
 
 /// Outcome of one acquisition attempt.
@@ -401,9 +404,45 @@ impl Client {
         }
     }
 
+    /// A snapshot of this client's counters (grants, contention, losses, ...).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) {
+    /// let stats = client.stats();
+    /// println!("{} of {} acquire requests met a held lock", stats.busy, stats.acquire_attempts);
+    /// # }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// One acquire request, counted in [`Stats`].
+    async fn attempt(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
+        let outcome = self.attempt_once(keys, options).await;
+        let counters = &self.shared.counters;
+        Counters::add(&counters.acquire_attempts, 1);
+        match &outcome {
+            Ok(Attempt::Granted(guard)) => {
+                Counters::add(&counters.grants, 1);
+                let acked = guard.replicas_acked().unwrap_or(0);
+                Counters::add(&counters.replica_acks, u64::from(acked));
+            }
+            Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, 1),
+            Err(err) => {
+                Counters::add(&counters.acquire_errors, 1);
+                if matches!(err, Error::ReplicasNotConfirmed { .. }) {
+                    Counters::add(&counters.replicas_not_confirmed, 1);
+                }
+            }
+        }
+        outcome
+    }
+
     /// One acquire request under a fresh owner token (a token is never reused after a failed
     /// request, whose background release could otherwise hit a later grant).
-    async fn attempt(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
+    async fn attempt_once(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
         let shared = &self.shared;
         let owner = new_owner_token();
         let owner = owner.as_str();
@@ -569,6 +608,7 @@ impl Shared {
                 Ok(conn) => {
                     *shared.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
                     shared.failures.store(0, Ordering::Release);
+                    Counters::add(&shared.counters.connection_rebuilds, 1);
                     tracing::info!(nodes = %shared.lanes.endpoint().nodes, "rebuilt the connection after repeated timeouts");
                 }
                 Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),

@@ -9,6 +9,7 @@ use crate::fence::FenceToken;
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
 use crate::scripts::{EXTEND, RELEASE};
+use crate::stats::Counters;
 
 /// Proof of holding a lock, with the fence token to present to storage.
 ///
@@ -175,10 +176,25 @@ impl LockGuard {
     fn outcome(&self, reply: redis::Value, operation: &'static str) -> Result<()> {
         let code: i64 = client::parse_reply(self.keys.name(), operation, reply)?;
         let name = self.keys.name().to_owned();
+        let counters = &self.shared.counters;
         match code {
-            1 => Ok(()),
-            0 => Err(Error::Expired { name }),
-            -1 => Err(Error::NotOwner { name }),
+            1 => {
+                let done = match operation {
+                    "extend" => &counters.extends,
+                    _ => &counters.releases,
+                };
+                Counters::add(done, 1);
+                Ok(())
+            }
+            0 | -1 => {
+                Counters::add(&counters.lost, 1);
+                tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
+                Err(if code == 0 {
+                    Error::Expired { name }
+                } else {
+                    Error::NotOwner { name }
+                })
+            }
             other => Err(Error::UnexpectedReply {
                 name,
                 operation,

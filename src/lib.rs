@@ -33,6 +33,7 @@ mod guard;
 mod keys;
 mod options;
 mod scripts;
+mod stats;
 
 pub use client::{Client, ClientBuilder, FenceMode};
 pub use conn::Topology;
@@ -42,3 +43,4 @@ pub use guard::LockGuard;
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use options::{LockOptions, MAX_TTL, MAX_WAIT_TIMEOUT};
 pub use scripts::{lua_scripts, ScriptSource};
+pub use stats::Stats;

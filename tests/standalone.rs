@@ -467,3 +467,47 @@ async fn fenced_set_rejects_lower_fences_and_reports_the_highest() {
     ));
     new.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stats_count_grants_contention_and_losses() {
+    let server = Standalone::start();
+    let client = client(&server).await;
+    let options = LockOptions::new();
+    assert_eq!(client.stats(), fencelock::Stats::default());
+
+    let held = client.try_lock("a", &options).await.unwrap();
+    assert!(client.try_lock("a", &options).await.unwrap_err().is_busy());
+    held.release().await.unwrap();
+
+    let lost = client.try_lock("b", &options).await.unwrap();
+    server
+        .node
+        .cmd::<i64>(redis::cmd("DEL").arg("fencelock:{b}:lock"));
+    assert!(lost.release().await.unwrap_err().is_lock_lost());
+
+    let mut kept = client.try_lock("c", &options).await.unwrap();
+    kept.extend(Duration::from_secs(5)).await.unwrap();
+    kept.release().await.unwrap();
+
+    let unconfirmed = options.clone().wait_replicas(1, Duration::from_millis(10));
+    assert!(client.try_lock("d", &unconfirmed).await.is_err());
+
+    let stats = client.stats();
+    assert_eq!(
+        (
+            stats.acquire_attempts,
+            stats.grants,
+            stats.busy,
+            stats.acquire_errors,
+            stats.replicas_not_confirmed,
+        ),
+        (5, 3, 1, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(
+        (stats.releases, stats.extends, stats.lost),
+        (2, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(client.clone().stats(), stats, "clones share the counters");
+}
