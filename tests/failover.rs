@@ -96,19 +96,12 @@ async fn forced_loss_keeps_clock_and_epoch_fences_monotonic_while_a_plain_counte
     let master_port = cluster.master_of_slot(slot).port;
     let replica_port = cluster.replica_of(master_port).port;
 
-    // Cut the replica off: pause it and drop its link so buffered writes never reach it.
-    cluster.node_mut(replica_port).pause();
-    let killed: i64 = cluster
-        .node_mut(master_port)
-        .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
-    assert_eq!(killed, 1);
+    cluster.cut_off_replica(master_port, replica_port);
     let clock_before = grant(&fenced, "clock", &options, 8).await;
     let counter_before = grant(&plain, "counter", &options, 8).await;
     let epoch_before = grant(&epoch, "epoch", &options, 8).await;
 
-    cluster.node_mut(master_port).kill();
-    cluster.node_mut(replica_port).resume();
-    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+    cluster.take_over_with_lagging_replica(master_port, replica_port, slot);
 
     let after = fenced
         .lock("clock", &options)
@@ -194,11 +187,7 @@ fn forced_loss_through_the_cli_yields_a_token_above_every_earlier_one() {
     let master_port = cluster.master_of_slot(slot).port;
     let replica_port = cluster.replica_of(master_port).port;
 
-    cluster.node(replica_port).pause();
-    let cut: i64 = cluster
-        .node(master_port)
-        .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
-    assert_eq!(cut, 1);
+    cluster.cut_off_replica(master_port, replica_port);
     let before: Vec<u64> = (0..8)
         .map(|_| {
             let (code, token, _) = cli_exec(&cluster, &[name]);
@@ -207,9 +196,7 @@ fn forced_loss_through_the_cli_yields_a_token_above_every_earlier_one() {
         })
         .collect();
 
-    cluster.node_mut(master_port).kill();
-    cluster.node(replica_port).resume();
-    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+    cluster.take_over_with_lagging_replica(master_port, replica_port, slot);
 
     let (code, after, _) = cli_exec(&cluster, &["--timeout", "20s", name]);
     assert_eq!(code, Some(0));

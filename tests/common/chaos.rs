@@ -292,15 +292,9 @@ fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(
             cluster.wait_replica(master);
         }
         Fault::ForcedLoss => {
-            cluster.node(replica).pause();
-            let cut: i64 = cluster
-                .node(master)
-                .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
-            assert_eq!(cut, 1, "the replica link was cut");
+            cluster.cut_off_replica(master, replica);
             await_grants(50);
-            cluster.node_mut(master).kill();
-            cluster.node(replica).resume();
-            cluster.promote(replica, "TAKEOVER", slot, &[master]);
+            cluster.take_over_with_lagging_replica(master, replica, slot);
         }
         Fault::SlotMigration => {
             let target = cluster

@@ -462,6 +462,24 @@ impl Cluster {
         }
     }
 
+    /// Starts a forced loss: pauses the replica on `replica` and drops its link from the master
+    /// on `master`, so what the master acknowledges from now on never reaches it.
+    pub fn cut_off_replica(&self, master: u16, replica: u16) {
+        self.node(replica).pause();
+        let cut: i64 = self
+            .node(master)
+            .cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"));
+        assert_eq!(cut, 1, "the replica link was cut");
+    }
+
+    /// Ends a forced loss: kills the master on `master`, resumes the lagging replica on
+    /// `replica` and promotes it (`TAKEOVER`) for `slot`. Writes since the cut are gone.
+    pub fn take_over_with_lagging_replica(&mut self, master: u16, replica: u16, slot: u16) {
+        self.node_mut(master).kill();
+        self.node(replica).resume();
+        self.promote(replica, "TAKEOVER", slot, &[master]);
+    }
+
     pub fn node(&self, port: u16) -> &Node {
         self.nodes
             .iter()
