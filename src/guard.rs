@@ -1,5 +1,6 @@
 //! The guard of a held lock.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,7 +139,7 @@ impl LockGuard {
                 &[&self.owner, &ttl_ms],
             )
             .await?;
-        self.outcome(reply, "extend")?;
+        self.outcome(reply, "extend", &self.shared.counters.extends)?;
         self.valid_until = lease_end(sent, ttl);
         Ok(self.valid_until)
     }
@@ -169,25 +170,26 @@ impl LockGuard {
             .await?;
         self.released = true;
         tracing::debug!(lock = self.keys.name(), fence = %self.fence, "released");
-        self.outcome(reply, "release")
+        self.outcome(reply, "release", &self.shared.counters.releases)
     }
 
-    /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result.
-    fn outcome(&self, reply: redis::Value, operation: &'static str) -> Result<()> {
+    /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result, counting
+    /// a success in `done` and a loss in `lost`.
+    fn outcome(
+        &self,
+        reply: redis::Value,
+        operation: &'static str,
+        done: &AtomicU64,
+    ) -> Result<()> {
         let code: i64 = client::parse_reply(self.keys.name(), operation, reply)?;
         let name = self.keys.name().to_owned();
-        let counters = &self.shared.counters;
         match code {
             1 => {
-                let done = match operation {
-                    "extend" => &counters.extends,
-                    _ => &counters.releases,
-                };
                 Counters::add(done, 1);
                 Ok(())
             }
             0 | -1 => {
-                Counters::add(&counters.lost, 1);
+                Counters::add(&self.shared.counters.lost, 1);
                 tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
                 Err(if code == 0 {
                     Error::Expired { name }
