@@ -7,16 +7,19 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::{RedisError, Value};
+use tracing::Instrument;
 
 use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, Topology};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::fence::StaleFence;
-use crate::guard::LockGuard;
+use crate::guard::{Grant, LockGuard};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 use crate::scripts::{LuaScript, ACQUIRE, FENCED_SET, RELEASE};
 use crate::stats::{Counters, Stats};
+use crate::wakeups::{Subscription, Wakeups};
+use crate::watchdog::Watchdog;
 
 /// How the acquire script computes the next fence token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -149,8 +152,16 @@ impl ClientBuilder {
         };
         let (endpoint, conn) = Endpoint::discover(&self.urls, timeouts, self.retries).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
+        let topology = endpoint.topology;
         Ok(Client {
             shared: Arc::new(Shared {
+                topology,
+                announce: match topology {
+                    Topology::Cluster => "s",
+                    Topology::Standalone => "p",
+                },
+                wakeups: Wakeups::default(),
+                watchdog: Watchdog::default(),
                 conn: RwLock::new(conn),
                 failures: AtomicU32::new(0),
                 rebuilding: AtomicBool::new(false),
@@ -205,7 +216,12 @@ pub(crate) struct Shared {
     /// Consecutive transient failures on the main connection.
     failures: AtomicU32,
     rebuilding: AtomicBool,
-    lanes: Lanes,
+    pub(crate) lanes: Lanes,
+    pub(crate) topology: Topology,
+    /// How the release script announces a freed lock: `s` SPUBLISH, `p` PUBLISH.
+    pub(crate) announce: &'static str,
+    pub(crate) wakeups: Wakeups,
+    pub(crate) watchdog: Watchdog,
     prefix: String,
     pub(crate) request_timeout: Duration,
     fence_mode: FenceMode,
@@ -255,7 +271,7 @@ impl Client {
 
     /// Whether the client talks to a cluster or a single server.
     pub fn topology(&self) -> Topology {
-        self.shared.lanes.endpoint().topology
+        self.shared.topology
     }
 
     /// The Redis keys and slot lock `name` uses with `options`' placement.
@@ -350,8 +366,12 @@ impl Client {
     pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
+        let started = Instant::now();
         match self.attempt(&keys, options).await? {
-            Attempt::Granted(guard) => Ok(guard),
+            Attempt::Granted(guard) => {
+                self.shared.counters.waits.record(started.elapsed());
+                Ok(guard)
+            }
             Attempt::Busy { retry_after } => Err(Error::Busy {
                 name: name.to_owned(),
                 waited: Duration::ZERO,
@@ -360,8 +380,14 @@ impl Client {
         }
     }
 
-    /// Acquires lock `name`, retrying with jittered backoff while another owner holds it or
-    /// Redis is briefly unavailable, for up to `options.timeout`.
+    /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly
+    /// unavailable, for up to `options.timeout`.
+    ///
+    /// While the lock is held by another owner the call subscribes to the lock's channel
+    /// (sharded pub/sub on a cluster, in the lock's slot) and tries again as soon as the holder
+    /// releases; all waiting calls of one client share one subscription per lock. It also tries
+    /// again when the holder's lease ends, and polls with jittered backoff when the server cannot
+    /// publish or the subscription cannot be made.
     ///
     /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
     ///
@@ -372,17 +398,31 @@ impl Client {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe, as [`try_lock`](Self::try_lock).
+    /// Cancel safe: a dropped call holds no lock (an acquire request in flight is released in
+    /// the background, as in [`try_lock`](Self::try_lock)), and its registration on the lock's
+    /// channel is dropped with it; the subscription ends when no other call of this client waits
+    /// on that lock. No task is left behind for it.
     pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
+        let span = tracing::debug_span!("fencelock.lock", lock = name, slot = keys.slot());
+        self.wait_for(&keys, options).instrument(span).await
+    }
+
+    async fn wait_for(&self, keys: &LockKeys, options: &LockOptions) -> Result<LockGuard> {
+        let name = keys.name();
         let started = Instant::now();
         let deadline = started + options.timeout;
         let mut backoff = Backoff::new();
+        let mut subscription: Option<Subscription> = None;
+        let mut tried_subscribing = false;
         loop {
-            let outcome = self.attempt(&keys, options).await;
+            let outcome = self.attempt(keys, options).await;
             let pause = match outcome {
-                Ok(Attempt::Granted(guard)) => return Ok(guard),
+                Ok(Attempt::Granted(guard)) => {
+                    self.shared.counters.waits.record(started.elapsed());
+                    return Ok(guard);
+                }
                 Ok(Attempt::Busy { retry_after }) => {
                     if Instant::now() >= deadline {
                         return Err(Error::Busy {
@@ -391,7 +431,19 @@ impl Client {
                             retry_after,
                         });
                     }
-                    backoff.next().min(retry_after + Duration::from_millis(1))
+                    if !tried_subscribing {
+                        tried_subscribing = true;
+                        subscription = self.subscribe(keys, deadline).await;
+                        if subscription.is_some() {
+                            // A release may have come before the subscription: look again.
+                            continue;
+                        }
+                    }
+                    let lease_end = retry_after + backoff.jitter();
+                    match subscription {
+                        Some(_) => lease_end,
+                        None => backoff.next().min(lease_end),
+                    }
                 }
                 Err(err) if err.is_transient() && Instant::now() < deadline => {
                     tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
@@ -400,8 +452,26 @@ impl Client {
                 Err(err) => return Err(err),
             };
             let remaining = deadline.saturating_duration_since(Instant::now());
-            tokio::time::sleep(pause.min(remaining)).await;
+            let pause = pause.min(remaining);
+            match &mut subscription {
+                Some(subscription) => {
+                    if subscription.wait(pause).await {
+                        Counters::add(&self.shared.counters.wakeups, 1);
+                        tracing::trace!(lock = name, "woken by a release");
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
         }
+    }
+
+    /// Registers on the lock's channel and waits (briefly) for the subscription.
+    async fn subscribe(&self, keys: &LockKeys, deadline: Instant) -> Option<Subscription> {
+        let mut subscription = Wakeups::subscribe(&self.shared, keys.lock_key())?;
+        let limit = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.shared.request_timeout);
+        subscription.ready(limit).await.then_some(subscription)
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).
@@ -504,7 +574,7 @@ impl Client {
                     Some((required, acked)) => {
                         let acked = u32::try_from(acked).unwrap_or(0);
                         if acked < required {
-                            let _ = release_owner(shared, keys.lock_key(), owner).await;
+                            let _ = release_owner(shared, keys.lock_key(), owner, "").await;
                             return Err(Error::ReplicasNotConfirmed {
                                 name: keys.name().to_owned(),
                                 acked,
@@ -516,14 +586,20 @@ impl Client {
                     None => None,
                 };
                 tracing::debug!(lock = keys.name(), %fence, "acquired");
+                let grant = Grant {
+                    keys: keys.clone(),
+                    owner: owner.to_owned(),
+                    hold: String::new(),
+                    fence,
+                    sent: started,
+                    ttl: options.ttl,
+                    replicas_acked: acked,
+                };
                 Ok(Attempt::Granted(LockGuard::new(
                     Arc::clone(shared),
-                    keys.clone(),
-                    owner.to_owned(),
-                    fence,
-                    started,
-                    options.ttl,
-                    acked,
+                    grant,
+                    Some(options),
+                    None,
                 )))
             }
             0 => {
@@ -541,14 +617,22 @@ impl Client {
     }
 }
 
-/// Releases `owner`'s hold on `lock_key`: `1` released, `0` expired, `-1` held by another.
+/// Releases `owner`'s hold `hold` (empty for the first) on `lock_key`: `1` released, `0`
+/// expired, `-1` held by another.
 pub(crate) async fn release_owner(
     shared: &Arc<Shared>,
     lock_key: &str,
     owner: &str,
+    hold: &str,
 ) -> Result<i64> {
     let reply = shared
-        .run_script(lock_key, "release", &RELEASE, &[lock_key], &[owner])
+        .run_script(
+            lock_key,
+            "release",
+            &RELEASE,
+            &[lock_key],
+            &[owner, hold, shared.announce],
+        )
         .await?;
     parse_reply(lock_key, "release", reply)
 }
@@ -557,6 +641,13 @@ pub(crate) async fn release_owner(
 const REBUILD_AFTER: u32 = 2;
 
 impl Shared {
+    /// `CLUSTER SLOTS` from any node, within the request timeout.
+    pub(crate) async fn cluster_slots(&self) -> Result<Value> {
+        let mut conn = self.connection();
+        let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        bounded("*", "cluster slots", self.request_timeout, cmd.query_async(&mut conn)).await
+    }
+
     fn connection(&self) -> Connection {
         self.conn
             .read()
@@ -662,26 +753,34 @@ fn new_owner_token() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// While armed, dropping it (a timeout or a cancelled call) releases what an acquire request
-/// in flight may have taken, in the background.
-struct InFlight<'a> {
+/// While armed, dropping it (a timeout or a cancelled call) releases what an acquire or
+/// re-enter request in flight may have taken, in the background.
+pub(crate) struct InFlight<'a> {
     shared: &'a Arc<Shared>,
     lock_key: &'a str,
     owner: &'a str,
+    hold: &'a str,
     armed: bool,
 }
 
 impl<'a> InFlight<'a> {
-    fn arm(shared: &'a Arc<Shared>, lock_key: &'a str, owner: &'a str) -> Self {
+    pub(crate) fn arm(shared: &'a Arc<Shared>, lock_key: &'a str, owner: &'a str) -> Self {
         Self {
             shared,
             lock_key,
             owner,
+            hold: "",
             armed: true,
         }
     }
 
-    fn disarm(mut self) {
+    /// For a re-entry: release only the hold `hold`.
+    pub(crate) fn with_hold(mut self, hold: &'a str) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    pub(crate) fn disarm(mut self) {
         self.armed = false;
     }
 }
@@ -693,16 +792,22 @@ impl Drop for InFlight<'_> {
                 Arc::clone(self.shared),
                 self.lock_key.to_owned(),
                 self.owner.to_owned(),
+                self.hold.to_owned(),
             );
         }
     }
 }
 
 /// Hands a release to the current runtime, if there is one; never blocks or panics.
-pub(crate) fn release_in_background(shared: Arc<Shared>, lock_key: String, owner: String) {
+pub(crate) fn release_in_background(
+    shared: Arc<Shared>,
+    lock_key: String,
+    owner: String,
+    hold: String,
+) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn(async move {
-            if let Err(err) = release_owner(&shared, &lock_key, &owner).await {
+            if let Err(err) = release_owner(&shared, &lock_key, &owner, &hold).await {
                 tracing::debug!(lock = lock_key, error = %err, "background release failed");
             }
         });
@@ -732,11 +837,20 @@ impl Backoff {
     fn next(&mut self) -> Duration {
         let ceiling = self.next;
         self.next = (self.next * 2).min(Self::MAX);
+        ceiling / 2 + ceiling / 2 * self.fraction() / 1000
+    }
+
+    /// 0 to 2 ms, so waiters woken by the same lease end do not all try at once.
+    fn jitter(&mut self) -> Duration {
+        Duration::from_micros(u64::from(self.fraction()) * 2)
+    }
+
+    /// A pseudo-random number in 0..1000.
+    fn fraction(&mut self) -> u32 {
         self.draws += 1;
         let mut hasher = self.random.build_hasher();
         hasher.write_u64(self.draws);
-        let fraction = (hasher.finish() % 1000) as u32;
-        ceiling / 2 + ceiling / 2 * fraction / 1000
+        (hasher.finish() % 1000) as u32
     }
 }
 

@@ -4,12 +4,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+    AsyncPushSender, ConnectionLike, ConnectionManager, ConnectionManagerConfig,
+    MultiplexedConnection,
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError};
-use redis::{RedisFuture, RedisResult, Value};
+use redis::{ProtocolVersion, RedisFuture, RedisResult, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
@@ -183,6 +184,50 @@ impl Endpoint {
         }
     }
 
+    /// Opens a RESP3 connection whose server pushes (messages, unsubscriptions, disconnects)
+    /// go to `push`, for the waiters' subscriptions; seeded with the nodes that answer now.
+    pub(crate) async fn open_subscriber(&self, push: impl AsyncPushSender) -> Result<Subscriber> {
+        let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+        let deadline = self.timeouts.connect + self.timeouts.response;
+        let opened = match self.topology {
+            Topology::Cluster => {
+                let client = cluster_builder(&live, self.timeouts, self.retries)
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(push)
+                    .build()
+                    .map_err(|e| config_error(&self.nodes, e))?;
+                tokio::time::timeout(deadline, client.get_async_connection())
+                    .await
+                    .map(|r| r.map(Subscriber::Cluster))
+            }
+            Topology::Standalone => {
+                let info = live[0].clone();
+                let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+                let client = redis::Client::open(info.set_redis_settings(settings))
+                    .map_err(|e| config_error(&self.nodes, e))?;
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeouts.connect))
+                    .set_response_timeout(Some(self.timeouts.response))
+                    .set_push_sender(push);
+                tokio::time::timeout(
+                    deadline,
+                    client.get_multiplexed_async_connection_with_config(&config),
+                )
+                .await
+                .map(|r| r.map(Subscriber::Standalone))
+            }
+        };
+        match opened {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(source)) => Err(connect_error(&self.nodes, source)),
+            Err(_) => Err(Error::Connect {
+                target: self.nodes.clone(),
+                reason: format!("no answer within {deadline:?}: is Redis running there?"),
+                source: None,
+            }),
+        }
+    }
+
     /// Opens a connection that nothing else uses, for commands that block it (WAIT).
     ///
     /// It has no response timeout of its own: the caller bounds every request and drops the
@@ -199,6 +244,29 @@ impl Endpoint {
                     .await
                     .map(Connection::Direct)
             }
+        }
+    }
+}
+
+/// A connection that carries the waiters' subscriptions: sharded channels on a cluster (the
+/// channel lives on the lock's node), plain channels on a standalone server.
+pub(crate) enum Subscriber {
+    Cluster(ClusterConnection),
+    Standalone(MultiplexedConnection),
+}
+
+impl Subscriber {
+    pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Subscriber::Cluster(c) => c.ssubscribe(channel).await,
+            Subscriber::Standalone(c) => c.subscribe(channel).await,
+        }
+    }
+
+    pub(crate) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Subscriber::Cluster(c) => c.sunsubscribe(channel).await,
+            Subscriber::Standalone(c) => c.unsubscribe(channel).await,
         }
     }
 }

@@ -98,6 +98,29 @@ pub enum Error {
         name: String,
     },
 
+    /// The watchdog could not renew the lock before its lease ran out (Redis did not answer),
+    /// so another owner may hold it now.
+    #[error(
+        "lock {name:?} could not be renewed before its lease ran out (Redis did not answer): \
+         another owner may hold it, so stop writing under its fence and acquire it again"
+    )]
+    LeaseUnconfirmed {
+        /// The lock concerned.
+        name: String,
+    },
+
+    /// The watchdog stopped renewing the lock because it was held for the maximum hold time.
+    #[error(
+        "lock {name:?} was held for its maximum hold time of {max_hold:?} and its lease has \
+         ended: stop writing under its fence; raise `max_hold` if the work needs longer"
+    )]
+    MaxHoldReached {
+        /// The lock concerned.
+        name: String,
+        /// The maximum hold time set.
+        max_hold: Duration,
+    },
+
     /// A call did not finish within its deadline.
     #[error(
         "{operation} on lock {name:?} did not finish within {after:?}: a Redis node is slow or \
@@ -140,9 +163,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when the guard's ownership is gone ([`Error::Expired`] or [`Error::NotOwner`]).
+    /// True when the guard's ownership is gone or can no longer be relied on
+    /// ([`Error::Expired`], [`Error::NotOwner`], [`Error::LeaseUnconfirmed`],
+    /// [`Error::MaxHoldReached`]).
     pub fn is_lock_lost(&self) -> bool {
-        matches!(self, Error::Expired { .. } | Error::NotOwner { .. })
+        matches!(
+            self,
+            Error::Expired { .. }
+                | Error::NotOwner { .. }
+                | Error::LeaseUnconfirmed { .. }
+                | Error::MaxHoldReached { .. }
+        )
     }
 
     /// True when the lock was not acquired because another owner holds it.

@@ -4,13 +4,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
+
 use crate::client::{self, Shared};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
-use crate::options::validate_ttl;
+use crate::options::{validate_ttl, LockOptions};
+use crate::reentry::Reentry;
 use crate::scripts::{EXTEND, RELEASE};
 use crate::stats::Counters;
+use crate::watchdog::{Ended, Lease, Watch, Watchdog};
 
 /// Proof of holding a lock, with the fence token to present to storage.
 ///
@@ -36,10 +40,36 @@ pub struct LockGuard {
     shared: Arc<Shared>,
     keys: LockKeys,
     owner: String,
+    /// Empty for the hold the acquire granted; the hold's id for a re-entry.
+    hold: String,
     fence: FenceToken,
+    granted: Instant,
+    /// The lease end when no watchdog follows it.
     valid_until: Instant,
+    watched: Option<Watched>,
     replicas_acked: Option<u32>,
     released: bool,
+}
+
+/// A hold the watchdog follows.
+pub(crate) struct Watched {
+    /// The watchdog's id for the hold; `None` for a re-entry riding on another guard's watch.
+    id: Option<u64>,
+    pub(crate) lease: watch::Receiver<Lease>,
+    /// The renewal period the caller chose, if any.
+    every: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl Clone for Watched {
+    fn clone(&self) -> Self {
+        Self {
+            id: None,
+            lease: self.lease.clone(),
+            every: self.every,
+            max_hold: self.max_hold,
+        }
+    }
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -47,7 +77,9 @@ impl std::fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("name", &self.keys.name())
             .field("fence", &self.fence)
-            .field("valid_until", &self.valid_until)
+            .field("valid_until", &self.valid_until())
+            .field("watchdog", &self.watched.is_some())
+            .field("reentry", &!self.hold.is_empty())
             .field("replicas_acked", &self.replicas_acked)
             .finish_non_exhaustive()
     }
@@ -55,28 +87,62 @@ impl std::fmt::Debug for LockGuard {
 
 /// When a lease taken at `sent` for `ttl` is surely still ours: the TTL less 1% and 2 ms for
 /// clock drift between this host and Redis.
-fn lease_end(sent: Instant, ttl: Duration) -> Instant {
+pub(crate) fn lease_end(sent: Instant, ttl: Duration) -> Instant {
     let margin = ttl / 100 + Duration::from_millis(2);
     sent.checked_add(ttl.saturating_sub(margin)).unwrap_or(sent)
 }
 
+/// What [`LockGuard::new`] needs besides the client.
+pub(crate) struct Grant {
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    pub(crate) hold: String,
+    pub(crate) fence: FenceToken,
+    /// When the request that granted (or extended) the lease was sent.
+    pub(crate) sent: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) replicas_acked: Option<u32>,
+}
+
 impl LockGuard {
+    /// A guard for `grant`, watched as `options` ask; a re-entry passes the first guard's watch.
     pub(crate) fn new(
         shared: Arc<Shared>,
-        keys: LockKeys,
-        owner: String,
-        fence: FenceToken,
-        sent: Instant,
-        ttl: Duration,
-        replicas_acked: Option<u32>,
+        grant: Grant,
+        options: Option<&LockOptions>,
+        inherited: Option<Watched>,
     ) -> Self {
+        let valid_until = lease_end(grant.sent, grant.ttl);
+        let watched = match options.filter(|o| o.watchdog) {
+            Some(options) => {
+                let watch = Watch {
+                    lock_key: grant.keys.lock_key(),
+                    owner: &grant.owner,
+                    slot: grant.keys.slot(),
+                    ttl: grant.ttl,
+                    every: options.renewal_period(),
+                    hold_until: options.max_hold.map(|max| (grant.sent + max).into()),
+                    valid_until: valid_until.into(),
+                };
+                Watchdog::watch(&shared, watch).map(|(id, lease)| Watched {
+                    id: Some(id),
+                    lease,
+                    every: options.renew_every,
+                    max_hold: options.max_hold,
+                })
+            }
+            None => inherited,
+        };
         Self {
             shared,
-            keys,
-            owner,
-            fence,
-            valid_until: lease_end(sent, ttl),
-            replicas_acked,
+            keys: grant.keys,
+            owner: grant.owner,
+            hold: grant.hold,
+            fence: grant.fence,
+            granted: Instant::now(),
+            valid_until,
+            watched,
+            replicas_acked: grant.replicas_acked,
             released: false,
         }
     }
@@ -96,15 +162,93 @@ impl LockGuard {
         &self.keys
     }
 
-    /// Until when the hold is surely valid: measured from before the acquire (or last extend)
-    /// request was sent, less a drift margin. After it, another owner may hold the lock.
+    /// Until when the hold is surely valid: measured from before the acquire (or last extend
+    /// or renewal) request was sent, less a drift margin. After it, another owner may hold the
+    /// lock. With the watchdog on, it moves forward with every renewal.
     pub fn valid_until(&self) -> Instant {
-        self.valid_until
+        match &self.watched {
+            Some(watched) => watched.lease.borrow().valid_until.into_std(),
+            None => self.valid_until,
+        }
     }
 
-    /// True while [`valid_until`](Self::valid_until) lies in the future.
+    /// True while [`valid_until`](Self::valid_until) lies in the future and the watchdog (if
+    /// on) has not found the lock lost.
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+        let ended = self
+            .watched
+            .as_ref()
+            .is_some_and(|w| w.lease.borrow().ended.is_some());
+        !ended && Instant::now() < self.valid_until()
+    }
+
+    /// Resolves when this hold can no longer be relied on, with the reason: the watchdog found
+    /// the lock expired ([`Error::Expired`]) or held by another owner ([`Error::NotOwner`]), it
+    /// could not renew it before the lease ran out ([`Error::LeaseUnconfirmed`]), or the
+    /// maximum hold time passed ([`Error::MaxHoldReached`]). Without the watchdog it resolves
+    /// with [`Error::Expired`] at [`valid_until`](Self::valid_until).
+    ///
+    /// Race it against the work the lock protects, and stop the work when it resolves.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// # async fn long_job(_fence: fencelock::FenceToken) {}
+    /// use fencelock::LockOptions;
+    ///
+    /// let guard = client.lock("jobs:nightly", &LockOptions::new().watchdog(true)).await?;
+    /// tokio::select! {
+    ///     () = long_job(guard.fence()) => guard.release().await?,
+    ///     lost = guard.lost() => eprintln!("stopped: {lost}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only watches.
+    pub async fn lost(&self) -> Error {
+        let name = self.keys.name();
+        let Some(watched) = &self.watched else {
+            tokio::time::sleep_until(self.valid_until.into()).await;
+            return Error::Expired {
+                name: name.to_owned(),
+            };
+        };
+        let mut lease = watched.lease.clone();
+        loop {
+            let now = lease.borrow_and_update().clone();
+            if let Some(ended) = now.ended {
+                if ended != Ended::MaxHold || tokio::time::Instant::now() >= now.valid_until {
+                    return ended.into_error(name, watched.max_hold);
+                }
+            }
+            tokio::select! {
+                changed = lease.changed() => {
+                    if changed.is_err() {
+                        tokio::time::sleep_until(now.valid_until).await;
+                        return Error::LeaseUnconfirmed { name: name.to_owned() };
+                    }
+                }
+                () = tokio::time::sleep_until(now.valid_until) => {
+                    let ended = lease.borrow().ended.unwrap_or(Ended::Unconfirmed);
+                    return ended.into_error(name, watched.max_hold);
+                }
+            }
+        }
+    }
+
+    /// A handle that acquires this lock again under the same owner (re-entry): pass it down to
+    /// code that takes the lock itself. See [`Reentry`].
+    pub fn reentry(&self) -> Reentry {
+        Reentry::new(
+            Arc::clone(&self.shared),
+            self.keys.clone(),
+            self.owner.clone(),
+            self.fence,
+            self.watched.clone(),
+        )
     }
 
     /// How many replicas acknowledged the acquisition, when `wait_replicas` was set.
@@ -141,10 +285,22 @@ impl LockGuard {
             .await?;
         self.outcome(reply, "extend", &self.shared.counters.extends)?;
         self.valid_until = lease_end(sent, ttl);
+        if let Some(Watched {
+            id: Some(id),
+            every,
+            ..
+        }) = &self.watched
+        {
+            let every = every.filter(|e| *e < ttl).unwrap_or(ttl / 3);
+            self.shared
+                .watchdog
+                .extended(*id, ttl, every, self.valid_until.into());
+        }
         Ok(self.valid_until)
     }
 
-    /// Releases the lock.
+    /// Releases this hold: the lock is freed (and waiters woken) unless re-entries of it are
+    /// still held. Stops the watchdog for it.
     ///
     /// # Errors
     ///
@@ -158,6 +314,7 @@ impl LockGuard {
     /// Cancel safe: if the call is dropped before Redis answers, the guard's drop releases the
     /// lock in the background.
     pub async fn release(mut self) -> Result<()> {
+        self.unwatch();
         let reply = self
             .shared
             .run_script(
@@ -165,12 +322,21 @@ impl LockGuard {
                 "release",
                 &RELEASE,
                 &[self.keys.lock_key()],
-                &[&self.owner],
+                &[&self.owner, &self.hold, self.shared.announce],
             )
             .await?;
         self.released = true;
-        tracing::debug!(lock = self.keys.name(), fence = %self.fence, "released");
+        let held = self.granted.elapsed();
+        self.shared.counters.holds.record(held);
+        tracing::debug!(lock = self.keys.name(), fence = %self.fence, ?held, "released");
         self.outcome(reply, "release", &self.shared.counters.releases)
+    }
+
+    /// Stops the watchdog for this hold.
+    fn unwatch(&mut self) {
+        if let Some(Watched { id: Some(id), .. }) = self.watched {
+            self.shared.watchdog.unwatch(id);
+        }
     }
 
     /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result, counting
@@ -208,11 +374,13 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        self.unwatch();
         if !self.released {
             client::release_in_background(
                 Arc::clone(&self.shared),
                 self.keys.lock_key().to_owned(),
                 std::mem::take(&mut self.owner),
+                std::mem::take(&mut self.hold),
             );
         }
     }

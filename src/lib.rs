@@ -32,8 +32,11 @@ mod fence;
 mod guard;
 mod keys;
 mod options;
+mod reentry;
 mod scripts;
 mod stats;
+mod wakeups;
+mod watchdog;
 
 pub use client::{Client, ClientBuilder, FenceMode};
 pub use conn::Topology;
@@ -43,4 +46,5 @@ pub use guard::LockGuard;
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use options::{LockOptions, MAX_TTL, MAX_WAIT_TIMEOUT};
 pub use scripts::{lua_scripts, ScriptSource};
-pub use stats::Stats;
+pub use reentry::Reentry;
+pub use stats::{Histogram, Stats};

@@ -15,7 +15,7 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Options for acquiring one lock. Cheap to clone; build once and reuse.
 ///
 /// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
-/// no fence floor.
+/// no fence floor, no watchdog.
 ///
 /// # Examples
 ///
@@ -36,6 +36,9 @@ pub struct LockOptions {
     pub(crate) wait: Option<(u32, Duration)>,
     pub(crate) placement: Placement,
     pub(crate) floor: Option<FenceToken>,
+    pub(crate) watchdog: bool,
+    pub(crate) renew_every: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Default for LockOptions {
@@ -46,6 +49,9 @@ impl Default for LockOptions {
             wait: None,
             placement: Placement::ByName,
             floor: None,
+            watchdog: false,
+            renew_every: None,
+            max_hold: None,
         }
     }
 }
@@ -103,6 +109,38 @@ impl LockOptions {
         self
     }
 
+    /// Keeps the lock alive while its guard lives: the client's watchdog renews it every
+    /// [`renew_every`](Self::renew_every) (default a third of the TTL), batching all locks of
+    /// one node into one call. The TTL then only bounds how long a crashed holder blocks
+    /// others. When renewal finds the lock lost, or cannot reach Redis before the lease runs
+    /// out, [`LockGuard::lost`](crate::LockGuard::lost) resolves and `release` fails.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// How often the watchdog renews the lock (default TTL / 3; shorter than the TTL). Renewals
+    /// come up to half of this early, to share a call with other locks.
+    pub fn renew_every(mut self, every: Duration) -> Self {
+        self.renew_every = Some(every);
+        self
+    }
+
+    /// The longest the watchdog keeps the lock: after this it stops renewing, the lease ends at
+    /// most then, and [`LockGuard::lost`](crate::LockGuard::lost) reports
+    /// [`Error::MaxHoldReached`].
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The watchdog's renewal period: [`renew_every`](Self::renew_every) or a third of the TTL.
+    pub(crate) fn renewal_period(&self) -> Duration {
+        self.renew_every
+            .unwrap_or(self.ttl / 3)
+            .max(Duration::from_millis(1))
+    }
+
     /// The TTL set.
     pub fn get_ttl(&self) -> Duration {
         self.ttl
@@ -133,6 +171,25 @@ impl LockOptions {
                      (Redis treats 0 as wait forever)"
                 ));
             }
+        }
+        if !self.watchdog && (self.renew_every.is_some() || self.max_hold.is_some()) {
+            return invalid(
+                "renew_every and max_hold set how the watchdog renews: turn it on with \
+                 .watchdog(true)"
+                    .into(),
+            );
+        }
+        if let Some(every) = self.renew_every {
+            if every.is_zero() || every >= self.ttl {
+                return invalid(format!(
+                    "renew_every {every:?} must be above zero and below the TTL {:?}, or the \
+                     lease runs out between renewals",
+                    self.ttl
+                ));
+            }
+        }
+        if self.max_hold.is_some_and(|max| max.is_zero()) {
+            return invalid("max_hold is zero: leave it unset to renew for as long as the guard lives".into());
         }
         if self.floor == Some(FenceToken::MAX) {
             return invalid(
@@ -169,6 +226,12 @@ mod tests {
             LockOptions::new().wait_replicas(0, Duration::from_secs(1)),
             LockOptions::new().wait_replicas(1, Duration::ZERO),
             LockOptions::new().floor(FenceToken::MAX),
+            LockOptions::new().max_hold(Duration::from_secs(1)),
+            LockOptions::new()
+                .watchdog(true)
+                .ttl(Duration::from_secs(1))
+                .renew_every(Duration::from_secs(1)),
+            LockOptions::new().watchdog(true).max_hold(Duration::ZERO),
         ];
         for options in bad {
             assert!(

@@ -54,12 +54,15 @@ impl LuaScript {
 ///
 /// ```
 /// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
-/// assert_eq!(names, ["acquire", "release", "extend", "fenced_set"]);
+/// assert_eq!(
+///     names,
+///     ["acquire", "release", "extend", "reenter", "renew", "fenced_set"]
+/// );
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct ScriptSource {
-    /// What the script does: `acquire`, `release` or `extend`.
+    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew` or `fenced_set`.
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -69,7 +72,7 @@ pub struct ScriptSource {
 
 /// Every Lua script fencelock runs; their contracts are documented in `docs/design.md`.
 pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
-    [&*ACQUIRE, &*RELEASE, &*EXTEND, &*FENCED_SET]
+    [&*ACQUIRE, &*RELEASE, &*EXTEND, &*REENTER, &*RENEW, &*FENCED_SET]
         .into_iter()
         .map(|script| ScriptSource {
             name: script.name,
@@ -80,7 +83,8 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 
 /// The prologue every lock script shares: the server's time and the lock's state.
 /// `now_us` is `TIME` in microseconds, `now_ms` in milliseconds; `live` is true when `owner`
-/// holds an unexpired lease.
+/// holds an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one
+/// hold). `clear()` removes every field but `fence`.
 macro_rules! lock_script {
     ($body:literal) => {
         concat!(
@@ -88,9 +92,15 @@ macro_rules! lock_script {
             "local now = redis.call('TIME')\n",
             "local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])\n",
             "local now_ms = math.floor(now_us / 1000)\n",
-            "local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence')\n",
+            "local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds')\n",
             "local owner, expires = lock[1], tonumber(lock[2])\n",
             "local live = owner and expires and expires > now_ms\n",
+            "local function clear()\n",
+            "  if not lock[4] then return redis.call('HDEL', KEYS[1], 'owner', 'until') end\n",
+            "  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do\n",
+            "    if field ~= 'fence' then redis.call('HDEL', KEYS[1], field) end\n",
+            "  end\n",
+            "end\n",
             $body
         )
     };
@@ -129,6 +139,7 @@ if ARGV[4] == 'epoch' then
   if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
 end
 if fence <= floor then fence = floor + 1 end
+if lock[4] then clear() end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%.0f', now_ms + tonumber(ARGV[2])),
   'fence', string.format('%.0f', fence))
@@ -138,19 +149,73 @@ return {1, fence}
     )
 });
 
-/// Release: end this owner's lease, keeping the fence.
+/// Release: end one hold of this owner; the last hold frees the lock (keeping the fence) and
+/// announces it on the lock's channel, so waiters try again at once.
 ///
-/// - `KEYS[1]` lock key. `ARGV[1]` owner token.
+/// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` hold id (empty for the hold the
+///   acquire granted, else the id given to `reenter`), `ARGV[3]` how to announce the release:
+///   `s` `SPUBLISH` (cluster), `p` `PUBLISH` (standalone), empty for not at all. The channel is
+///   the lock key itself, so it lives in the lock's slot.
 ///
-/// Replies: `1` released; `0` no live lease (expired); `-1` held by another owner (left alone).
+/// Replies: `1` released (or one hold of several released); `0` no live lease (expired); `-1`
+/// held by another owner (left alone). Releasing the same hold twice answers `1` both times.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "release",
         lock_script!(
-            r#"if owner == ARGV[1] then redis.call('HDEL', KEYS[1], 'owner', 'until') end
-if not live then return 0 end
-if owner == ARGV[1] then return 1 end
-return -1
+            r#"if owner ~= ARGV[1] then
+  if live then return -1 end
+  return 0
+end
+if not live then
+  clear()
+  return 0
+end
+if lock[4] then
+  local holds = tonumber(lock[4])
+  if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 1 then holds = holds - 1 end
+  if holds > 0 then
+    redis.call('HSET', KEYS[1], 'holds', holds)
+    return 1
+  end
+end
+clear()
+if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+return 1
+"#
+        ),
+    )
+});
+
+/// Re-enter: add a hold to a lock this owner holds, returning the same fence.
+///
+/// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` a fresh hold id (hex), `ARGV[3]` TTL
+///   in ms: the lease is moved to now + TTL unless it already ends later.
+///
+/// The hold count lives in the hash (`holds`) next to one field per hold (`h:<id>`, `h:` for
+/// the first), so a resent script adds no second hold and a released hold is not released twice.
+///
+/// Replies: `{1, fence, remaining lease ms}` entered; `{0, 0, 0}` no live lease; `{-1, 0, 0}`
+/// held by another owner.
+pub(crate) static REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        "reenter",
+        lock_script!(
+            r#"if not live then return {0, 0, 0} end
+if owner ~= ARGV[1] then return {-1, 0, 0} end
+if not lock[4] then
+  redis.call('HSET', KEYS[1], 'h:', 1, 'h:' .. ARGV[2], 1, 'holds', 2)
+elseif redis.call('HSETNX', KEYS[1], 'h:' .. ARGV[2], 1) == 1 then
+  redis.call('HSET', KEYS[1], 'holds', tonumber(lock[4]) + 1)
+end
+local ends = now_ms + tonumber(ARGV[3])
+if ends > expires then
+  redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+else
+  ends = expires
+end
+return {1, tonumber(lock[3]), ends - now_ms}
 "#
         ),
     )
@@ -171,6 +236,41 @@ redis.call('HSET', KEYS[1], 'until', string.format('%.0f', now_ms + tonumber(ARG
 return 1
 "#
         ),
+    )
+});
+
+/// Renew: extend many leases on one node in one call (the watchdog's batch).
+///
+/// - `KEYS[1]` one of the lock keys (it routes the call to the node serving its slot).
+/// - `ARGV` triples: lock key, owner token, TTL in ms — any number of them, for keys of any
+///   slots served by this node (`allow-cross-slot-keys`; undeclared keys are reached through
+///   `ARGV`, which Redis 7 permits for keys of local slots). A key of a slot this node does not
+///   serve (moved, migrating) fails the whole call with an error after the keys before it were
+///   renewed; the caller then renews slot by slot.
+///
+/// Replies: one code per triple, as [`EXTEND`]: `1` extended, `0` expired, `-1` other owner.
+pub(crate) static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        "renew",
+        r#"#!lua flags=allow-cross-slot-keys
+local now = redis.call('TIME')
+local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
+local codes = {}
+for i = 1, #ARGV, 3 do
+  local key = ARGV[i]
+  local lock = redis.call('HMGET', key, 'owner', 'until')
+  local expires = tonumber(lock[2])
+  if not (lock[1] and expires and expires > now_ms) then
+    codes[#codes + 1] = 0
+  elseif lock[1] ~= ARGV[i + 1] then
+    codes[#codes + 1] = -1
+  else
+    redis.call('HSET', key, 'until', string.format('%.0f', now_ms + tonumber(ARGV[i + 2])))
+    codes[#codes + 1] = 1
+  end
+end
+return codes
+"#,
     )
 });
 

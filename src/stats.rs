@@ -1,9 +1,10 @@
-//! Counters of what a client did, for monitoring lock contention and loss.
+//! Counters and histograms of what a client did, for monitoring contention, holds and loss.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-/// A snapshot of a [`Client`](crate::Client)'s counters since it was built; clones of a client
-/// share them.
+/// A snapshot of a [`Client`](crate::Client)'s counters and histograms since it was built;
+/// clones of a client share them.
 ///
 /// # Examples
 ///
@@ -13,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// guard.release().await?;
 /// let stats = client.stats();
 /// println!("{} grants, {} busy answers, {} lost", stats.grants, stats.busy, stats.lost);
+/// println!("p99 wait {:?}", stats.waits.quantile(0.99));
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,14 +32,128 @@ pub struct Stats {
     pub replicas_not_confirmed: u64,
     /// Replica acknowledgements counted by `WAIT`, summed over grants.
     pub replica_acks: u64,
-    /// Successful extensions.
+    /// Wake-ups of waiting `lock` calls by a release announced on the lock's channel.
+    pub wakeups: u64,
+    /// Successful extensions by [`LockGuard::extend`](crate::LockGuard::extend).
     pub extends: u64,
+    /// Locks renewed by the watchdog.
+    pub renewals: u64,
+    /// Script calls the watchdog made to renew them (one per node per batch).
+    pub renewal_calls: u64,
     /// Successful releases.
     pub releases: u64,
-    /// Extensions or releases that found the lock expired or held by another owner.
+    /// Holds found lost: an extension, release or renewal found the lock expired or held by
+    /// another owner.
     pub lost: u64,
     /// Times the main connection was rebuilt after repeated timeouts.
     pub connection_rebuilds: u64,
+    /// How long granted `lock`/`try_lock` calls took, from the call to the grant.
+    pub waits: Histogram,
+    /// How long locks were held, from the grant to the release.
+    pub holds: Histogram,
+}
+
+/// Number of buckets in a [`Histogram`].
+const BUCKETS: usize = 40;
+
+/// A histogram of durations in power-of-two buckets of microseconds: bucket `i` counts values
+/// below 2^i µs (and at least 2^(i-1) µs); the last bucket counts everything longer.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn show(stats: fencelock::Stats) {
+/// println!("{} holds, median {:?}", stats.holds.count(), stats.holds.quantile(0.5));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Histogram {
+    buckets: [u64; BUCKETS],
+    sum_micros: u64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Self {
+            buckets: [0; BUCKETS],
+            sum_micros: 0,
+        }
+    }
+}
+
+impl Histogram {
+    /// Values recorded.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+
+    /// The mean, or zero when empty.
+    pub fn mean(&self) -> Duration {
+        let count = self.count();
+        if count == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(self.sum_micros / count)
+    }
+
+    /// An upper bound for the `q` quantile (0.0..=1.0): the top of the bucket it falls in, so
+    /// at most twice the true value. Zero when empty.
+    pub fn quantile(&self, q: f64) -> Duration {
+        let count = self.count();
+        if count == 0 {
+            return Duration::ZERO;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * count as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Duration::from_micros(1u64 << i);
+            }
+        }
+        Duration::from_micros(1u64 << (BUCKETS - 1))
+    }
+
+    /// `(upper bound, count)` per non-empty bucket, shortest first.
+    pub fn buckets(&self) -> impl Iterator<Item = (Duration, u64)> + '_ {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| (Duration::from_micros(1u64 << i), *n))
+    }
+}
+
+/// The live histogram behind [`Histogram`].
+#[derive(Debug)]
+pub(crate) struct LiveHistogram {
+    buckets: [AtomicU64; BUCKETS],
+    sum_micros: AtomicU64,
+}
+
+impl Default for LiveHistogram {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LiveHistogram {
+    pub(crate) fn record(&self, value: Duration) {
+        let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
+        let bucket = (64 - micros.leading_zeros() as usize).min(BUCKETS - 1);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Histogram {
+        Histogram {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            sum_micros: self.sum_micros.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// The live counters behind [`Stats`].
@@ -49,10 +165,15 @@ pub(crate) struct Counters {
     pub(crate) acquire_errors: AtomicU64,
     pub(crate) replicas_not_confirmed: AtomicU64,
     pub(crate) replica_acks: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
     pub(crate) extends: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) renewal_calls: AtomicU64,
     pub(crate) releases: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) connection_rebuilds: AtomicU64,
+    pub(crate) waits: LiveHistogram,
+    pub(crate) holds: LiveHistogram,
 }
 
 impl Counters {
@@ -69,10 +190,35 @@ impl Counters {
             acquire_errors: get(&self.acquire_errors),
             replicas_not_confirmed: get(&self.replicas_not_confirmed),
             replica_acks: get(&self.replica_acks),
+            wakeups: get(&self.wakeups),
             extends: get(&self.extends),
+            renewals: get(&self.renewals),
+            renewal_calls: get(&self.renewal_calls),
             releases: get(&self.releases),
             lost: get(&self.lost),
             connection_rebuilds: get(&self.connection_rebuilds),
+            waits: self.waits.snapshot(),
+            holds: self.holds.snapshot(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_bound_the_values_within_a_factor_of_two() {
+        let live = LiveHistogram::default();
+        for ms in 1..=100 {
+            live.record(Duration::from_millis(ms));
+        }
+        let h = live.snapshot();
+        assert_eq!(h.count(), 100);
+        let p50 = h.quantile(0.5);
+        assert!(p50 >= Duration::from_millis(50) && p50 <= Duration::from_millis(100), "{p50:?}");
+        assert!(h.quantile(1.0) >= Duration::from_millis(100));
+        assert_eq!(h.mean(), Duration::from_micros(50_500));
+        assert_eq!(Histogram::default().quantile(0.9), Duration::ZERO);
     }
 }

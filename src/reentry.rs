@@ -1,0 +1,162 @@
+//! Re-entry: the owner of a lock takes it again through a handle derived from its guard.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::{self, parse_reply, Shared};
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::guard::{Grant, LockGuard, Watched};
+use crate::keys::LockKeys;
+use crate::options::validate_ttl;
+use crate::scripts::REENTER;
+
+/// A handle to take a held lock again under the same owner, made by
+/// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
+/// already holds it: it gets a guard of its own with the same fence token instead of waiting on
+/// itself.
+///
+/// Redis keeps the number of holds in the lock's hash, changed atomically by the scripts; the lock
+/// is freed when the last hold is released, whichever order the guards are released in. Each
+/// re-entry has an id of its own, so a request resent after a network error adds no second hold
+/// and a hold is never released twice.
+///
+/// Ownership is proven by the handle (which carries the owner token), not by the calling thread
+/// or task. A re-entry guard follows the first guard's watchdog when it has one; once the first
+/// guard is released, renewal stops and the remaining holds last until the lease ends.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+/// use fencelock::{LockOptions, Reentry};
+///
+/// async fn restock(lock: &Reentry) -> fencelock::Result<()> {
+///     let inner = lock.lock().await?; // same owner: granted at once, same fence
+///     // ... write under inner.fence() ...
+///     inner.release().await // the outer hold keeps the lock
+/// }
+///
+/// let outer = client.lock("stock:sku-1", &LockOptions::new()).await?;
+/// restock(&outer.reentry()).await?;
+/// outer.release().await?; // the last hold: the lock is free
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Reentry {
+    shared: Arc<Shared>,
+    keys: LockKeys,
+    owner: String,
+    fence: FenceToken,
+    ttl: Duration,
+    watched: Option<Watched>,
+}
+
+impl std::fmt::Debug for Reentry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reentry")
+            .field("name", &self.keys.name())
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reentry {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        keys: LockKeys,
+        owner: String,
+        fence: FenceToken,
+        watched: Option<Watched>,
+    ) -> Self {
+        Self {
+            shared,
+            keys,
+            owner,
+            fence,
+            ttl: Duration::from_secs(30),
+            watched,
+        }
+    }
+
+    /// The lease a re-entry asks for (default 30 s): the lock's lease is moved to at least now
+    /// plus this, never shortened.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The fence token every hold of this lock by this owner carries.
+    pub fn fence(&self) -> FenceToken {
+        self.fence
+    }
+
+    /// Takes the lock again: adds a hold and returns a guard with the same fence token. Does not
+    /// wait: the owner either holds the lock or has lost it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Expired`] or [`Error::NotOwner`] when the owner no longer holds the lock;
+    /// [`Error::InvalidOptions`] for a bad TTL; [`Error::Timeout`] or [`Error::Redis`] when
+    /// Redis does not answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, the hold it may have
+    /// added is released in the background.
+    pub async fn lock(&self) -> Result<LockGuard> {
+        validate_ttl(self.keys.name(), self.ttl)?;
+        let hold = uuid::Uuid::new_v4().simple().to_string();
+        let sent = Instant::now();
+        let ttl_ms = client::ttl_millis(self.ttl);
+        let in_flight = client::InFlight::arm(&self.shared, self.keys.lock_key(), &self.owner)
+            .with_hold(&hold);
+        let reply = self
+            .shared
+            .run_script(
+                self.keys.name(),
+                "reenter",
+                &REENTER,
+                &[self.keys.lock_key()],
+                &[&self.owner, &hold, &ttl_ms],
+            )
+            .await?;
+        in_flight.disarm();
+        let (code, fence, remaining) =
+            parse_reply::<(i64, i64, u64)>(self.keys.name(), "reenter", reply)?;
+        let name = self.keys.name().to_owned();
+        match code {
+            1 if u64::try_from(fence).ok() == Some(self.fence.get()) => {
+                tracing::debug!(lock = %name, fence = %self.fence, "re-entered");
+                let grant = Grant {
+                    keys: self.keys.clone(),
+                    owner: self.owner.clone(),
+                    hold,
+                    fence: self.fence,
+                    sent,
+                    ttl: Duration::from_millis(remaining),
+                    replicas_acked: None,
+                };
+                Ok(LockGuard::new(
+                    Arc::clone(&self.shared),
+                    grant,
+                    None,
+                    self.watched.clone(),
+                ))
+            }
+            0 => Err(Error::Expired { name }),
+            -1 => Err(Error::NotOwner { name }),
+            _ => Err(Error::UnexpectedReply {
+                name,
+                operation: "reenter",
+                detail: format!("status {code}, fence {fence}"),
+            }),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! Wake-ups on release: waiters subscribe to their lock's channel, the release script publishes
+//! to it, and the next waiter tries again at once instead of sleeping.
+//!
+//! A client keeps one subscription per channel however many tasks wait on it, on a connection of
+//! its own. One dispatcher task per client owns that connection and makes the subscriptions
+//! match the waiters, one command at a time, so a subscribe and an unsubscribe of the same
+//! channel can never overtake each other. It starts when the first waiter registers and stops,
+//! closing the connection, once no waiter is left.
+//!
+//! A channel is the lock key itself, so on a cluster it is a sharded channel in the lock's slot
+//! (`SSUBSCRIBE` / `SPUBLISH`), served by the lock's node. After a failover the server drops
+//! sharded subscriptions of the moved slots (it pushes `sunsubscribe`) and redis-rs forgets
+//! them; the dispatcher subscribes again and wakes the waiters, as it does when a connection
+//! drops. Waiting is always bounded by the lease the busy reply reported, so a lost message
+//! costs time, never correctness.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
+use tokio::sync::{oneshot, watch};
+
+use crate::client::Shared;
+use crate::conn::Subscriber;
+use crate::error::Error;
+
+/// The client's subscriptions and the waiters registered on them.
+#[derive(Default)]
+pub(crate) struct Wakeups {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    channels: HashMap<String, Channel>,
+    /// Commands to the dispatcher; `Some` while it runs.
+    dispatcher: Option<UnboundedSender<Command>>,
+    /// The server has no (sharded) pub/sub: waiters poll.
+    unsupported: bool,
+}
+
+struct Channel {
+    waiters: usize,
+    /// Bumped on every message on the channel, and when the subscription may have missed one.
+    rung: watch::Sender<u64>,
+}
+
+enum Command {
+    /// Make the subscription to `channel` match whether anyone waits on it; tell `done` whether
+    /// it is subscribed now.
+    Sync {
+        channel: String,
+        done: Option<oneshot::Sender<bool>>,
+    },
+    /// The server ended the subscription (failover, resharding).
+    Dropped(String),
+    /// A connection dropped: every subscription may be gone.
+    Disconnected,
+}
+
+/// A waiter's registration on its lock's channel; dropping it unregisters (and unsubscribes
+/// once no other waiter of this client needs the channel).
+pub(crate) struct Subscription {
+    shared: Arc<Shared>,
+    channel: String,
+    rung: watch::Receiver<u64>,
+    confirmed: Option<oneshot::Receiver<bool>>,
+}
+
+impl Wakeups {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a waiter on `channel`, starting the dispatcher if none runs. `None` when the
+    /// server cannot publish or when no runtime is at hand: the caller polls.
+    pub(crate) fn subscribe(shared: &Arc<Shared>, channel: &str) -> Option<Subscription> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let mut state = shared.wakeups.state();
+        if state.unsupported {
+            return None;
+        }
+        let entry = state
+            .channels
+            .entry(channel.to_owned())
+            .or_insert_with(|| Channel {
+                waiters: 0,
+                rung: watch::Sender::new(0),
+            });
+        entry.waiters += 1;
+        let rung = entry.rung.subscribe();
+        let (done, confirmed) = oneshot::channel();
+        let command = Command::Sync {
+            channel: channel.to_owned(),
+            done: Some(done),
+        };
+        let unsent = match &state.dispatcher {
+            Some(commands) => commands.send(command).err().map(|e| e.0),
+            None => Some(command),
+        };
+        if let Some(command) = unsent {
+            let (commands, queue) = mpsc::unbounded_channel();
+            let _ = commands.send(command);
+            let weak = commands.downgrade();
+            state.dispatcher = Some(commands);
+            runtime.spawn(dispatch(Arc::clone(shared), queue, weak));
+        }
+        drop(state);
+        Some(Subscription {
+            shared: Arc::clone(shared),
+            channel: channel.to_owned(),
+            rung,
+            confirmed: Some(confirmed),
+        })
+    }
+
+    /// Wakes every waiter on `channel`.
+    fn ring(&self, channel: &str) {
+        if let Some(entry) = self.state().channels.get(channel) {
+            entry.rung.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn ring_all(&self) {
+        for entry in self.state().channels.values() {
+            entry.rung.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn is_wanted(&self, channel: &str) -> bool {
+        self.state().channels.contains_key(channel)
+    }
+
+    /// The next queued command, or, when there is none and nobody waits, the dispatcher's
+    /// retirement. Both are decided under the lock every registration takes, so a waiter
+    /// registering now either finds the dispatcher's queue or starts a new dispatcher.
+    fn next_or_retire(&self, queue: &mut UnboundedReceiver<Command>) -> Next {
+        let mut state = self.state();
+        match queue.try_recv() {
+            Ok(command) => Next::Command(command),
+            Err(TryRecvError::Empty) if !state.channels.is_empty() => Next::Wait,
+            Err(_) => {
+                state.dispatcher = None;
+                Next::Retire
+            }
+        }
+    }
+}
+
+enum Next {
+    Command(Command),
+    Wait,
+    Retire,
+}
+
+impl Subscription {
+    /// Waits until the subscription is in place, for at most `limit`. False when it could not
+    /// be made: the caller then polls.
+    pub(crate) async fn ready(&mut self, limit: Duration) -> bool {
+        let Some(confirmed) = self.confirmed.take() else {
+            return true;
+        };
+        let subscribed = matches!(tokio::time::timeout(limit, confirmed).await, Ok(Ok(true)));
+        self.rung.borrow_and_update();
+        subscribed
+    }
+
+    /// Sleeps for `pause` or until the channel rings, whichever comes first; true when it
+    /// rang.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn wait(&mut self, pause: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + pause;
+        match tokio::time::timeout_at(deadline, self.rung.changed()).await {
+            Ok(Ok(())) => true,
+            Ok(Err(_)) => {
+                tokio::time::sleep_until(deadline).await;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut state = self.shared.wakeups.state();
+        let Some(entry) = state.channels.get_mut(&self.channel) else {
+            return;
+        };
+        entry.waiters -= 1;
+        if entry.waiters == 0 {
+            state.channels.remove(&self.channel);
+            if let Some(commands) = &state.dispatcher {
+                let _ = commands.send(Command::Sync {
+                    channel: std::mem::take(&mut self.channel),
+                    done: None,
+                });
+            }
+        }
+    }
+}
+
+/// The dispatcher: opens the subscriber connection, then serves commands until no waiter is
+/// left.
+async fn dispatch(
+    shared: Arc<Shared>,
+    mut queue: UnboundedReceiver<Command>,
+    commands: WeakUnboundedSender<Command>,
+) {
+    let wakeups = Arc::downgrade(&shared);
+    let push = move |push: PushInfo| {
+        on_push(&wakeups, &commands, push);
+        Ok::<(), std::convert::Infallible>(())
+    };
+    let opened = shared.lanes.endpoint().open_subscriber(push).await;
+    let mut conn = match opened {
+        Ok(conn) => conn,
+        Err(err) => {
+            tracing::debug!(error = %err, "no subscriber connection: waiters poll");
+            let mut state = shared.wakeups.state();
+            state.dispatcher = None;
+            drop(state);
+            // Queued confirmations are dropped with the queue: those waiters poll.
+            return;
+        }
+    };
+    let mut subscribed = HashSet::new();
+    loop {
+        let command = match shared.wakeups.next_or_retire(&mut queue) {
+            Next::Command(command) => command,
+            Next::Retire => return,
+            Next::Wait => match queue.recv().await {
+                Some(command) => command,
+                None => return,
+            },
+        };
+        match command {
+            Command::Sync { channel, done } => {
+                let now = sync(&shared, &mut conn, &mut subscribed, &channel).await;
+                if let Some(done) = done {
+                    let _ = done.send(now);
+                }
+            }
+            Command::Dropped(channel) => {
+                subscribed.remove(&channel);
+                shared.wakeups.ring(&channel);
+                sync(&shared, &mut conn, &mut subscribed, &channel).await;
+            }
+            Command::Disconnected => {
+                let channels: Vec<String> = subscribed.drain().collect();
+                shared.wakeups.ring_all();
+                for channel in channels {
+                    sync(&shared, &mut conn, &mut subscribed, &channel).await;
+                }
+            }
+        }
+    }
+}
+
+/// Subscribes to or unsubscribes from `channel` so that the subscription matches the waiters.
+/// Returns whether the channel is subscribed now.
+async fn sync(
+    shared: &Shared,
+    conn: &mut Subscriber,
+    subscribed: &mut HashSet<String>,
+    channel: &str,
+) -> bool {
+    let wanted = shared.wakeups.is_wanted(channel);
+    let limit = shared.request_timeout;
+    if wanted && !subscribed.contains(channel) {
+        match tokio::time::timeout(limit, conn.subscribe(channel)).await {
+            Ok(Ok(())) => {
+                subscribed.insert(channel.to_owned());
+                tracing::trace!(channel, "subscribed");
+            }
+            Ok(Err(err)) => {
+                // `ERR unknown command`: a server without (sharded) pub/sub.
+                if err.code() == Some("ERR") {
+                    shared.wakeups.state().unsupported = true;
+                }
+                let err = Error::Redis {
+                    name: channel.to_owned(),
+                    operation: "subscribe",
+                    source: err,
+                };
+                tracing::debug!(error = %err, "cannot subscribe: waiters poll");
+            }
+            Err(_) => tracing::debug!(channel, "subscribe timed out: waiters poll"),
+        }
+    } else if !wanted && subscribed.remove(channel) {
+        if let Ok(Err(err)) = tokio::time::timeout(limit, conn.unsubscribe(channel)).await {
+            tracing::debug!(channel, error = %err, "unsubscribe failed");
+        }
+    }
+    subscribed.contains(channel)
+}
+
+/// Runs inside the connection's driver for every push: must not block.
+fn on_push(shared: &Weak<Shared>, commands: &WeakUnboundedSender<Command>, push: PushInfo) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    let channel = || match push.data.first() {
+        Some(Value::BulkString(bytes)) => String::from_utf8(bytes.clone()).ok(),
+        _ => None,
+    };
+    let command = match push.kind {
+        PushKind::SMessage | PushKind::Message => {
+            if let Some(channel) = channel() {
+                shared.wakeups.ring(&channel);
+            }
+            return;
+        }
+        PushKind::SUnsubscribe | PushKind::Unsubscribe => match channel() {
+            Some(channel) => Command::Dropped(channel),
+            None => return,
+        },
+        PushKind::Disconnection => Command::Disconnected,
+        _ => return,
+    };
+    if let Some(commands) = commands.upgrade() {
+        let _ = commands.send(command);
+    }
+}
