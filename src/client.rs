@@ -645,7 +645,13 @@ impl Shared {
     pub(crate) async fn cluster_slots(&self) -> Result<Value> {
         let mut conn = self.connection();
         let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-        bounded("*", "cluster slots", self.request_timeout, cmd.query_async(&mut conn)).await
+        bounded(
+            "*",
+            "cluster slots",
+            self.request_timeout,
+            cmd.query_async(&mut conn),
+        )
+        .await
     }
 
     fn connection(&self) -> Connection {

@@ -202,7 +202,10 @@ impl Endpoint {
             }
             Topology::Standalone => {
                 let info = live[0].clone();
-                let settings = info.redis_settings().clone().set_protocol(ProtocolVersion::RESP3);
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(ProtocolVersion::RESP3);
                 let client = redis::Client::open(info.set_redis_settings(settings))
                     .map_err(|e| config_error(&self.nodes, e))?;
                 let config = AsyncConnectionConfig::new()
@@ -260,6 +263,17 @@ impl Subscriber {
         match self {
             Subscriber::Cluster(c) => c.ssubscribe(channel).await,
             Subscriber::Standalone(c) => c.subscribe(channel).await,
+        }
+    }
+
+    /// Makes the connection learn who serves `channel`'s slot now: a keyed command sent to a
+    /// former master answers `MOVED`, which refreshes the slot map. Without it a subscription
+    /// renewed after a failover can land on the demoted master, which as a replica accepts it
+    /// but (Redis 7.0) never receives the shard's messages.
+    pub(crate) async fn locate(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Subscriber::Cluster(c) => redis::cmd("EXISTS").arg(channel).query_async(c).await,
+            Subscriber::Standalone(_) => Ok(()),
         }
     }
 

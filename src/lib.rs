@@ -45,6 +45,6 @@ pub use fence::{FenceGate, FenceToken, InvalidFence, StaleFence};
 pub use guard::LockGuard;
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use options::{LockOptions, MAX_TTL, MAX_WAIT_TIMEOUT};
-pub use scripts::{lua_scripts, ScriptSource};
 pub use reentry::Reentry;
+pub use scripts::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};

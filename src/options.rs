@@ -189,7 +189,9 @@ impl LockOptions {
             }
         }
         if self.max_hold.is_some_and(|max| max.is_zero()) {
-            return invalid("max_hold is zero: leave it unset to renew for as long as the guard lives".into());
+            return invalid(
+                "max_hold is zero: leave it unset to renew for as long as the guard lives".into(),
+            );
         }
         if self.floor == Some(FenceToken::MAX) {
             return invalid(

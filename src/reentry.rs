@@ -115,8 +115,8 @@ impl Reentry {
         let hold = uuid::Uuid::new_v4().simple().to_string();
         let sent = Instant::now();
         let ttl_ms = client::ttl_millis(self.ttl);
-        let in_flight = client::InFlight::arm(&self.shared, self.keys.lock_key(), &self.owner)
-            .with_hold(&hold);
+        let in_flight =
+            client::InFlight::arm(&self.shared, self.keys.lock_key(), &self.owner).with_hold(&hold);
         let reply = self
             .shared
             .run_script(

@@ -72,13 +72,20 @@ pub struct ScriptSource {
 
 /// Every Lua script fencelock runs; their contracts are documented in `docs/design.md`.
 pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
-    [&*ACQUIRE, &*RELEASE, &*EXTEND, &*REENTER, &*RENEW, &*FENCED_SET]
-        .into_iter()
-        .map(|script| ScriptSource {
-            name: script.name,
-            sha1: &script.sha,
-            source: script.source,
-        })
+    [
+        &*ACQUIRE,
+        &*RELEASE,
+        &*EXTEND,
+        &*REENTER,
+        &*RENEW,
+        &*FENCED_SET,
+    ]
+    .into_iter()
+    .map(|script| ScriptSource {
+        name: script.name,
+        sha1: &script.sha,
+        source: script.source,
+    })
 }
 
 /// The prologue every lock script shares: the server's time and the lock's state.

@@ -216,7 +216,10 @@ mod tests {
         let h = live.snapshot();
         assert_eq!(h.count(), 100);
         let p50 = h.quantile(0.5);
-        assert!(p50 >= Duration::from_millis(50) && p50 <= Duration::from_millis(100), "{p50:?}");
+        assert!(
+            p50 >= Duration::from_millis(50) && p50 <= Duration::from_millis(100),
+            "{p50:?}"
+        );
         assert!(h.quantile(1.0) >= Duration::from_millis(100));
         assert_eq!(h.mean(), Duration::from_micros(50_500));
         assert_eq!(Histogram::default().quantile(0.9), Duration::ZERO);

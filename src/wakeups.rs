@@ -250,12 +250,18 @@ async fn dispatch(
             Command::Dropped(channel) => {
                 subscribed.remove(&channel);
                 shared.wakeups.ring(&channel);
+                if shared.wakeups.is_wanted(&channel) {
+                    let limit = shared.request_timeout;
+                    let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
+                }
                 sync(&shared, &mut conn, &mut subscribed, &channel).await;
             }
             Command::Disconnected => {
                 let channels: Vec<String> = subscribed.drain().collect();
                 shared.wakeups.ring_all();
                 for channel in channels {
+                    let limit = shared.request_timeout;
+                    let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
                     sync(&shared, &mut conn, &mut subscribed, &channel).await;
                 }
             }

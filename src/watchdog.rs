@@ -182,7 +182,8 @@ impl Watchdog {
             hold.ttl = ttl;
             hold.every = every;
             hold.renew_at = Instant::now() + every;
-            hold.lease.send_modify(|lease| lease.valid_until = valid_until);
+            hold.lease
+                .send_modify(|lease| lease.valid_until = valid_until);
         }
     }
 
@@ -197,7 +198,11 @@ impl Watchdog {
             if hold.in_flight {
                 continue;
             }
-            let window = if hold.early { hold.every / 2 } else { Duration::ZERO };
+            let window = if hold.early {
+                hold.every / 2
+            } else {
+                Duration::ZERO
+            };
             if hold.renew_at > now + window {
                 next = Some(next.map_or(hold.renew_at, |n| n.min(hold.renew_at)));
                 continue;
@@ -246,7 +251,8 @@ impl Watchdog {
                     hold.early = true;
                     hold.in_flight = false;
                     let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
-                    hold.lease.send_modify(|lease| lease.valid_until = valid_until);
+                    hold.lease
+                        .send_modify(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     continue;
                 }
@@ -370,7 +376,11 @@ async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> bool {
             true
         }
         Ok(codes) => {
-            tracing::warn!(sent = due.len(), answered = codes.len(), "renewal reply of the wrong length");
+            tracing::warn!(
+                sent = due.len(),
+                answered = codes.len(),
+                "renewal reply of the wrong length"
+            );
             false
         }
         Err(err) => {
@@ -420,7 +430,9 @@ fn parse_slots(reply: &Value) -> Vec<u16> {
         return Vec::new();
     };
     for range in ranges {
-        let Value::Array(fields) = range else { continue };
+        let Value::Array(fields) = range else {
+            continue;
+        };
         let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
             (fields.first(), fields.get(1), fields.get(2))
         else {

@@ -1,0 +1,254 @@
+//! Waiting with wake-ups on a real cluster: release announcements, one subscription per lock
+//! per client, cancel safety, re-subscription after failover.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Cluster, Node, Standalone};
+use fencelock::{Client, LockOptions};
+
+/// Polls `condition` every 5 ms until it holds, panicking after `limit`.
+async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Subscribers of the sharded channel `channel` on `node`.
+fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
+    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
+    reply
+        .get(1)
+        .map(|v| redis::from_redis_value(v.clone()).unwrap())
+        .unwrap_or(0)
+}
+
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_share_one_subscription_and_wake_on_release() {
+    let cluster = Cluster::start();
+    let holder = Client::connect(cluster.urls()).await.unwrap();
+    let waiters = Client::connect(cluster.urls()).await.unwrap();
+    let name = "wake:one";
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20));
+    let keys = holder.keys(name, &long).unwrap();
+    let master = cluster.master_of_slot(keys.slot());
+
+    let first = holder.lock(name, &long).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let (client, options) = (waiters.clone(), long.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = client.lock(name, &options).await.unwrap();
+            let fence = guard.fence();
+            guard.release().await.unwrap();
+            fence
+        }));
+    }
+    eventually("the waiters' subscription", Duration::from_secs(5), || {
+        sharded_subscribers(master, keys.lock_key()) == 1
+    })
+    .await;
+    eventually("all five waiting", Duration::from_secs(5), || {
+        waiters.stats().busy >= 5
+    })
+    .await;
+    assert_eq!(
+        sharded_subscribers(master, keys.lock_key()),
+        1,
+        "five waiters of one client share one subscription"
+    );
+
+    let released = Instant::now();
+    let first_fence = first.fence();
+    first.release().await.unwrap();
+    let mut fences = Vec::new();
+    for task in tasks {
+        fences.push(task.await.unwrap());
+    }
+    let all_done = released.elapsed();
+    assert!(
+        all_done < Duration::from_secs(2),
+        "five handoffs took {all_done:?}: waiters slept instead of waking (lease was 30 s)"
+    );
+    fences.sort();
+    fences.dedup();
+    assert_eq!(fences.len(), 5);
+    assert!(fences[0] > first_fence);
+    let stats = waiters.stats();
+    assert!(stats.wakeups >= 5, "{stats:?}");
+    assert_eq!(stats.grants, 5);
+    assert_eq!(stats.waits.count(), 5);
+
+    eventually("the subscription to end", Duration::from_secs(5), || {
+        sharded_subscribers(master, keys.lock_key()) == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_waiter_leaves_no_lock_subscription_or_task() {
+    let cluster = Cluster::start();
+    let holder = Client::connect(cluster.urls()).await.unwrap();
+    let waiter = Client::connect(cluster.urls()).await.unwrap();
+    let name = "wake:cancel";
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20));
+    let keys = holder.keys(name, &options).unwrap();
+    let master = cluster.master_of_slot(keys.slot());
+    let first = holder.lock(name, &options).await.unwrap();
+
+    // A first wait, to open every connection the client keeps for good.
+    let warm_up = waiter
+        .lock(name, &options.clone().timeout(Duration::from_millis(50)))
+        .await;
+    assert!(warm_up.unwrap_err().is_busy());
+    eventually(
+        "the warm-up subscription to end",
+        Duration::from_secs(5),
+        || sharded_subscribers(master, keys.lock_key()) == 0,
+    )
+    .await;
+    let baseline = alive_tasks();
+
+    for _ in 0..3 {
+        let waiting = {
+            let (client, options) = (waiter.clone(), options.clone());
+            tokio::spawn(async move { client.lock(name, &options).await })
+        };
+        eventually("the waiter to subscribe", Duration::from_secs(5), || {
+            sharded_subscribers(master, keys.lock_key()) == 1
+        })
+        .await;
+        waiting.abort();
+        assert!(waiting.await.unwrap_err().is_cancelled());
+        eventually("the subscription to end", Duration::from_secs(5), || {
+            sharded_subscribers(master, keys.lock_key()) == 0
+        })
+        .await;
+        eventually("the dispatcher task to end", Duration::from_secs(5), || {
+            alive_tasks() <= baseline
+        })
+        .await;
+    }
+
+    // Cancelled at every point of an acquire against a free lock: nothing stays held.
+    first.release().await.unwrap();
+    for delay_us in [0u64, 50, 100, 200, 400, 800, 1600] {
+        let attempt = waiter.lock(name, &options);
+        let _ = tokio::time::timeout(Duration::from_micros(delay_us), attempt).await;
+        eventually("no holder left behind", Duration::from_secs(5), || {
+            !master.held(keys.lock_key())
+        })
+        .await;
+    }
+    eventually(
+        "every background release to finish",
+        Duration::from_secs(5),
+        || alive_tasks() <= baseline,
+    )
+    .await;
+    let guard = holder.try_lock(name, &options).await.unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
+    let cluster = Cluster::start();
+    let holder = Client::connect(cluster.urls()).await.unwrap();
+    let waiter = Client::connect(cluster.urls()).await.unwrap();
+    let name = "wake:failover";
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(25));
+    let keys = holder.keys(name, &options).unwrap();
+    let old_master = cluster.master_of_slot(keys.slot()).port;
+    let replica = cluster.replica_of(old_master).port;
+    let first = holder.lock(name, &options).await.unwrap();
+
+    let waiting = {
+        let (client, options) = (waiter.clone(), options.clone());
+        tokio::spawn(async move {
+            let guard = client.lock(name, &options).await.unwrap();
+            let fence = guard.fence();
+            guard.release().await.unwrap();
+            fence
+        })
+    };
+    eventually("the waiter to subscribe", Duration::from_secs(5), || {
+        sharded_subscribers(cluster.node(old_master), keys.lock_key()) == 1
+    })
+    .await;
+
+    // A manual failover waits for the replica to catch up, so the hold survives it; the old
+    // master drops the slot's sharded subscribers (it pushes `sunsubscribe`), and the client
+    // subscribes again on the new master (a subscription on the demoted master would never
+    // see the shard's messages).
+    cluster.promote(replica, "", keys.slot(), &[]);
+    eventually("the re-subscription", Duration::from_secs(10), || {
+        sharded_subscribers(cluster.node(replica), keys.lock_key()) == 1
+    })
+    .await;
+    assert_eq!(
+        sharded_subscribers(cluster.node(old_master), keys.lock_key()),
+        0
+    );
+    assert!(
+        waiter.stats().wakeups >= 1,
+        "the unsubscription woke the waiter"
+    );
+
+    let released = Instant::now();
+    let first_fence = first.fence();
+    first.release().await.unwrap();
+    let fence = waiting.await.unwrap();
+    let handoff = released.elapsed();
+    assert!(fence > first_fence);
+    assert!(
+        handoff < Duration::from_secs(2),
+        "the handoff after failover took {handoff:?}: the waiter was not woken (lease 30 s)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standalone_waiters_wake_on_release_too() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20));
+    let first = client.lock("wake:standalone", &options).await.unwrap();
+    let started = Arc::new(Instant::now());
+    let waiting = {
+        let (client, options) = (client.clone(), options.clone());
+        tokio::spawn(async move { client.lock("wake:standalone", &options).await })
+    };
+    eventually("the waiter to subscribe", Duration::from_secs(5), || {
+        let n: Vec<redis::Value> = server.node.cmd(
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("fencelock:{wake:standalone}:lock"),
+        );
+        n.get(1)
+            .map(|v| redis::from_redis_value::<i64>(v.clone()).unwrap())
+            == Some(1)
+    })
+    .await;
+    first.release().await.unwrap();
+    let second = waiting.await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(client.stats().wakeups >= 1);
+    second.release().await.unwrap();
+}
