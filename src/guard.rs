@@ -224,17 +224,16 @@ impl LockGuard {
                     return ended.into_error(name, watched.max_hold);
                 }
             }
-            tokio::select! {
-                changed = lease.changed() => {
-                    if changed.is_err() {
-                        tokio::time::sleep_until(now.valid_until).await;
-                        return Error::LeaseUnconfirmed { name: name.to_owned() };
-                    }
-                }
-                () = tokio::time::sleep_until(now.valid_until) => {
-                    let ended = lease.borrow().ended.unwrap_or(Ended::Unconfirmed);
-                    return ended.into_error(name, watched.max_hold);
-                }
+            let changed = tokio::select! {
+                changed = lease.changed() => changed.is_ok(),
+                () = tokio::time::sleep_until(now.valid_until) => false,
+            };
+            if !changed {
+                // The lease ran out, or the watchdog let go of the hold (its last word stands).
+                let last = lease.borrow().clone();
+                tokio::time::sleep_until(last.valid_until).await;
+                let ended = last.ended.unwrap_or(Ended::Unconfirmed);
+                return ended.into_error(name, watched.max_hold);
             }
         }
     }

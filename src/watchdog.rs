@@ -187,10 +187,27 @@ impl Watchdog {
         }
     }
 
-    /// The holds due within half their period, with the TTL to renew them with; holds past
-    /// their maximum hold time are ended instead. Returns the batch and when the next is due.
+    /// When a hold is due (its renewal time has come), the holds due within half their
+    /// period, with the TTL to renew them with; holds past their maximum hold time are ended
+    /// instead. Returns the batch and when the next renewal is due.
+    ///
+    /// Renewing early only together with a hold that is due makes the holds fall into step:
+    /// after a period or two, all holds of a client are renewed by one batch per period.
     fn take_due(&self, now: Instant) -> (Vec<Due>, Option<Instant>) {
         let mut state = self.state();
+        let earliest = state
+            .holds
+            .values()
+            .filter(|hold| !hold.in_flight)
+            .map(|hold| hold.renew_at)
+            .min();
+        match earliest {
+            Some(at) if at <= now => {}
+            other => {
+                state.next_wake = other;
+                return (Vec::new(), other);
+            }
+        }
         let mut due = Vec::new();
         let mut ended = Vec::new();
         let mut next: Option<Instant> = None;
@@ -246,6 +263,14 @@ impl Watchdog {
                 continue;
             };
             let why = match code {
+                1 if lock.ttl < hold.ttl => {
+                    // Cut short by the maximum hold time: the last renewal.
+                    let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
+                    hold.lease
+                        .send_modify(|lease| lease.valid_until = valid_until);
+                    Counters::add(&counters.renewals, 1);
+                    Ended::MaxHold
+                }
                 1 => {
                     hold.renew_at = sent + hold.every;
                     hold.early = true;
@@ -260,7 +285,9 @@ impl Watchdog {
                 _ => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {
-                Counters::add(&counters.lost, 1);
+                if why != Ended::MaxHold {
+                    Counters::add(&counters.lost, 1);
+                }
                 end(&hold, why);
             }
         }
@@ -292,7 +319,11 @@ impl Watchdog {
 }
 
 fn end(hold: &Hold, why: Ended) {
-    tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+    if why == Ended::MaxHold {
+        tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
+    } else {
+        tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+    }
     hold.lease.send_modify(|lease| lease.ended = Some(why));
 }
 
