@@ -216,3 +216,73 @@ fn exec_works_on_a_cluster_with_replica_confirmation() {
         .unwrap();
     assert!(token > 0);
 }
+
+#[test]
+fn exec_contenders_wake_on_release_and_max_hold_stops_the_command() {
+    let server = Standalone::start();
+    // Three contenders with a 30 s TTL: each waits for the previous release, not for its lease.
+    let started = Instant::now();
+    let contenders: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_fencelock"))
+                .args(["--url", &server.url(), "exec", "--ttl", "30s", "contended"])
+                .args(["--", "sh", "-c", "sleep 0.2; echo $FENCELOCK_TOKEN"])
+                .output_async()
+        })
+        .collect();
+    let mut tokens: Vec<u64> = contenders
+        .into_iter()
+        .map(|c| {
+            let output = c.wait_with_output().unwrap();
+            assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+            String::from_utf8(output.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "three 0.2 s holds took {took:?}: waiters slept out the 30 s lease"
+    );
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3);
+
+    let output = fencelock(
+        &server.url(),
+        &[
+            "exec",
+            "--ttl",
+            "300ms",
+            "--max-hold",
+            "700ms",
+            "capped",
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("maximum hold time"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// Spawning a command with captured output without waiting for it.
+trait OutputAsync {
+    fn output_async(&mut self) -> std::process::Child;
+}
+
+impl OutputAsync for Command {
+    fn output_async(&mut self) -> std::process::Child {
+        self.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}

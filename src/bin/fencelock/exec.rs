@@ -2,7 +2,7 @@
 //! lock is lost.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Args;
 use fencelock::{Client, FenceMode, LockGuard, LockOptions};
@@ -14,10 +14,15 @@ use crate::{code, duration_arg, fail, PlacementArgs};
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Lock TTL; the lock is extended every TTL/3 while CMD runs.
+    /// Lock TTL; the watchdog renews the lock every TTL/3 while CMD runs, so the TTL only
+    /// bounds how long a crashed holder blocks others.
     #[arg(long, default_value = "10s", value_parser = duration_arg)]
     ttl: Duration,
-    /// How long to wait for the lock; 0 makes one attempt.
+    /// Stop renewing after this long: the lock is then lost and CMD terminated (exit 70).
+    #[arg(long, value_parser = duration_arg)]
+    max_hold: Option<Duration>,
+    /// How long to wait for the lock (woken at once when the holder releases); 0 makes one
+    /// attempt.
     #[arg(long, default_value = "30s", value_parser = duration_arg)]
     timeout: Duration,
     /// Replicas that must confirm the acquisition (Redis WAIT).
@@ -66,7 +71,11 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
     let mut options = LockOptions::new()
         .ttl(args.ttl)
         .timeout(args.timeout)
-        .placement(args.placement.placement());
+        .placement(args.placement.placement())
+        .watchdog(true);
+    if let Some(max_hold) = args.max_hold {
+        options = options.max_hold(max_hold);
+    }
     if let Some(replicas) = args.wait_replicas {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
@@ -77,7 +86,7 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
         Ok(client) => client,
         Err(err) => return fail(&err),
     };
-    let mut guard = match client.lock(&args.name, &options).await {
+    let guard = match client.lock(&args.name, &options).await {
         Ok(guard) => guard,
         Err(err) => return fail(&err),
     };
@@ -98,7 +107,7 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
             return ExitCode::from(127);
         }
     };
-    let outcome = supervise(&mut child, &mut guard, args.ttl).await;
+    let outcome = supervise(&mut child, &guard).await;
     match outcome {
         Supervised::Exited(status) => {
             if let Err(err) = guard.release().await {
@@ -125,8 +134,8 @@ enum Supervised {
     Lost(String),
 }
 
-/// Waits for the child while extending the lock every ttl/3; forwards SIGINT and SIGTERM.
-async fn supervise(child: &mut Child, guard: &mut LockGuard, ttl: Duration) -> Supervised {
+/// Waits for the child while the watchdog renews the lock; forwards SIGINT and SIGTERM.
+async fn supervise(child: &mut Child, guard: &LockGuard) -> Supervised {
     let (mut interrupt, mut terminate) = match (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
@@ -134,8 +143,8 @@ async fn supervise(child: &mut Child, guard: &mut LockGuard, ttl: Duration) -> S
         (Ok(i), Ok(t)) => (Some(i), Some(t)),
         _ => (None, None),
     };
-    let period = (ttl / 3).max(Duration::from_millis(1));
-    let mut next_extend = Instant::now() + period;
+    let lost = guard.lost();
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -146,20 +155,7 @@ async fn supervise(child: &mut Child, guard: &mut LockGuard, ttl: Duration) -> S
             }
             Some(()) = recv(&mut interrupt) => forward(child, libc::SIGINT),
             Some(()) = recv(&mut terminate) => forward(child, libc::SIGTERM),
-            () = tokio::time::sleep_until(next_extend.into()) => {
-                match guard.extend(ttl).await {
-                    Ok(_) => next_extend = Instant::now() + period,
-                    Err(err) if err.is_lock_lost() => return Supervised::Lost(err.to_string()),
-                    Err(err) => {
-                        if !guard.is_valid() {
-                            return Supervised::Lost(format!("could not renew before the lease ran out ({err})"));
-                        }
-                        // Try again soon, but not after the lease runs out.
-                        let left = guard.valid_until().saturating_duration_since(Instant::now());
-                        next_extend = Instant::now() + (period / 4).min(left / 2);
-                    }
-                }
-            }
+            err = &mut lost => return Supervised::Lost(err.to_string()),
         }
     }
 }

@@ -44,8 +44,8 @@ const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquire
 enum Command {
     /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME.
     Exec(exec::ExecArgs),
-    /// Print the Lua source of one of fencelock's scripts (acquire, release, extend,
-    /// fenced_set), e.g. to `SCRIPT LOAD` it or benchmark it.
+    /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
+    /// renew, fenced_set), e.g. to `SCRIPT LOAD` it or benchmark it.
     Script {
         /// Script name.
         name: String,
