@@ -76,6 +76,7 @@ pub struct ClientBuilder {
     retries: u32,
     fence_mode: FenceMode,
     wait_lanes: usize,
+    wake_on_release: bool,
 }
 
 impl ClientBuilder {
@@ -114,6 +115,13 @@ impl ClientBuilder {
     /// own (default 4).
     pub fn wait_lanes(mut self, lanes: usize) -> Self {
         self.wait_lanes = lanes;
+        self
+    }
+
+    /// Whether waiting `lock` calls subscribe to the lock's channel and try again as soon as
+    /// the holder releases (default true). Off, they poll with jittered backoff (5 to 50 ms).
+    pub fn wake_on_release(mut self, on: bool) -> Self {
+        self.wake_on_release = on;
         self
     }
 
@@ -160,7 +168,7 @@ impl ClientBuilder {
                     Topology::Cluster => "s",
                     Topology::Standalone => "p",
                 },
-                wakeups: Wakeups::default(),
+                wakeups: Wakeups::new(self.wake_on_release),
                 watchdog: Watchdog::default(),
                 conn: RwLock::new(conn),
                 failures: AtomicU32::new(0),
@@ -249,6 +257,7 @@ impl Client {
             retries: 3,
             fence_mode: FenceMode::Clock,
             wait_lanes: 4,
+            wake_on_release: true,
         }
     }
 

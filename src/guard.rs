@@ -4,8 +4,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
 use crate::client::{self, Shared};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
@@ -14,7 +12,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::reentry::Reentry;
 use crate::scripts::{EXTEND, RELEASE};
 use crate::stats::Counters;
-use crate::watchdog::{Ended, Lease, Watch, Watchdog};
+use crate::watchdog::{Ended, SharedLease, Watch, Watchdog};
 
 /// Proof of holding a lock, with the fence token to present to storage.
 ///
@@ -55,7 +53,7 @@ pub struct LockGuard {
 pub(crate) struct Watched {
     /// The watchdog's id for the hold; `None` for a re-entry riding on another guard's watch.
     id: Option<u64>,
-    pub(crate) lease: watch::Receiver<Lease>,
+    pub(crate) lease: SharedLease,
     /// The renewal period the caller chose, if any.
     every: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
@@ -167,7 +165,7 @@ impl LockGuard {
     /// lock. With the watchdog on, it moves forward with every renewal.
     pub fn valid_until(&self) -> Instant {
         match &self.watched {
-            Some(watched) => watched.lease.borrow().valid_until.into_std(),
+            Some(watched) => watched.lease.get().valid_until.into_std(),
             None => self.valid_until,
         }
     }
@@ -178,7 +176,7 @@ impl LockGuard {
         let ended = self
             .watched
             .as_ref()
-            .is_some_and(|w| w.lease.borrow().ended.is_some());
+            .is_some_and(|w| w.lease.get().ended.is_some());
         !ended && Instant::now() < self.valid_until()
     }
 
@@ -216,24 +214,23 @@ impl LockGuard {
                 name: name.to_owned(),
             };
         };
-        let mut lease = watched.lease.clone();
         loop {
-            let now = lease.borrow_and_update().clone();
-            if let Some(ended) = now.ended {
-                if ended != Ended::MaxHold || tokio::time::Instant::now() >= now.valid_until {
-                    return ended.into_error(name, watched.max_hold);
+            let ended = self.shared.watchdog.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let lease = watched.lease.get();
+            let now = tokio::time::Instant::now();
+            match lease.ended {
+                Some(Ended::MaxHold) if now < lease.valid_until => {}
+                Some(why) => return why.into_error(name, watched.max_hold),
+                None if now >= lease.valid_until => {
+                    return Ended::Unconfirmed.into_error(name, watched.max_hold)
                 }
+                None => {}
             }
-            let changed = tokio::select! {
-                changed = lease.changed() => changed.is_ok(),
-                () = tokio::time::sleep_until(now.valid_until) => false,
-            };
-            if !changed {
-                // The lease ran out, or the watchdog let go of the hold (its last word stands).
-                let last = lease.borrow().clone();
-                tokio::time::sleep_until(last.valid_until).await;
-                let ended = last.ended.unwrap_or(Ended::Unconfirmed);
-                return ended.into_error(name, watched.max_hold);
+            tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep_until(lease.valid_until) => {}
             }
         }
     }

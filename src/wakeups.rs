@@ -28,7 +28,6 @@ use crate::conn::Subscriber;
 use crate::error::Error;
 
 /// The client's subscriptions and the waiters registered on them.
-#[derive(Default)]
 pub(crate) struct Wakeups {
     state: Mutex<State>,
 }
@@ -38,7 +37,7 @@ struct State {
     channels: HashMap<String, Channel>,
     /// Commands to the dispatcher; `Some` while it runs.
     dispatcher: Option<UnboundedSender<Command>>,
-    /// The server has no (sharded) pub/sub: waiters poll.
+    /// The server has no (sharded) pub/sub, or wake-ups are off: waiters poll.
     unsupported: bool,
 }
 
@@ -71,6 +70,16 @@ pub(crate) struct Subscription {
 }
 
 impl Wakeups {
+    /// `enabled` false makes every waiter poll.
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self {
+            state: Mutex::new(State {
+                unsupported: !enabled,
+                ..State::default()
+            }),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }

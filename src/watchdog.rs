@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::Value;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::client::{parse_reply, Shared};
@@ -38,6 +38,30 @@ pub(crate) struct Lease {
     pub(crate) valid_until: Instant,
     /// Set when the hold ended: Redis said so, or renewal stopped.
     pub(crate) ended: Option<Ended>,
+}
+
+/// A hold's [`Lease`], shared by the watchdog and the guard: a few dozen bytes, where a
+/// `tokio::sync::watch` channel would take several hundred per held lock. Guards waiting in
+/// `lost()` are woken through [`Watchdog::ended`] when a hold ends, and otherwise look again
+/// when the lease they saw runs out.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedLease(Arc<Mutex<Lease>>);
+
+impl SharedLease {
+    fn new(lease: Lease) -> Self {
+        Self(Arc::new(Mutex::new(lease)))
+    }
+
+    pub(crate) fn get(&self) -> Lease {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Lease)) {
+        change(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
+    }
 }
 
 /// Why the watchdog stopped renewing a hold.
@@ -73,6 +97,8 @@ impl Ended {
 pub(crate) struct Watchdog {
     state: Mutex<State>,
     wake: Notify,
+    /// Notified (all waiters) whenever a hold ends.
+    pub(crate) ended: Notify,
 }
 
 #[derive(Default)]
@@ -97,7 +123,7 @@ struct Hold {
     early: bool,
     /// A renewal call for it is under way.
     in_flight: bool,
-    lease: watch::Sender<Lease>,
+    lease: SharedLease,
 }
 
 /// What a guard needs to register its hold.
@@ -128,15 +154,13 @@ impl Watchdog {
 
     /// Starts renewing a hold; returns its id and the lease the guard follows. `None` without
     /// a Tokio runtime.
-    pub(crate) fn watch(
-        shared: &Arc<Shared>,
-        hold: Watch<'_>,
-    ) -> Option<(u64, watch::Receiver<Lease>)> {
+    pub(crate) fn watch(shared: &Arc<Shared>, hold: Watch<'_>) -> Option<(u64, SharedLease)> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let (lease, receiver) = watch::channel(Lease {
+        let lease = SharedLease::new(Lease {
             valid_until: hold.valid_until,
             ended: None,
         });
+        let receiver = lease.clone();
         let renew_at = Instant::now() + hold.every;
         let watchdog = &shared.watchdog;
         let mut state = watchdog.state();
@@ -182,8 +206,7 @@ impl Watchdog {
             hold.ttl = ttl;
             hold.every = every;
             hold.renew_at = Instant::now() + every;
-            hold.lease
-                .send_modify(|lease| lease.valid_until = valid_until);
+            hold.lease.update(|lease| lease.valid_until = valid_until);
         }
     }
 
@@ -232,7 +255,7 @@ impl Watchdog {
                 Some(until) => hold.ttl.min(until - now),
                 None => hold.ttl,
             };
-            if hold.lease.borrow().valid_until <= now {
+            if hold.lease.get().valid_until <= now {
                 ended.push((id, Ended::Unconfirmed));
                 continue;
             }
@@ -248,7 +271,7 @@ impl Watchdog {
         }
         for (id, why) in ended {
             if let Some(hold) = state.holds.remove(&id) {
-                end(&hold, why);
+                self.end(&hold, why);
             }
         }
         state.next_wake = next;
@@ -266,8 +289,7 @@ impl Watchdog {
                 1 if lock.ttl < hold.ttl => {
                     // Cut short by the maximum hold time: the last renewal.
                     let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
-                    hold.lease
-                        .send_modify(|lease| lease.valid_until = valid_until);
+                    hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     Ended::MaxHold
                 }
@@ -276,8 +298,7 @@ impl Watchdog {
                     hold.early = true;
                     hold.in_flight = false;
                     let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
-                    hold.lease
-                        .send_modify(|lease| lease.valid_until = valid_until);
+                    hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     continue;
                 }
@@ -288,7 +309,7 @@ impl Watchdog {
                 if why != Ended::MaxHold {
                     Counters::add(&counters.lost, 1);
                 }
-                end(&hold, why);
+                self.end(&hold, why);
             }
         }
     }
@@ -316,15 +337,16 @@ impl Watchdog {
         }
         false
     }
-}
 
-fn end(hold: &Hold, why: Ended) {
-    if why == Ended::MaxHold {
-        tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
-    } else {
-        tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+    fn end(&self, hold: &Hold, why: Ended) {
+        if why == Ended::MaxHold {
+            tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
+        } else {
+            tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+        }
+        hold.lease.update(|lease| lease.ended = Some(why));
+        self.ended.notify_waiters();
     }
-    hold.lease.send_modify(|lease| lease.ended = Some(why));
 }
 
 /// The watchdog task of one client. Renewal calls run as child tasks so that a node that
