@@ -237,6 +237,8 @@ pub(crate) struct Shared {
 }
 
 /// Outcome of one acquisition attempt.
+// Lives for one call on the stack; boxing the guard would add an allocation per grant.
+#[allow(clippy::large_enum_variant)]
 enum Attempt {
     Granted(LockGuard),
     Busy { retry_after: Duration },
