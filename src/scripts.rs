@@ -165,7 +165,9 @@ return {1, fence}
 ///   the lock key itself, so it lives in the lock's slot.
 ///
 /// Replies: `1` released (or one hold of several released); `0` no live lease (expired); `-1`
-/// held by another owner (left alone). Releasing the same hold twice answers `1` both times.
+/// held by another owner (left alone). Releasing the same hold twice answers `1` both times and
+/// counts once; releasing a hold that was never added (a re-entry cancelled before it reached
+/// Redis) answers `1` and changes nothing.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "release",
@@ -178,9 +180,9 @@ if not live then
   clear()
   return 0
 end
-if lock[4] then
-  local holds = tonumber(lock[4])
-  if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 1 then holds = holds - 1 end
+if lock[4] or ARGV[2] ~= '' then
+  if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return 1 end
+  local holds = tonumber(lock[4] or 1) - 1
   if holds > 0 then
     redis.call('HSET', KEYS[1], 'holds', holds)
     return 1

@@ -233,6 +233,26 @@ async fn reentry_shares_the_fence_and_frees_on_the_last_release() {
         Err(Error::Expired { .. })
     ));
 
+    // The release of a re-entry that never reached Redis (cancelled) leaves the lock alone.
+    let outer = owner.lock(name, &options).await.unwrap();
+    let node = cluster.master_of_slot(outer.keys().slot());
+    let token: String = node.cmd(redis::cmd("HGET").arg(outer.keys().lock_key()).arg("owner"));
+    let release = fencelock::lua_scripts()
+        .find(|s| s.name == "release")
+        .unwrap();
+    let code: i64 = node.cmd(
+        redis::cmd("EVAL")
+            .arg(release.source)
+            .arg(1)
+            .arg(outer.keys().lock_key())
+            .arg(&token)
+            .arg("a-hold-never-added")
+            .arg(""),
+    );
+    assert_eq!(code, 1);
+    assert!(other.try_lock(name, &options).await.unwrap_err().is_busy());
+    outer.release().await.unwrap();
+
     // A dropped inner guard gives its hold back in the background.
     let outer = owner.lock(name, &options).await.unwrap();
     drop(outer.reentry().lock().await.unwrap());
