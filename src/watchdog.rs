@@ -105,7 +105,8 @@ pub(crate) struct Watchdog {
 struct State {
     holds: HashMap<u64, Hold>,
     next_id: u64,
-    running: bool,
+    /// The task, while it runs (a finished handle means it ended, e.g. with its runtime).
+    task: Option<tokio::task::JoinHandle<()>>,
     /// When the task sleeps until; a hold due earlier wakes it.
     next_wake: Option<Instant>,
 }
@@ -181,9 +182,8 @@ impl Watchdog {
                 lease,
             },
         );
-        if !state.running {
-            state.running = true;
-            runtime.spawn(run(Arc::clone(shared)));
+        if state.task.as_ref().is_none_or(|task| task.is_finished()) {
+            state.task = Some(runtime.spawn(run(Arc::clone(shared))));
         } else if state.next_wake.is_none_or(|wake| renew_at < wake) {
             watchdog.wake.notify_one();
         }
@@ -331,7 +331,7 @@ impl Watchdog {
     fn retire_if_idle(&self) -> bool {
         let mut state = self.state();
         if state.holds.is_empty() {
-            state.running = false;
+            state.task = None;
             state.next_wake = None;
             return true;
         }
