@@ -150,15 +150,14 @@ impl Endpoint {
     /// Opens the connection all lock traffic but WAIT uses, seeded only with nodes that just
     /// answered: redis-rs waits for every seed, and a paused one would stall it.
     async fn connect_through(&self, live: &[ConnectionInfo]) -> Result<Connection> {
-        let deadline = self.timeouts.connect + self.timeouts.response;
-        let opened = match self.topology {
+        match self.topology {
             Topology::Cluster => {
                 let client = cluster_builder(live, self.timeouts, self.retries)
                     .build()
                     .map_err(|e| config_error(&self.nodes, e))?;
-                tokio::time::timeout(deadline, client.get_async_connection())
+                self.within(client.get_async_connection())
                     .await
-                    .map(|r| r.map(Connection::Cluster))
+                    .map(Connection::Cluster)
             }
             Topology::Standalone => {
                 let client = redis::Client::open(live[0].clone())
@@ -168,12 +167,21 @@ impl Endpoint {
                     .set_response_timeout(Some(self.timeouts.response))
                     .set_number_of_retries(self.retries as usize)
                     .set_max_delay(Duration::from_millis(500));
-                tokio::time::timeout(deadline, client.get_connection_manager_with_config(config))
+                self.within(client.get_connection_manager_with_config(config))
                     .await
-                    .map(|r| r.map(Connection::Managed))
+                    .map(Connection::Managed)
             }
-        };
-        match opened {
+        }
+    }
+
+    /// Bounds opening a connection by the connect and response timeouts, naming the nodes in
+    /// the error.
+    async fn within<T>(
+        &self,
+        open: impl std::future::Future<Output = RedisResult<T>>,
+    ) -> Result<T> {
+        let deadline = self.timeouts.connect + self.timeouts.response;
+        match tokio::time::timeout(deadline, open).await {
             Ok(Ok(conn)) => Ok(conn),
             Ok(Err(source)) => Err(connect_error(&self.nodes, source)),
             Err(_) => Err(Error::Connect {
@@ -188,17 +196,16 @@ impl Endpoint {
     /// go to `push`, for the waiters' subscriptions; seeded with the nodes that answer now.
     pub(crate) async fn open_subscriber(&self, push: impl AsyncPushSender) -> Result<Subscriber> {
         let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
-        let deadline = self.timeouts.connect + self.timeouts.response;
-        let opened = match self.topology {
+        match self.topology {
             Topology::Cluster => {
                 let client = cluster_builder(&live, self.timeouts, self.retries)
                     .use_protocol(ProtocolVersion::RESP3)
                     .push_sender(push)
                     .build()
                     .map_err(|e| config_error(&self.nodes, e))?;
-                tokio::time::timeout(deadline, client.get_async_connection())
+                self.within(client.get_async_connection())
                     .await
-                    .map(|r| r.map(Subscriber::Cluster))
+                    .map(Subscriber::Cluster)
             }
             Topology::Standalone => {
                 let info = live[0].clone();
@@ -212,22 +219,10 @@ impl Endpoint {
                     .set_connection_timeout(Some(self.timeouts.connect))
                     .set_response_timeout(Some(self.timeouts.response))
                     .set_push_sender(push);
-                tokio::time::timeout(
-                    deadline,
-                    client.get_multiplexed_async_connection_with_config(&config),
-                )
-                .await
-                .map(|r| r.map(Subscriber::Standalone))
+                self.within(client.get_multiplexed_async_connection_with_config(&config))
+                    .await
+                    .map(Subscriber::Standalone)
             }
-        };
-        match opened {
-            Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(source)) => Err(connect_error(&self.nodes, source)),
-            Err(_) => Err(Error::Connect {
-                target: self.nodes.clone(),
-                reason: format!("no answer within {deadline:?}: is Redis running there?"),
-                source: None,
-            }),
         }
     }
 
