@@ -4,23 +4,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Cluster;
+use common::{alive_tasks, eventually, Cluster};
 use fencelock::{Client, Error, LockOptions};
-
-/// Polls `condition` every 5 ms until it holds, panicking after `limit`.
-async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_watchdog_keeps_a_lock_past_its_ttl_and_reports_losses() {

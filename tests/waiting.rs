@@ -3,20 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, Node, Standalone};
+use common::{alive_tasks, eventually, Cluster, Node, Standalone};
 use fencelock::{Client, LockOptions};
-
-/// Polls `condition` every 5 ms until it holds, panicking after `limit`.
-async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while !condition() {
-        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 /// Subscribers of the sharded channel `channel` on `node`.
 fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
@@ -25,12 +15,6 @@ fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
         .get(1)
         .map(|v| redis::from_redis_value(v.clone()).unwrap())
         .unwrap_or(0)
-}
-
-fn alive_tasks() -> usize {
-    tokio::runtime::Handle::current()
-        .metrics()
-        .num_alive_tasks()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -230,7 +214,7 @@ async fn standalone_waiters_wake_on_release_too() {
         .ttl(Duration::from_secs(30))
         .timeout(Duration::from_secs(20));
     let first = client.lock("wake:standalone", &options).await.unwrap();
-    let started = Arc::new(Instant::now());
+    let started = Instant::now();
     let waiting = {
         let (client, options) = (client.clone(), options.clone());
         tokio::spawn(async move { client.lock("wake:standalone", &options).await })

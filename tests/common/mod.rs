@@ -22,6 +22,22 @@ pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
     }
 }
 
+/// Polls `condition` every 5 ms from async code until it holds, panicking after `limit`.
+pub async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < until, "timed out after {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Tasks alive on the current Tokio runtime, to show that nothing is left running.
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
 fn port_free(port: u16) -> bool {
     TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
