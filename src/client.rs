@@ -160,14 +160,8 @@ impl ClientBuilder {
         };
         let (endpoint, conn) = Endpoint::discover(&self.urls, timeouts, self.retries).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
-        let topology = endpoint.topology;
         Ok(Client {
             shared: Arc::new(Shared {
-                topology,
-                announce: match topology {
-                    Topology::Cluster => "s",
-                    Topology::Standalone => "p",
-                },
                 wakeups: Wakeups::new(self.wake_on_release),
                 watchdog: Watchdog::default(),
                 conn: RwLock::new(conn),
@@ -225,9 +219,6 @@ pub(crate) struct Shared {
     failures: AtomicU32,
     rebuilding: AtomicBool,
     pub(crate) lanes: Lanes,
-    pub(crate) topology: Topology,
-    /// How the release script announces a freed lock: `s` SPUBLISH, `p` PUBLISH.
-    pub(crate) announce: &'static str,
     pub(crate) wakeups: Wakeups,
     pub(crate) watchdog: Watchdog,
     prefix: String,
@@ -282,7 +273,7 @@ impl Client {
 
     /// Whether the client talks to a cluster or a single server.
     pub fn topology(&self) -> Topology {
-        self.shared.topology
+        self.shared.topology()
     }
 
     /// The Redis keys and slot lock `name` uses with `options`' placement.
@@ -642,7 +633,7 @@ pub(crate) async fn release_owner(
             "release",
             &RELEASE,
             &[lock_key],
-            &[owner, hold, shared.announce],
+            &[owner, hold, shared.announce()],
         )
         .await?;
     parse_reply(lock_key, "release", reply)
@@ -652,6 +643,18 @@ pub(crate) async fn release_owner(
 const REBUILD_AFTER: u32 = 2;
 
 impl Shared {
+    pub(crate) fn topology(&self) -> Topology {
+        self.lanes.endpoint().topology
+    }
+
+    /// How the release script announces a freed lock: `s` SPUBLISH, `p` PUBLISH.
+    pub(crate) fn announce(&self) -> &'static str {
+        match self.topology() {
+            Topology::Cluster => "s",
+            Topology::Standalone => "p",
+        }
+    }
+
     /// `CLUSTER SLOTS` from any node, within the request timeout.
     pub(crate) async fn cluster_slots(&self) -> Result<Value> {
         let mut conn = self.connection();

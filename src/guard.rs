@@ -318,7 +318,7 @@ impl LockGuard {
                 "release",
                 &RELEASE,
                 &[self.keys.lock_key()],
-                &[&self.owner, &self.hold, self.shared.announce],
+                &[&self.owner, &self.hold, self.shared.announce()],
             )
             .await?;
         self.released = true;

@@ -360,7 +360,7 @@ async fn run(shared: Arc<Shared>) {
         }
         let (due, next) = shared.watchdog.take_due(Instant::now());
         if !due.is_empty() {
-            if shared.topology == Topology::Cluster && nodes.read().await.is_empty() {
+            if shared.topology() == Topology::Cluster && nodes.read().await.is_empty() {
                 nodes.write().await.refresh(&shared).await;
             }
             let mut groups: HashMap<usize, Vec<Due>> = HashMap::new();
@@ -462,7 +462,7 @@ impl SlotMap {
     }
 
     async fn refresh(&mut self, shared: &Arc<Shared>) {
-        if shared.topology != Topology::Cluster {
+        if shared.topology() != Topology::Cluster {
             return;
         }
         match shared.cluster_slots().await {
