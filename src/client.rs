@@ -15,7 +15,7 @@ use crate::fence::FenceToken;
 use crate::fence::StaleFence;
 use crate::guard::{Grant, LockGuard};
 use crate::keys::LockKeys;
-use crate::options::LockOptions;
+use crate::options::{instant_after, LockOptions};
 use crate::scripts::{LuaScript, ACQUIRE, FENCED_SET, RELEASE};
 use crate::stats::{Counters, Stats};
 use crate::wakeups::{Subscription, Wakeups};
@@ -43,14 +43,22 @@ pub enum FenceMode {
 }
 
 impl FenceMode {
-    fn as_arg(self) -> &'static str {
-        match self {
-            FenceMode::Clock => "clock",
-            FenceMode::Counter => "counter",
-            FenceMode::Epoch => "epoch",
+    /// The acquire script's mode argument; a standalone server has no epoch, so epoch mode is
+    /// a counter there.
+    fn as_arg(self, topology: Topology) -> &'static str {
+        match (self, topology) {
+            (FenceMode::Clock, _) => "clock",
+            (FenceMode::Epoch, Topology::Cluster) => "epoch",
+            (FenceMode::Epoch, Topology::Standalone) | (FenceMode::Counter, _) => "counter",
         }
     }
 }
+
+/// The default [`ClientBuilder::expiry_grace`].
+pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest [`ClientBuilder::expiry_grace`] accepted.
+pub const MAX_EXPIRY_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// Builds a [`Client`]; every setting has a documented default.
 ///
@@ -77,7 +85,14 @@ pub struct ClientBuilder {
     fence_mode: FenceMode,
     wait_lanes: usize,
     wake_on_release: bool,
+    expiry_grace: Duration,
 }
+
+/// The most WAIT lanes a client may open.
+const MAX_WAIT_LANES: usize = 1024;
+
+/// The most retries a request may make.
+const MAX_RETRIES: u32 = 100;
 
 impl ClientBuilder {
     /// Key prefix (default `fencelock`); must not contain `{` or `}`.
@@ -99,7 +114,8 @@ impl ClientBuilder {
         self
     }
 
-    /// How often a request is retried after a redirect or connection error (default 3).
+    /// How often a request is retried after a redirect or connection error (default 3, at most
+    /// 100).
     pub fn retries(mut self, retries: u32) -> Self {
         self.retries = retries;
         self
@@ -112,7 +128,7 @@ impl ClientBuilder {
     }
 
     /// How many acquisitions with `wait_replicas` may wait at once, each on a connection of its
-    /// own (default 4).
+    /// own (default 4, 1 to 1024).
     pub fn wait_lanes(mut self, lanes: usize) -> Self {
         self.wait_lanes = lanes;
         self
@@ -122,6 +138,34 @@ impl ClientBuilder {
     /// the holder releases (default true). Off, they poll with jittered backoff (5 to 50 ms).
     pub fn wake_on_release(mut self, on: bool) -> Self {
         self.wake_on_release = on;
+        self
+    }
+
+    /// In clock mode, how long a lock's key outlives both its lease and its fence (default
+    /// [`DEFAULT_EXPIRY_GRACE`], at most [`MAX_EXPIRY_GRACE`]).
+    ///
+    /// Every write of a lock key sets it to expire at `max(lease end, fence read as server
+    /// milliseconds) + grace`, so the key of a released or abandoned lock is gone by then and
+    /// takes no memory. The next grant then starts at the server clock in µs, which has passed
+    /// the old fence by the grace: tokens still never go backwards, as long as the server clock
+    /// does not step back by more than the grace (NTP slews, it does not step, by default). In
+    /// counter and epoch modes a lock's key is kept for good, since it holds the only record of
+    /// the fence.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:7000"])
+    ///     .expiry_grace(Duration::from_secs(60)) // tolerate a clock step back of up to a minute
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn expiry_grace(mut self, grace: Duration) -> Self {
+        self.expiry_grace = grace;
         self
     }
 
@@ -148,11 +192,36 @@ impl ClientBuilder {
             ("connect timeout", self.connect_timeout),
             ("request timeout", self.request_timeout),
         ] {
-            if value.is_zero() || value > Duration::from_secs(3600) {
+            if value < Duration::from_millis(1) || value > Duration::from_secs(3600) {
                 return Err(Error::InvalidConfig {
                     reason: format!("the {what} {value:?} is out of range: use 1 ms to 1 h"),
                 });
             }
+        }
+        if self.expiry_grace > MAX_EXPIRY_GRACE {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the expiry grace {:?} is out of range: use 0 to {MAX_EXPIRY_GRACE:?}",
+                    self.expiry_grace
+                ),
+            });
+        }
+        if self.retries > MAX_RETRIES {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "{} retries is too many: use at most {MAX_RETRIES} (each waits up to the \
+                     request timeout)",
+                    self.retries
+                ),
+            });
+        }
+        if !(1..=MAX_WAIT_LANES).contains(&self.wait_lanes) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "{} WAIT lanes is out of range: use 1 to {MAX_WAIT_LANES}",
+                    self.wait_lanes
+                ),
+            });
         }
         let timeouts = Timeouts {
             connect: self.connect_timeout,
@@ -172,6 +241,10 @@ impl ClientBuilder {
                 prefix: self.prefix,
                 request_timeout: self.request_timeout,
                 fence_mode: self.fence_mode,
+                expiry: match self.fence_mode {
+                    FenceMode::Clock => self.expiry_grace.as_millis().to_string(),
+                    FenceMode::Counter | FenceMode::Epoch => String::new(),
+                },
             }),
         })
     }
@@ -224,6 +297,8 @@ pub(crate) struct Shared {
     prefix: String,
     pub(crate) request_timeout: Duration,
     fence_mode: FenceMode,
+    /// The lock scripts' last argument: the key's expiry grace in ms, empty to keep keys.
+    expiry: String,
     pub(crate) counters: Counters,
 }
 
@@ -251,6 +326,7 @@ impl Client {
             fence_mode: FenceMode::Clock,
             wait_lanes: 4,
             wake_on_release: true,
+            expiry_grace: DEFAULT_EXPIRY_GRACE,
         }
     }
 
@@ -414,7 +490,7 @@ impl Client {
     async fn wait_for(&self, keys: &LockKeys, options: &LockOptions) -> Result<LockGuard> {
         let name = keys.name();
         let started = Instant::now();
-        let deadline = started + options.timeout;
+        let deadline = instant_after(started, options.timeout);
         let mut backoff = Backoff::new();
         let mut subscription: Option<Subscription> = None;
         let mut tried_subscribing = false;
@@ -519,14 +595,16 @@ impl Client {
         let owner = new_owner_token();
         let owner = owner.as_str();
         let started = Instant::now();
-        let ttl_ms = ttl_millis(options.ttl);
+        let lease = options.first_lease();
+        let ttl_ms = ttl_millis(lease);
         let floor = options.floor.map_or(0, FenceToken::get).to_string();
         let key_args = [keys.lock_key()];
         let args = [
             owner,
             ttl_ms.as_str(),
             floor.as_str(),
-            shared.fence_mode.as_arg(),
+            shared.fence_mode.as_arg(shared.topology()),
+            shared.expiry(),
         ];
         let in_flight = InFlight::arm(shared, keys.lock_key(), owner);
 
@@ -560,9 +638,13 @@ impl Client {
             }
         };
 
-        let (status, value) = parse_reply::<(i64, i64)>(keys.name(), "acquire", reply)?;
+        let (status, value, behind) =
+            parse_reply::<(i64, i64, i64)>(keys.name(), "acquire", reply)?;
         match status {
             1 | 2 => {
+                if behind > 0 {
+                    shared.clock_behind(keys.name(), behind);
+                }
                 let fence = u64::try_from(value)
                     .ok()
                     .and_then(FenceToken::new)
@@ -594,7 +676,7 @@ impl Client {
                     hold: String::new(),
                     fence,
                     sent: started,
-                    ttl: options.ttl,
+                    ttl: lease,
                     replicas_acked: acked,
                 };
                 Ok(Attempt::Granted(LockGuard::new(
@@ -633,7 +715,7 @@ pub(crate) async fn release_owner(
             "release",
             &RELEASE,
             &[lock_key],
-            &[owner, hold, shared.announce()],
+            &[owner, hold, shared.announce(), shared.expiry()],
         )
         .await?;
     parse_reply(lock_key, "release", reply)
@@ -653,6 +735,26 @@ impl Shared {
             Topology::Cluster => "s",
             Topology::Standalone => "p",
         }
+    }
+
+    /// The lock scripts' last argument: the key's expiry grace in ms, or empty to keep keys.
+    pub(crate) fn expiry(&self) -> &str {
+        &self.expiry
+    }
+
+    /// Records a grant whose stored fence was `behind_us` µs ahead of the node's clock.
+    fn clock_behind(&self, name: &str, behind_us: i64) {
+        let behind_us = u64::try_from(behind_us).unwrap_or(0);
+        Counters::add(&self.counters.clock_behind, 1);
+        self.counters
+            .clock_behind_max_us
+            .fetch_max(behind_us, Ordering::Relaxed);
+        tracing::warn!(
+            lock = name,
+            behind_us,
+            "the node's clock is behind the lock's last fence (a failover to a node whose clock \
+             lags, or a clock stepped back): fences stay monotonic while the lock's key survives"
+        );
     }
 
     /// `CLUSTER SLOTS` from any node, within the request timeout.
@@ -738,6 +840,11 @@ async fn bounded<T>(
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
         Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
         Ok(Err(source)) => Err(Error::Redis {
             name: name.to_owned(),
             operation,

@@ -147,6 +147,22 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// Redis refused the call because it reached `maxmemory` (policy `noeviction`). Releases,
+    /// extensions and renewals still run at `maxmemory`; acquisitions and re-entries do not.
+    #[error(
+        "{operation} on lock {name:?} was refused: Redis is out of memory (maxmemory reached \
+         under noeviction); free memory or raise maxmemory, held locks can still be released"
+    )]
+    OutOfMemory {
+        /// The lock concerned.
+        name: String,
+        /// What was being done.
+        operation: &'static str,
+        /// The `OOM` error from Redis.
+        #[source]
+        source: redis::RedisError,
+    },
+
     /// Redis answered with something the scripts never return.
     #[error(
         "{operation} on lock {name:?} got an unexpected reply ({detail}): is another program \

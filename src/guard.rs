@@ -8,7 +8,7 @@ use crate::client::{self, Shared};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
-use crate::options::{validate_ttl, LockOptions};
+use crate::options::{instant_after, validate_ttl, LockOptions};
 use crate::reentry::Reentry;
 use crate::scripts::{EXTEND, RELEASE};
 use crate::stats::Counters;
@@ -87,7 +87,7 @@ impl std::fmt::Debug for LockGuard {
 /// clock drift between this host and Redis.
 pub(crate) fn lease_end(sent: Instant, ttl: Duration) -> Instant {
     let margin = ttl / 100 + Duration::from_millis(2);
-    sent.checked_add(ttl.saturating_sub(margin)).unwrap_or(sent)
+    instant_after(sent, ttl.saturating_sub(margin))
 }
 
 /// What [`LockGuard::new`] needs besides the client.
@@ -113,13 +113,22 @@ impl LockGuard {
         let valid_until = lease_end(grant.sent, grant.ttl);
         let watched = match options.filter(|o| o.watchdog) {
             Some(options) => {
+                let mut every = options.renewal_period();
+                if grant.ttl < options.get_ttl() {
+                    // The first lease was cut to the maximum hold: look again halfway through,
+                    // when the watchdog ends the hold as the maximum hold time.
+                    every = every.min(grant.ttl / 2);
+                }
                 let watch = Watch {
                     lock_key: grant.keys.lock_key(),
                     owner: &grant.owner,
                     slot: grant.keys.slot(),
                     ttl: grant.ttl,
-                    every: options.renewal_period(),
-                    hold_until: options.max_hold.map(|max| (grant.sent + max).into()),
+                    every,
+                    hold_until: options
+                        .max_hold
+                        .and_then(|max| grant.sent.checked_add(max))
+                        .map(Into::into),
                     valid_until: valid_until.into(),
                 };
                 Watchdog::watch(&shared, watch).map(|(id, lease)| Watched {
@@ -253,7 +262,8 @@ impl LockGuard {
     }
 
     /// Resets the lock's TTL to `ttl` if this guard still holds it, and returns the new
-    /// [`valid_until`](Self::valid_until).
+    /// [`valid_until`](Self::valid_until). While other holds of the same owner (re-entries)
+    /// are held, the lease is never shortened: it ends at the latest end any hold asked for.
     ///
     /// # Errors
     ///
@@ -276,11 +286,13 @@ impl LockGuard {
                 "extend",
                 &EXTEND,
                 &[self.keys.lock_key()],
-                &[&self.owner, &ttl_ms],
+                &[&self.owner, &ttl_ms, self.shared.expiry()],
             )
             .await?;
-        self.outcome(reply, "extend", &self.shared.counters.extends)?;
-        self.valid_until = lease_end(sent, ttl);
+        let (code, remaining) =
+            client::parse_reply::<(i64, u64)>(self.keys.name(), "extend", reply)?;
+        self.outcome(code, "extend", &self.shared.counters.extends)?;
+        self.valid_until = lease_end(sent, Duration::from_millis(remaining));
         if let Some(Watched {
             id: Some(id),
             every,
@@ -318,14 +330,20 @@ impl LockGuard {
                 "release",
                 &RELEASE,
                 &[self.keys.lock_key()],
-                &[&self.owner, &self.hold, self.shared.announce()],
+                &[
+                    &self.owner,
+                    &self.hold,
+                    self.shared.announce(),
+                    self.shared.expiry(),
+                ],
             )
             .await?;
         self.released = true;
         let held = self.granted.elapsed();
         self.shared.counters.holds.record(held);
         tracing::debug!(lock = self.keys.name(), fence = %self.fence, ?held, "released");
-        self.outcome(reply, "release", &self.shared.counters.releases)
+        let code = client::parse_reply(self.keys.name(), "release", reply)?;
+        self.outcome(code, "release", &self.shared.counters.releases)
     }
 
     /// Stops the watchdog for this hold.
@@ -335,15 +353,9 @@ impl LockGuard {
         }
     }
 
-    /// Maps the reply of `release` or `extend` (`1`, `0`, `-1`) to the caller's result, counting
-    /// a success in `done` and a loss in `lost`.
-    fn outcome(
-        &self,
-        reply: redis::Value,
-        operation: &'static str,
-        done: &AtomicU64,
-    ) -> Result<()> {
-        let code: i64 = client::parse_reply(self.keys.name(), operation, reply)?;
+    /// Maps the code `release` or `extend` answered (`1`, `0`, `-1`) to the caller's result,
+    /// counting a success in `done` and a loss in `lost`.
+    fn outcome(&self, code: i64, operation: &'static str, done: &AtomicU64) -> Result<()> {
         let name = self.keys.name().to_owned();
         match code {
             1 => {

@@ -38,13 +38,13 @@ mod stats;
 mod wakeups;
 mod watchdog;
 
-pub use client::{Client, ClientBuilder, FenceMode};
+pub use client::{Client, ClientBuilder, FenceMode, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use conn::Topology;
 pub use error::{Error, Result};
 pub use fence::{FenceGate, FenceToken, InvalidFence, StaleFence};
 pub use guard::LockGuard;
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
-pub use options::{LockOptions, MAX_TTL, MAX_WAIT_TIMEOUT};
+pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use reentry::Reentry;
 pub use scripts::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};

@@ -1,6 +1,6 @@
 //! Per-lock options and their validation.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
@@ -8,6 +8,27 @@ use crate::keys::Placement;
 
 /// The longest TTL accepted: half of what fits Redis's millisecond expiry clock.
 pub const MAX_TTL: Duration = Duration::from_millis(i64::MAX as u64 / 2);
+
+/// The shortest TTL accepted. A lease must outlast a round trip to Redis and the drift margin
+/// a guard subtracts from it (1% + 2 ms), or the holder could never rely on it.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The highest floor accepted: 2^32 grants below [`FenceToken::MAX`], so a lock given a floor
+/// still has room for that many grants before its fences would pass 2^53 − 1 (where the acquire
+/// script refuses to grant rather than store a fence Lua cannot count past).
+pub const MAX_FLOOR: FenceToken = match FenceToken::new(FenceToken::MAX.get() - (1 << 32)) {
+    Some(floor) => floor,
+    None => panic!("the floor margin fits below FenceToken::MAX"),
+};
+
+/// `from + duration`, or a point about a century later when that does not fit an `Instant`:
+/// durations such as `Duration::MAX` mean "never" rather than a panic.
+pub(crate) fn instant_after(from: Instant, duration: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    from.checked_add(duration.min(CENTURY))
+        .or_else(|| from.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(from)
+}
 
 /// The longest `WAIT` timeout accepted.
 pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -62,15 +83,15 @@ impl LockOptions {
         Self::default()
     }
 
-    /// How long the lock lives unless extended (at least 1 ms, at most [`MAX_TTL`]).
+    /// How long the lock lives unless extended (at least [`MIN_TTL`], at most [`MAX_TTL`]).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// How long [`Client::lock`](crate::Client::lock) keeps trying while another owner holds the
-    /// lock; `Duration::ZERO` makes one attempt. [`Client::try_lock`](crate::Client::try_lock)
-    /// ignores it.
+    /// lock; `Duration::ZERO` makes one attempt, `Duration::MAX` waits as long as it takes.
+    /// [`Client::try_lock`](crate::Client::try_lock) ignores it.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -128,7 +149,8 @@ impl LockOptions {
 
     /// The longest the watchdog keeps the lock: after this it stops renewing, the lease ends at
     /// most then, and [`LockGuard::lost`](crate::LockGuard::lost) reports
-    /// [`Error::MaxHoldReached`].
+    /// [`Error::MaxHoldReached`]. A maximum below the TTL also shortens the first lease to it.
+    /// At least [`MIN_TTL`]; `Duration::MAX` means no maximum.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -139,6 +161,15 @@ impl LockOptions {
         self.renew_every
             .unwrap_or(self.ttl / 3)
             .max(Duration::from_millis(1))
+    }
+
+    /// The lease the acquire asks for: the TTL, or the maximum hold time when the watchdog has
+    /// one below the TTL.
+    pub(crate) fn first_lease(&self) -> Duration {
+        match self.max_hold {
+            Some(max) if self.watchdog => self.ttl.min(max),
+            _ => self.ttl,
+        }
     }
 
     /// The TTL set.
@@ -188,15 +219,19 @@ impl LockOptions {
                 ));
             }
         }
-        if self.max_hold.is_some_and(|max| max.is_zero()) {
-            return invalid(
-                "max_hold is zero: leave it unset to renew for as long as the guard lives".into(),
-            );
+        if self.max_hold.is_some_and(|max| max < MIN_TTL) {
+            return invalid(format!(
+                "max_hold {:?} is below the minimum lease of {MIN_TTL:?}: leave it unset to \
+                 renew for as long as the guard lives",
+                self.max_hold.unwrap_or_default()
+            ));
         }
-        if self.floor == Some(FenceToken::MAX) {
-            return invalid(
-                "the floor is the largest token: no token can be granted above it".into(),
-            );
+        if let Some(floor) = self.floor.filter(|floor| *floor > MAX_FLOOR) {
+            return invalid(format!(
+                "the floor {floor} is above {MAX_FLOOR}, too close to the largest token \
+                 (2^53 - 1) to leave room for later grants: pass the highest token your \
+                 storage has seen, which fencelock never lets grow that far"
+            ));
         }
         Ok(())
     }
@@ -204,11 +239,12 @@ impl LockOptions {
 
 /// Checks a TTL for a lock or an extension.
 pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
-    if ttl < Duration::from_millis(1) || ttl > MAX_TTL {
+    if ttl < MIN_TTL || ttl > MAX_TTL {
         return Err(Error::InvalidOptions {
             name: name.to_owned(),
             reason: format!(
-                "the TTL {ttl:?} is out of range: use at least 1 ms and at most {MAX_TTL:?}"
+                "the TTL {ttl:?} is out of range: use at least {MIN_TTL:?} (a shorter lease \
+                 would end before the holder could rely on it) and at most {MAX_TTL:?}"
             ),
         });
     }
@@ -228,6 +264,11 @@ mod tests {
             LockOptions::new().wait_replicas(0, Duration::from_secs(1)),
             LockOptions::new().wait_replicas(1, Duration::ZERO),
             LockOptions::new().floor(FenceToken::MAX),
+            LockOptions::new().floor(FenceToken::new(MAX_FLOOR.get() + 1).unwrap()),
+            LockOptions::new().ttl(Duration::from_millis(9)),
+            LockOptions::new()
+                .watchdog(true)
+                .max_hold(Duration::from_millis(5)),
             LockOptions::new().max_hold(Duration::from_secs(1)),
             LockOptions::new()
                 .watchdog(true)
@@ -242,5 +283,27 @@ mod tests {
             );
         }
         assert!(LockOptions::new().validate("x").is_ok());
+        assert!(LockOptions::new().floor(MAX_FLOOR).validate("x").is_ok());
+    }
+
+    #[test]
+    fn the_first_lease_is_cut_to_the_maximum_hold() {
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(10))
+            .watchdog(true)
+            .max_hold(Duration::from_secs(2));
+        assert_eq!(options.first_lease(), Duration::from_secs(2));
+        let longer = options.clone().max_hold(Duration::MAX);
+        assert_eq!(longer.first_lease(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn instants_saturate_instead_of_overflowing() {
+        let now = Instant::now();
+        assert!(instant_after(now, Duration::MAX) > now + Duration::from_secs(3600 * 24 * 365));
+        assert_eq!(
+            instant_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
     }
 }

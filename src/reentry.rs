@@ -124,7 +124,7 @@ impl Reentry {
                 "reenter",
                 &REENTER,
                 &[self.keys.lock_key()],
-                &[&self.owner, &hold, &ttl_ms],
+                &[&self.owner, &hold, &ttl_ms, self.shared.expiry()],
             )
             .await?;
         in_flight.disarm();

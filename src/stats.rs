@@ -47,6 +47,13 @@ pub struct Stats {
     pub lost: u64,
     /// Times the main connection was rebuilt after repeated timeouts.
     pub connection_rebuilds: u64,
+    /// Grants (clock mode) where the lock's stored fence was ahead of the node's clock: the
+    /// node's clock is behind the clock of an earlier grant (a failover to a node whose clock
+    /// lags, or a clock stepped back), or a floor above the clock was used. Fences stay
+    /// monotonic while the stored fence survives; see `docs/safety.md` for when it may not.
+    pub clock_behind: u64,
+    /// The largest such lead seen, in microseconds.
+    pub clock_behind_max_us: u64,
     /// How long granted `lock`/`try_lock` calls took, from the call to the grant.
     pub waits: Histogram,
     /// How long locks were held, from the grant to the release.
@@ -172,6 +179,8 @@ pub(crate) struct Counters {
     pub(crate) releases: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) connection_rebuilds: AtomicU64,
+    pub(crate) clock_behind: AtomicU64,
+    pub(crate) clock_behind_max_us: AtomicU64,
     pub(crate) waits: LiveHistogram,
     pub(crate) holds: LiveHistogram,
 }
@@ -197,6 +206,8 @@ impl Counters {
             releases: get(&self.releases),
             lost: get(&self.lost),
             connection_rebuilds: get(&self.connection_rebuilds),
+            clock_behind: get(&self.clock_behind),
+            clock_behind_max_us: get(&self.clock_behind_max_us),
             waits: self.waits.snapshot(),
             holds: self.holds.snapshot(),
         }

@@ -416,6 +416,7 @@ async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> bool {
     for lock in due {
         args.extend([&*lock.lock_key, &*lock.owner, lock.ttl_ms.as_str()]);
     }
+    args.push(shared.expiry());
     let sent = Instant::now();
     Counters::add(&shared.counters.renewal_calls, 1);
     let reply = shared

@@ -232,6 +232,7 @@ async fn reentry_shares_the_fence_and_frees_on_the_last_release() {
             .arg(outer.keys().lock_key())
             .arg(&token)
             .arg("a-hold-never-added")
+            .arg("")
             .arg(""),
     );
     assert_eq!(code, 1);

@@ -125,7 +125,7 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
         .source;
     let key = "k{t}:lock";
     let eval = |owner: &str| -> (i64, i64) {
-        server.node.cmd(
+        let (status, value, _behind): (i64, i64, i64) = server.node.cmd(
             redis::cmd("EVAL")
                 .arg(source)
                 .arg(1)
@@ -133,8 +133,10 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
                 .arg(owner)
                 .arg(10_000)
                 .arg(0)
-                .arg("counter"),
-        )
+                .arg("counter")
+                .arg(""),
+        );
+        (status, value)
     };
     let (status, fence) = eval("owner-a");
     assert_eq!((status, fence), (1, 1));
