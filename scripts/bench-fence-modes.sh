@@ -29,7 +29,9 @@ cargo build --quiet --release --bin fencelock
 sha=$(redis-cli -p "$port" script load "$(target/release/fencelock script acquire)")
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $requests calls, 50 clients"
 for mode in counter clock epoch; do
+  grace=""  # the last argument: key expiry grace in ms (clock mode), empty to keep keys
+  if [ "$mode" = clock ]; then grace=10000; fi
   rps=$(redis-benchmark -p "$port" -c 50 -n "$requests" -r 100000000 --csv \
-    EVALSHA "$sha" 1 "bench:{__rand_int__}:lock" owner 1 0 "$mode" | tail -1 | cut -d, -f2 | tr -d '"')
+    EVALSHA "$sha" 1 "bench:{__rand_int__}:lock" owner 1 0 "$mode" "$grace" | tail -1 | cut -d, -f2 | tr -d '"')
   echo "$mode: $rps calls/s"
 done

@@ -45,8 +45,8 @@ r=$(redis-cli -p "$base" script load "$release")
 # tag to a slot of the node it sends to ({tag}).
 requests=$((seconds * 25000))
 run() { redis-benchmark --cluster -p "$base" -c 32 -n "$requests" -r 100000 --csv "$@" | tail -1 | cut -d, -f2 | tr -d '"'; }
-run EVALSHA "$a" 1 "bench:{tag}:__rand_int__:lock" o 10000 0 clock > /tmp/fencelock-bench-a &
-run EVALSHA "$r" 1 "bench:{tag}:__rand_int__:lock" o "" s > /tmp/fencelock-bench-r &
+run EVALSHA "$a" 1 "bench:{tag}:__rand_int__:lock" o 10000 0 clock 10000 > /tmp/fencelock-bench-a &
+run EVALSHA "$r" 1 "bench:{tag}:__rand_int__:lock" o "" s 10000 > /tmp/fencelock-bench-r &
 wait
 ra=$(cat /tmp/fencelock-bench-a) rr=$(cat /tmp/fencelock-bench-r)
 echo "redis-benchmark acquire=${ra} calls/s release=${rr} calls/s total=$(echo "$ra + $rr" | bc) calls/s (64 clients)"
