@@ -107,6 +107,8 @@ async fn no_watchdog_task_outlives_its_guards() {
         alive_tasks() <= baseline
     })
     .await;
+    // Counted again: the first count may have included a connection task that ended since.
+    let baseline = alive_tasks();
 
     let guards = [
         client.lock("tasks:a", &watched).await.unwrap(),
@@ -306,10 +308,11 @@ async fn failing_renewals_back_off_until_the_leases_end() {
     let ended = refused.elapsed();
     let calls = client.stats().renewal_calls - before.renewal_calls;
     println!("{calls} renewal calls for 10 locks in the {ended:?} until every lease ended");
-    assert!(ended <= ttl, "{ended:?}");
+    assert!(ended <= ttl + ttl / 4, "{ended:?}");
     assert!(
-        calls <= 10 * 4,
-        "retries back off: {calls} renewal calls for 10 locks in {ended:?}"
+        (4..=10 * 4).contains(&calls),
+        "retries back off, but several fit in the lease: {calls} renewal calls for 10 locks \
+         in {ended:?}"
     );
     // Ended holds are no longer renewed: the count settles.
     let deadline = Instant::now() + ttl;
