@@ -14,10 +14,10 @@
 //! - **Back-off per lock.** After `n` consecutive failed renewals a lock is tried again
 //!   `100 ms × 2^(n-1)` later, at most a quarter of its renewal period later, and never later
 //!   than the end of its last confirmed lease ([`retry_at`]); a success resets `n`. A failure
-//!   comes at the earliest a period after the last renewal, when at least `TTL − period` of the
-//!   lease is left (two periods with the default period of TTL/3), so at least four tries (eight
-//!   with the default period) fit before the lease ends, while a lock costs at most one call per
-//!   quarter period however fast Redis refuses. The locks of a failed call share their count and
+//!   comes at most a period after the last renewal, when at least `TTL − period` of the lease
+//!   is left, so at least `4 × (TTL − period) / period` tries fit before the lease ends: four
+//!   for a period of half the TTL, eight for the default TTL/3. A lock costs at most one call
+//!   per quarter period however fast Redis refuses. The locks of a failed call share their count and
 //!   so stay in one batch; no jitter is added, since the renewal times of different clients are
 //!   already spread by when they took their locks. A lease that runs out unconfirmed ends the
 //!   hold at its end as before ([`Ended::Unconfirmed`]).
