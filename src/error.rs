@@ -109,6 +109,22 @@ pub enum Error {
         name: String,
     },
 
+    /// The watchdog stopped renewing the lock because Redis refused a renewal with an error
+    /// that retrying does not cure: the lock's key was overwritten with another type
+    /// (`WRONGTYPE`), the script failed, or the reply made no sense. The lease in Redis ends
+    /// with its TTL at the latest; another owner may hold the lock after that.
+    #[error(
+        "lock {name:?} could not be renewed ({reason}), so the watchdog stopped renewing it: \
+         stop writing under its fence; check that no other program writes the lock's keys, \
+         then acquire it again"
+    )]
+    RenewalFailed {
+        /// The lock concerned.
+        name: String,
+        /// The error Redis answered the renewal with.
+        reason: String,
+    },
+
     /// The watchdog stopped renewing the lock because it was held for the maximum hold time.
     #[error(
         "lock {name:?} was held for its maximum hold time of {max_hold:?} and its lease has \
@@ -181,13 +197,14 @@ pub enum Error {
 impl Error {
     /// True when the guard's ownership is gone or can no longer be relied on
     /// ([`Error::Expired`], [`Error::NotOwner`], [`Error::LeaseUnconfirmed`],
-    /// [`Error::MaxHoldReached`]).
+    /// [`Error::RenewalFailed`], [`Error::MaxHoldReached`]).
     pub fn is_lock_lost(&self) -> bool {
         matches!(
             self,
             Error::Expired { .. }
                 | Error::NotOwner { .. }
                 | Error::LeaseUnconfirmed { .. }
+                | Error::RenewalFailed { .. }
                 | Error::MaxHoldReached { .. }
         )
     }

@@ -191,9 +191,11 @@ impl LockGuard {
 
     /// Resolves when this hold can no longer be relied on, with the reason: the watchdog found
     /// the lock expired ([`Error::Expired`]) or held by another owner ([`Error::NotOwner`]), it
-    /// could not renew it before the lease ran out ([`Error::LeaseUnconfirmed`]), or the
-    /// maximum hold time passed ([`Error::MaxHoldReached`]). Without the watchdog it resolves
-    /// with [`Error::Expired`] at [`valid_until`](Self::valid_until).
+    /// could not renew it before the lease ran out ([`Error::LeaseUnconfirmed`]), Redis refused
+    /// a renewal with an error that retrying does not cure, such as the lock's key overwritten
+    /// with another type ([`Error::RenewalFailed`]), or the maximum hold time passed
+    /// ([`Error::MaxHoldReached`]). Without the watchdog it resolves with [`Error::Expired`] at
+    /// [`valid_until`](Self::valid_until).
     ///
     /// Race it against the work the lock protects, and stop the work when it resolves.
     ///

@@ -43,7 +43,8 @@ pub struct Stats {
     /// Successful releases.
     pub releases: u64,
     /// Holds found lost: an extension, release or renewal found the lock expired or held by
-    /// another owner.
+    /// another owner, or the watchdog gave up a hold whose renewal Redis refused for good
+    /// ([`Error::RenewalFailed`](crate::Error::RenewalFailed)).
     pub lost: u64,
     /// Times the main connection was rebuilt after repeated timeouts.
     pub connection_rebuilds: u64,

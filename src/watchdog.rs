@@ -5,8 +5,32 @@
 //! slot and renews each group with one script call ([`RENEW`], up to [`BATCH`] locks per call).
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
 //! sees at most two or three calls per period however many locks it holds. When a group call
-//! fails (a slot moved, a failover), the slot map is read again and that group's locks are
-//! renewed one by one through the routed connection, which follows `MOVED` and `ASK`.
+//! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
+//! that group's locks are renewed one by one through the routed connection, which follows
+//! `MOVED` and `ASK`.
+//!
+//! # When renewals fail
+//!
+//! - **Back-off per lock.** After `n` consecutive failed renewals a lock is tried again
+//!   `100 ms × 2^(n-1)` later, at most a quarter of its renewal period later, and never later
+//!   than the end of its last confirmed lease ([`retry_at`]); a success resets `n`. A failure
+//!   comes at most a period after the last renewal, when at least `TTL − period` of the lease
+//!   is left, so at least `4 × (TTL − period) / period` tries fit before the lease ends: four
+//!   for a period of half the TTL, eight for the default TTL/3. A lock costs at most one call
+//!   per quarter period however fast Redis refuses. The locks of a failed call share their count and
+//!   so stay in one batch; no jitter is added, since the renewal times of different clients are
+//!   already spread by when they took their locks. A lease that runs out unconfirmed ends the
+//!   hold at its end as before ([`Ended::Unconfirmed`]).
+//! - **One by one, skipping failures.** In the one-by-one fallback a lock whose own call fails
+//!   is rescheduled with its back-off and the next lock is tried. Only when
+//!   [`NODE_DOWN_AFTER`] locks in a row fail with a transient error (timeout, refused
+//!   connection, `READONLY`…) is the node taken to be down and the rest rescheduled at once,
+//!   rather than waiting out one timeout per lock. A standalone server's locks are not tried one
+//!   by one after a transient failure at all: it is the same node either way.
+//! - **Failures that retrying does not cure end the hold.** A call for one lock that Redis
+//!   answers with an error that is not transient (`WRONGTYPE` because the key was overwritten,
+//!   a script error, an unexpected reply) ends that hold: [`Ended::Failed`], reported by
+//!   `lost()` as [`Error::RenewalFailed`] and counted as lost. Other holds are not affected.
 //!
 //! The task starts with the first watched guard and ends when the last one is released or
 //! dropped, so no task outlives its guards.
@@ -28,8 +52,21 @@ use crate::stats::Counters;
 /// Most locks renewed by one call.
 pub(crate) const BATCH: usize = 5000;
 
-/// How soon a failed renewal is tried again.
-const RETRY_AFTER: Duration = Duration::from_millis(100);
+/// How soon a failed renewal is first tried again; it doubles with each further failure.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
+/// Transient failures in a row after which the one-by-one fallback takes the node to be down.
+const NODE_DOWN_AFTER: usize = 2;
+
+/// When to try again a renewal that failed for the `failures`-th time in a row at `now`:
+/// [`FIRST_RETRY`] doubled per earlier failure, at most a quarter of the renewal period `every`
+/// (at least 1 ms), and no later than `valid_until`, when the lease ends unconfirmed.
+fn retry_at(now: Instant, failures: u32, every: Duration, valid_until: Instant) -> Instant {
+    let cap = (every / 4).max(Duration::from_millis(1));
+    let doublings = failures.saturating_sub(1).min(20);
+    let backoff = FIRST_RETRY.saturating_mul(1 << doublings).min(cap);
+    (now + backoff).min(valid_until)
+}
 
 /// What the watchdog knows about one hold, shared with its guard.
 #[derive(Debug, Clone)]
@@ -65,7 +102,7 @@ impl SharedLease {
 }
 
 /// Why the watchdog stopped renewing a hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ended {
     /// Redis found no live lease.
     Expired,
@@ -75,6 +112,8 @@ pub(crate) enum Ended {
     Unconfirmed,
     /// The maximum hold time was reached; the lease ends at `valid_until`.
     MaxHold,
+    /// Redis refused a renewal with an error that retrying does not cure (the reason).
+    Failed(Arc<str>),
 }
 
 impl Ended {
@@ -87,6 +126,10 @@ impl Ended {
             Ended::MaxHold => Error::MaxHoldReached {
                 name,
                 max_hold: max_hold.unwrap_or_default(),
+            },
+            Ended::Failed(reason) => Error::RenewalFailed {
+                name,
+                reason: reason.to_string(),
             },
         }
     }
@@ -122,6 +165,8 @@ struct Hold {
     renew_at: Instant,
     /// False after a failed renewal: the retry waits for `renew_at` instead of coming early.
     early: bool,
+    /// Renewals that failed in a row, for the back-off.
+    failures: u32,
     /// A renewal call for it is under way.
     in_flight: bool,
     lease: SharedLease,
@@ -178,6 +223,7 @@ impl Watchdog {
                 hold_until: hold.hold_until,
                 renew_at,
                 early: true,
+                failures: 0,
                 in_flight: false,
                 lease,
             },
@@ -206,6 +252,7 @@ impl Watchdog {
             hold.ttl = ttl;
             hold.every = every;
             hold.renew_at = Instant::now() + every;
+            hold.failures = 0;
             hold.lease.update(|lease| lease.valid_until = valid_until);
         }
     }
@@ -296,6 +343,7 @@ impl Watchdog {
                 1 => {
                     hold.renew_at = sent + hold.every;
                     hold.early = true;
+                    hold.failures = 0;
                     hold.in_flight = false;
                     let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
@@ -314,16 +362,32 @@ impl Watchdog {
         }
     }
 
-    /// Schedules failed renewals to be tried again soon.
-    fn retry(&self, due: &[Due]) {
+    /// Schedules renewals that failed at `now` to be tried again after their back-off
+    /// ([`retry_at`]).
+    fn retry(&self, due: &[Due], now: Instant) {
         let mut state = self.state();
-        let at = Instant::now() + RETRY_AFTER;
         for lock in due {
             if let Some(hold) = state.holds.get_mut(&lock.id) {
-                hold.renew_at = hold.renew_at.min(at);
+                hold.failures = hold.failures.saturating_add(1);
+                let valid_until = hold.lease.get().valid_until;
+                hold.renew_at = retry_at(now, hold.failures, hold.every, valid_until);
                 hold.early = false;
                 hold.in_flight = false;
             }
+        }
+    }
+
+    /// Ends a hold whose renewal Redis refused with an error that retrying does not cure.
+    fn failed(&self, counters: &Counters, lock: &Due, error: &Error) {
+        let reason: Arc<str> = match error {
+            Error::Redis { source, .. } => source.to_string(),
+            other => other.to_string(),
+        }
+        .into();
+        let removed = self.state().holds.remove(&lock.id);
+        if let Some(hold) = removed {
+            Counters::add(&counters.lost, 1);
+            self.end(&hold, Ended::Failed(reason));
         }
     }
 
@@ -339,10 +403,16 @@ impl Watchdog {
     }
 
     fn end(&self, hold: &Hold, why: Ended) {
-        if why == Ended::MaxHold {
-            tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
-        } else {
-            tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+        match &why {
+            Ended::MaxHold => {
+                tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
+            }
+            Ended::Failed(error) => {
+                tracing::warn!(lock = %hold.lock_key, %error, "renewal failed: watchdog stopped renewing, lock lost");
+            }
+            _ => {
+                tracing::warn!(lock = %hold.lock_key, reason = ?why, "watchdog stopped renewing: lock lost");
+            }
         }
         hold.lease.update(|lease| lease.ended = Some(why));
         self.ended.notify_waiters();
@@ -388,29 +458,64 @@ async fn run(shared: Arc<Shared>) {
 }
 
 /// Renews the locks of one node with one call; when it fails, reads the slot map again and
-/// renews them one by one, scheduling a retry for those that fail again.
+/// renews them one by one (see the module documentation for what a failure leads to).
 async fn renew(shared: Arc<Shared>, nodes: Arc<tokio::sync::RwLock<SlotMap>>, chunk: Vec<Due>) {
-    if renew_group(&shared, &chunk).await {
+    let error = match renew_group(&shared, &chunk).await {
+        Ok(()) => return,
+        Err(error) => error,
+    };
+    if chunk.len() == 1 {
+        // The call was that lock's own.
+        settle_failure(&shared, &chunk, &error);
+        return;
+    }
+    if error.is_transient() && shared.topology() != Topology::Cluster {
+        // The only node is down or refusing writes: each lock alone would fail the same way.
+        shared.watchdog.retry(&chunk, Instant::now());
         return;
     }
     nodes.write().await.refresh(&shared).await;
+    let mut transient_in_row = 0;
     let mut rest = chunk.into_iter();
     while let Some(lock) = rest.next() {
         let one = [lock];
-        if !renew_group(&shared, &one).await {
-            // Most likely the node is down: try all of them again soon rather than waiting
-            // out one timeout per lock.
-            shared.watchdog.retry(&one);
-            shared.watchdog.retry(&rest.collect::<Vec<_>>());
+        let Err(error) = renew_group(&shared, &one).await else {
+            transient_in_row = 0;
+            continue;
+        };
+        settle_failure(&shared, &one, &error);
+        if !error.is_transient() {
+            transient_in_row = 0;
+            continue;
+        }
+        transient_in_row += 1;
+        if transient_in_row >= NODE_DOWN_AFTER {
+            // Most likely the node is down: try the rest again after their back-off rather
+            // than waiting out one timeout per lock.
+            shared
+                .watchdog
+                .retry(&rest.collect::<Vec<_>>(), Instant::now());
             return;
         }
     }
 }
 
-/// One renewal call for locks on one node; false when it failed as a whole.
-async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> bool {
+/// Deals with the failed renewal call of one lock (`due` holds one): a transient error is
+/// retried after the back-off; any other ends the hold.
+fn settle_failure(shared: &Shared, due: &[Due], error: &Error) {
+    match due {
+        [lock] if !error.is_transient() => {
+            shared.watchdog.failed(&shared.counters, lock, error);
+        }
+        _ => shared.watchdog.retry(due, Instant::now()),
+    }
+}
+
+/// One renewal call for locks on one node, applied to their holds; the error when it failed
+/// as a whole.
+async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> Result<(), Error> {
     let Some(first) = due.first() else {
-        return true;
+        return Ok(());
     };
     let mut args: Vec<&str> = Vec::with_capacity(due.len() * 3);
     for lock in due {
@@ -427,7 +532,7 @@ async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> bool {
         Ok(codes) if codes.len() == due.len() => {
             tracing::debug!(locks = due.len(), "renewed");
             shared.watchdog.apply(&shared.counters, due, &codes, sent);
-            true
+            Ok(())
         }
         Ok(codes) => {
             tracing::warn!(
@@ -435,11 +540,15 @@ async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> bool {
                 answered = codes.len(),
                 "renewal reply of the wrong length"
             );
-            false
+            Err(Error::UnexpectedReply {
+                name: first.lock_key.to_string(),
+                operation: "renew",
+                detail: format!("{} codes for {} locks", codes.len(), due.len()),
+            })
         }
         Err(err) => {
             tracing::debug!(locks = due.len(), error = %err, "renewal call failed");
-            false
+            Err(err)
         }
     }
 }
@@ -504,4 +613,134 @@ fn parse_slots(reply: &Value) -> Vec<u16> {
         }
     }
     map
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_back_off_doubles_up_to_a_quarter_period_and_stops_at_the_lease_end() {
+        let now = Instant::now();
+        let every = Duration::from_secs(10);
+        let far = now + Duration::from_secs(60);
+        let delays: Vec<Duration> = (1..=8)
+            .map(|n| retry_at(now, n, every, far) - now)
+            .collect();
+        let expected = [100, 200, 400, 800, 1600, 2500, 2500, 2500];
+        assert_eq!(delays, expected.map(|ms| ms * MS));
+        assert_eq!(retry_at(now, u32::MAX, every, far) - now, 2500 * MS);
+        // A short period caps the first retry too; the lease end caps everything.
+        assert_eq!(retry_at(now, 1, 300 * MS, far) - now, 75 * MS);
+        assert_eq!(retry_at(now, 1, Duration::from_micros(1), far) - now, MS);
+        assert_eq!(retry_at(now, 5, every, now + 30 * MS), now + 30 * MS);
+    }
+
+    /// A watchdog with one hold (TTL 3 s, period 1 s) taken at `start`; returns its id.
+    fn one_hold(start: Instant) -> (Watchdog, u64, SharedLease) {
+        let watchdog = Watchdog::default();
+        let lease = SharedLease::new(Lease {
+            valid_until: start + Duration::from_secs(3),
+            ended: None,
+        });
+        let hold = Hold {
+            lock_key: "fencelock:{a}:lock".into(),
+            owner: "me".into(),
+            slot: 0,
+            ttl: Duration::from_secs(3),
+            every: Duration::from_secs(1),
+            hold_until: None,
+            renew_at: start + Duration::from_secs(1),
+            early: true,
+            failures: 0,
+            in_flight: false,
+            lease: lease.clone(),
+        };
+        watchdog.state().holds.insert(7, hold);
+        (watchdog, 7, lease)
+    }
+
+    #[test]
+    fn failing_renewals_are_retried_a_few_times_until_the_lease_ends_unconfirmed() {
+        let start = Instant::now();
+        let (watchdog, _, lease) = one_hold(start);
+        let mut now = start + Duration::from_secs(1);
+        let mut tries = Vec::new();
+        loop {
+            let (due, next) = watchdog.take_due(now);
+            if due.is_empty() {
+                match next {
+                    Some(next) => {
+                        assert!(next > now, "a retry is never due in the past");
+                        now = next;
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            tries.push(now - start);
+            watchdog.retry(&due, now);
+        }
+        let tries: Vec<u128> = tries.iter().map(Duration::as_millis).collect();
+        assert_eq!(
+            tries,
+            [1000, 1100, 1300, 1550, 1800, 2050, 2300, 2550, 2800]
+        );
+        assert_eq!(
+            now,
+            start + Duration::from_secs(3),
+            "ended at the lease end"
+        );
+        assert_eq!(lease.get().ended, Some(Ended::Unconfirmed));
+        assert!(watchdog.state().holds.is_empty());
+    }
+
+    #[test]
+    fn a_success_resets_the_back_off() {
+        let start = Instant::now();
+        let (watchdog, id, lease) = one_hold(start);
+        let counters = Counters::default();
+        let mut now = start + Duration::from_secs(1);
+        for _ in 0..3 {
+            let (due, _) = watchdog.take_due(now);
+            watchdog.retry(&due, now);
+            now = watchdog.state().holds[&id].renew_at;
+        }
+        let (due, _) = watchdog.take_due(now);
+        assert_eq!(due.len(), 1);
+        watchdog.apply(&counters, &due, &[1], now);
+        assert_eq!(lease.get().valid_until, now + 3000 * MS - 32 * MS);
+        let (due, next) = watchdog.take_due(now);
+        assert!(due.is_empty());
+        assert_eq!(next, Some(now + Duration::from_secs(1)));
+        let (due, _) = watchdog.take_due(now + Duration::from_secs(1));
+        watchdog.retry(&due, now + Duration::from_secs(1));
+        let renew_at = watchdog.state().holds[&id].renew_at;
+        assert_eq!(renew_at, now + Duration::from_secs(1) + FIRST_RETRY);
+    }
+
+    #[test]
+    fn a_failure_that_retrying_does_not_cure_ends_the_hold() {
+        let start = Instant::now();
+        let (watchdog, _, lease) = one_hold(start);
+        let counters = Counters::default();
+        let (due, _) = watchdog.take_due(start + Duration::from_secs(1));
+        let error = Error::UnexpectedReply {
+            name: "fencelock:{a}:lock".into(),
+            operation: "renew",
+            detail: "status 7".into(),
+        };
+        watchdog.failed(&counters, &due[0], &error);
+        assert!(watchdog.state().holds.is_empty());
+        assert_eq!(counters.lost.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let ended = lease.get().ended.expect("ended");
+        let lost = ended.into_error("a", None);
+        assert!(lost.is_lock_lost());
+        assert!(
+            matches!(&lost, Error::RenewalFailed { name, reason } if name == "a" && reason.contains("status 7")),
+            "{lost}"
+        );
+    }
 }

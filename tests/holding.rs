@@ -1,11 +1,12 @@
-//! Holding on a real cluster: the watchdog, loss detection, batched renewal and re-entry.
+//! Holding on a real cluster: the watchdog, loss detection, batched renewal and re-entry; and
+//! on a standalone server: how the watchdog behaves when renewals fail.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive_tasks, eventually, Cluster};
-use fencelock::{Client, Error, LockOptions};
+use common::{alive_tasks, eventually, Cluster, Standalone};
+use fencelock::{Client, Error, LockGuard, LockOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_watchdog_keeps_a_lock_past_its_ttl_and_reports_losses() {
@@ -106,6 +107,8 @@ async fn no_watchdog_task_outlives_its_guards() {
         alive_tasks() <= baseline
     })
     .await;
+    // Counted again: the first count may have included a connection task that ended since.
+    let baseline = alive_tasks();
 
     let guards = [
         client.lock("tasks:a", &watched).await.unwrap(),
@@ -256,4 +259,140 @@ async fn reentry_shares_the_fence_and_frees_on_the_last_release() {
         .release()
         .await
         .unwrap();
+}
+
+/// Watched guards `prefix:0` .. `prefix:{count - 1}`.
+async fn watched_guards(
+    client: &Client,
+    prefix: &str,
+    count: usize,
+    options: &LockOptions,
+) -> Vec<LockGuard> {
+    let mut guards = Vec::new();
+    for i in 0..count {
+        guards.push(
+            client
+                .lock(&format!("{prefix}:{i}"), options)
+                .await
+                .unwrap(),
+        );
+    }
+    guards
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_renewals_back_off_until_the_leases_end() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let ttl = Duration::from_secs(1);
+    let watched = LockOptions::new().ttl(ttl).watchdog(true);
+    let guards = watched_guards(&client, "storm", 10, &watched).await;
+    eventually("a first renewal", ttl, || client.stats().renewals >= 10).await;
+
+    // The server turns into a replica of a master that does not exist: it keeps its data but
+    // refuses every renewal at once (`READONLY`, a transient error). Each hold must end as
+    // unconfirmed when its lease runs out, after a few retries, not thousands.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere_port = nowhere.local_addr().unwrap().port();
+    drop(nowhere);
+    let before = client.stats();
+    let refused = Instant::now();
+    server
+        .node
+        .cmd::<()>(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(nowhere_port));
+    for guard in &guards {
+        let lost = tokio::time::timeout(ttl * 2, guard.lost())
+            .await
+            .expect("each lease ends within its TTL");
+        assert!(matches!(lost, Error::LeaseUnconfirmed { .. }), "{lost}");
+    }
+    let ended = refused.elapsed();
+    let calls = client.stats().renewal_calls - before.renewal_calls;
+    println!("{calls} renewal calls for 10 locks in the {ended:?} until every lease ended");
+    assert!(ended <= ttl + ttl / 4, "{ended:?}");
+    assert!(
+        (4..=10 * 4).contains(&calls),
+        "retries back off, but several fit in the lease: {calls} renewal calls for 10 locks \
+         in {ended:?}"
+    );
+    // Ended holds are no longer renewed: the count settles.
+    let deadline = Instant::now() + ttl;
+    loop {
+        let calls = client.stats().renewal_calls;
+        tokio::time::sleep(ttl / 5).await;
+        if client.stats().renewal_calls == calls {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "renewals go on after every hold ended"
+        );
+    }
+    server
+        .node
+        .cmd::<()>(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lock_key_overwritten_ends_only_its_own_hold() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let other = Client::connect([server.url()]).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let watched = LockOptions::new().ttl(ttl).watchdog(true);
+    let mut guards = watched_guards(&client, "wrongtype", 8, &watched).await;
+    eventually("a first renewal", ttl, || client.stats().renewals >= 8).await;
+
+    // Another program overwrites one lock's key with a string: renewing it fails for good.
+    let broken = guards.remove(3);
+    server
+        .node
+        .cmd::<()>(redis::cmd("SET").arg(broken.keys().lock_key()).arg("x"));
+    let before = client.stats();
+    let overwritten = Instant::now();
+    let lost = tokio::time::timeout(ttl, broken.lost())
+        .await
+        .expect("the failed renewal ends the hold within a renewal period");
+    println!("lost after {:?}: {lost}", overwritten.elapsed());
+    match &lost {
+        Error::RenewalFailed { name, reason } => {
+            assert_eq!(name, "wrongtype:3");
+            assert!(reason.contains("WRONGTYPE"), "{reason}");
+        }
+        other => panic!("expected RenewalFailed, got {other:?}"),
+    }
+    assert!(lost.is_lock_lost());
+    assert!(!broken.is_valid());
+    assert_eq!(client.stats().lost - before.lost, 1);
+
+    // The other holds on the same server keep being renewed for several TTLs.
+    let until = overwritten + ttl * 4;
+    while Instant::now() < until {
+        for guard in &guards {
+            assert!(guard.is_valid(), "{} still valid", guard.name());
+            let lease = server.node.lease_ms(guard.keys().lock_key());
+            assert!(lease.is_some(), "{} still held in Redis", guard.name());
+            let taken = other.try_lock(guard.name(), &watched).await;
+            assert!(
+                taken.unwrap_err().is_busy(),
+                "{} refused to others",
+                guard.name()
+            );
+        }
+        tokio::time::sleep(ttl / 6).await;
+    }
+    let after = client.stats();
+    let calls = after.renewal_calls - before.renewal_calls;
+    let renewals = after.renewals - before.renewals;
+    println!("{calls} renewal calls, {renewals} renewals in 4 TTLs");
+    // About 3 periods per TTL with one call each, plus one round one by one (9 calls).
+    assert!(
+        calls <= 4 * 3 * 2 + 9,
+        "{calls} renewal calls, {renewals} renewals"
+    );
+    assert!(renewals >= 7 * 4 * 2, "{renewals}");
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    drop(broken);
 }
