@@ -241,8 +241,24 @@ mod imp {
             }
             next = err.source();
         }
-        None
+        // A cluster connection that could reach none of its nodes keeps only the text of
+        // their errors; rustls' messages begin like this.
+        let text = source.to_string();
+        if text.contains("invalid peer certificate") {
+            Some(UNTRUSTED)
+        } else if text.contains("received fatal alert") || text.contains("peer is incompatible") {
+            Some(OTHER)
+        } else {
+            None
+        }
     }
+
+    const UNTRUSTED: &str = "TLS handshake failed: the server's certificate is not trusted: \
+                             check --tls-ca (tls_ca_file) and the server certificate's names";
+    const CLIENT_CERT: &str = "TLS handshake failed: the server did not accept the client \
+                               certificate: check --tls-cert/--tls-key (tls_client_cert_files)";
+    const OTHER: &str = "TLS handshake failed: check that the port speaks TLS, --tls-ca \
+                         (tls_ca_file) and the server certificate";
 
     /// The rustls error `err` is or wraps: redis-rs keeps I/O errors as
     /// `Arc<dyn Error>`, and tokio-rustls hands rustls errors over inside an `io::Error`.
@@ -262,10 +278,7 @@ mod imp {
 
     fn reason(err: &rustls::Error) -> &'static str {
         match err {
-            rustls::Error::InvalidCertificate(_) => {
-                "TLS handshake failed: the server's certificate is not trusted: check --tls-ca \
-                 (tls_ca_file) and the server certificate's names"
-            }
+            rustls::Error::InvalidCertificate(_) => UNTRUSTED,
             rustls::Error::AlertReceived(
                 AlertDescription::CertificateRequired
                 | AlertDescription::BadCertificate
@@ -274,14 +287,8 @@ mod imp {
                 | AlertDescription::CertificateExpired
                 | AlertDescription::CertificateRevoked
                 | AlertDescription::UnsupportedCertificate,
-            ) => {
-                "TLS handshake failed: the server did not accept the client certificate: check \
-                 --tls-cert/--tls-key (tls_client_cert_files)"
-            }
-            _ => {
-                "TLS handshake failed: check that the port speaks TLS, --tls-ca (tls_ca_file) \
-                 and the server certificate"
-            }
+            ) => CLIENT_CERT,
+            _ => OTHER,
         }
     }
 }
@@ -309,6 +316,23 @@ mod tests {
     use std::sync::Arc;
 
     use rustls::crypto::CryptoProvider;
+
+    #[test]
+    fn tls_failures_are_told_apart() {
+        let untrusted = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = std::io::Error::new(std::io::ErrorKind::InvalidData, untrusted);
+        let reason = super::failure(&redis::RedisError::from(wrapped)).expect("a TLS failure");
+        assert!(reason.contains("not trusted"), "{reason}");
+        // What a cluster connection keeps of its nodes' errors: their text.
+        let summary = redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "Failed to create initial connections",
+            "Io: invalid peer certificate: UnknownIssuer".to_owned(),
+        ));
+        assert_eq!(super::failure(&summary), Some(reason));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(super::failure(&redis::RedisError::from(refused)), None);
+    }
 
     /// The only test in this binary that touches the process-level provider.
     #[test]
