@@ -2,6 +2,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Value};
 use tracing::Instrument;
 
-use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, Topology};
+use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, TlsFiles, Topology};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::fence::StaleFence;
@@ -86,6 +87,7 @@ pub struct ClientBuilder {
     wait_lanes: usize,
     wake_on_release: bool,
     expiry_grace: Duration,
+    tls: TlsFiles,
 }
 
 /// The most WAIT lanes a client may open.
@@ -169,12 +171,65 @@ impl ClientBuilder {
         self
     }
 
+    /// Trusts the CA certificates in the PEM file at `path` for `rediss://` servers, instead of
+    /// the platform's root certificates (as `redis-cli --cacert` does): for servers whose
+    /// certificates a private CA signed. The file may hold several certificates. It is read
+    /// by [`connect`](Self::connect), and applies to every connection the client opens.
+    ///
+    /// Without this setting `rediss://` servers must present a certificate the platform's
+    /// roots trust. Needs the `tls` feature (on by default) and `rediss://` URLs only:
+    /// `connect` fails with [`Error::InvalidConfig`] otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["rediss://redis.internal:6380"])
+    ///     .tls_ca_file("/etc/redis/tls/ca.pem")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert` (the certificate, optionally
+    /// followed by its intermediates) with the private key in the PEM file `key`, for servers
+    /// that require mutual TLS (`tls-auth-clients yes`). Read by [`connect`](Self::connect),
+    /// which checks that key and certificate belong together; applies to every connection.
+    ///
+    /// Needs the `tls` feature (on by default) and `rediss://` URLs only: `connect` fails with
+    /// [`Error::InvalidConfig`] otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["rediss://redis.internal:6380"])
+    ///     .tls_ca_file("/etc/redis/tls/ca.pem")
+    ///     .tls_client_cert_files("/etc/redis/tls/app.pem", "/etc/redis/tls/app.key")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_client_cert_files(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client = Some((cert.into(), key.into()));
+        self
+    }
+
     /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a bad URL or setting, [`Error::Connect`] when no node
-    /// answers within the connect and request timeouts, or a node refuses the credentials.
+    /// [`Error::InvalidConfig`] for a bad URL or setting, or a TLS file that cannot be read or
+    /// used; [`Error::Connect`] when no node answers within the connect and request timeouts,
+    /// a node refuses the credentials, or the TLS handshake fails (its `source` tells why).
     ///
     /// # Cancel safety
     ///
@@ -227,7 +282,8 @@ impl ClientBuilder {
             connect: self.connect_timeout,
             response: self.request_timeout,
         };
-        let (endpoint, conn) = Endpoint::discover(&self.urls, timeouts, self.retries).await?;
+        let (endpoint, conn) =
+            Endpoint::discover(&self.urls, timeouts, self.retries, &self.tls).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
         Ok(Client {
             shared: Arc::new(Shared {
@@ -327,6 +383,7 @@ impl Client {
             wait_lanes: 4,
             wake_on_release: true,
             expiry_grace: DEFAULT_EXPIRY_GRACE,
+            tls: TlsFiles::default(),
         }
     }
 

@@ -1,4 +1,7 @@
-//! Connections: cluster or standalone detection, timeouts, NOSCRIPT handling and WAIT lanes.
+//! Connections: cluster or standalone detection, timeouts, TLS, NOSCRIPT handling and WAIT
+//! lanes.
+
+mod tls;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -15,6 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::scripts::LuaScript;
+
+pub(crate) use tls::TlsFiles;
 
 /// What kind of deployment the client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,18 +94,21 @@ pub(crate) struct Endpoint {
     timeouts: Timeouts,
     seeds: Vec<ConnectionInfo>,
     retries: u32,
+    /// Applied to every connection: the seeds carry them, and every cluster builder.
+    certs: Option<tls::Certs>,
 }
 
 /// After the first seed answers, how long the others get to answer too.
 const PROBE_GRACE: Duration = Duration::from_millis(25);
 
 impl Endpoint {
-    /// Probes every URL at once, detects cluster mode and opens the main connection through
-    /// the nodes that answer.
+    /// Reads the TLS files, probes every URL at once, detects cluster mode and opens the main
+    /// connection through the nodes that answer.
     pub(crate) async fn discover(
         urls: &[String],
         timeouts: Timeouts,
         retries: u32,
+        tls_files: &TlsFiles,
     ) -> Result<(Self, Connection)> {
         if urls.is_empty() {
             return Err(Error::InvalidConfig {
@@ -111,6 +119,11 @@ impl Endpoint {
             .iter()
             .map(|url| parse_url(url))
             .collect::<Result<Vec<_>>>()?;
+        let certs = tls::prepare(tls_files, &seeds)?;
+        let seeds = seeds
+            .into_iter()
+            .map(|seed| tls::apply(seed, certs.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
         let nodes = seeds
             .iter()
             .map(|i| i.addr().to_string())
@@ -119,7 +132,7 @@ impl Endpoint {
         let (topology, live) = probe_all(&seeds, timeouts, &nodes).await?;
         let opener = match topology {
             Topology::Cluster => Opener::Cluster(
-                cluster_builder(&seeds, timeouts, retries)
+                cluster_builder(&seeds, timeouts, retries, certs.as_ref())
                     .response_timeout(Duration::from_secs(24 * 3600))
                     .overall_response_timeout(None)
                     .build()
@@ -136,6 +149,7 @@ impl Endpoint {
             timeouts,
             seeds,
             retries,
+            certs,
         };
         let conn = endpoint.connect_through(&live).await?;
         Ok((endpoint, conn))
@@ -152,9 +166,10 @@ impl Endpoint {
     async fn connect_through(&self, live: &[ConnectionInfo]) -> Result<Connection> {
         match self.topology {
             Topology::Cluster => {
-                let client = cluster_builder(live, self.timeouts, self.retries)
-                    .build()
-                    .map_err(|e| config_error(&self.nodes, e))?;
+                let client =
+                    cluster_builder(live, self.timeouts, self.retries, self.certs.as_ref())
+                        .build()
+                        .map_err(|e| config_error(&self.nodes, e))?;
                 self.within(client.get_async_connection())
                     .await
                     .map(Connection::Cluster)
@@ -198,11 +213,12 @@ impl Endpoint {
         let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
         match self.topology {
             Topology::Cluster => {
-                let client = cluster_builder(&live, self.timeouts, self.retries)
-                    .use_protocol(ProtocolVersion::RESP3)
-                    .push_sender(push)
-                    .build()
-                    .map_err(|e| config_error(&self.nodes, e))?;
+                let client =
+                    cluster_builder(&live, self.timeouts, self.retries, self.certs.as_ref())
+                        .use_protocol(ProtocolVersion::RESP3)
+                        .push_sender(push)
+                        .build()
+                        .map_err(|e| config_error(&self.nodes, e))?;
                 self.within(client.get_async_connection())
                     .await
                     .map(Subscriber::Cluster)
@@ -284,15 +300,18 @@ fn cluster_builder(
     infos: &[ConnectionInfo],
     timeouts: Timeouts,
     retries: u32,
+    certs: Option<&tls::Certs>,
 ) -> ClusterClientBuilder {
-    ClusterClientBuilder::new(infos.to_vec())
+    let builder = ClusterClientBuilder::new(infos.to_vec())
         .connection_timeout(timeouts.connect)
         .response_timeout(timeouts.response)
         .overall_response_timeout(Some(timeouts.response * (retries + 1)))
         .retries(retries)
         .min_retry_wait(10)
         .max_retry_wait(300)
-        .retry_wait_formula(10, 2)
+        .retry_wait_formula(10, 2);
+    // The seeds carry the certificates already; the nodes the cluster reports do not.
+    tls::apply_to_cluster(builder, certs)
 }
 
 fn parse_url(url: &str) -> Result<ConnectionInfo> {
@@ -403,7 +422,9 @@ fn is_auth_failure(source: &RedisError) -> bool {
 }
 
 fn connect_error(target: &str, source: RedisError) -> Error {
-    let reason = if is_auth_failure(&source) {
+    let reason = if let Some(reason) = tls::failure(&source) {
+        reason.to_owned()
+    } else if is_auth_failure(&source) {
         "authentication failed: check the user and password in the URL".to_owned()
     } else if source.is_connection_refusal() || source.is_io_error() {
         "connection refused or dropped: is Redis running there?".to_owned()
@@ -423,10 +444,13 @@ fn config_error(target: &str, source: RedisError) -> Error {
     }
 }
 
-/// A node answered and said no (bad password, refused handshake), as opposed to not answering.
+/// A node answered and said no (bad password, failed TLS handshake), as opposed to not
+/// answering.
 fn is_refusal(err: &Error) -> bool {
     matches!(err, Error::Connect { source: Some(s), .. }
-        if is_auth_failure(s) || !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
+        if is_auth_failure(s)
+            || tls::failure(s).is_some()
+            || !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
 }
 
 /// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.

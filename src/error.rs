@@ -36,7 +36,8 @@ pub enum Error {
         reason: String,
     },
 
-    /// No server could be reached, or a server refused the credentials.
+    /// No server could be reached, a server refused the credentials, or the TLS handshake
+    /// failed; `source` (through [`std::error::Error::source`]) carries the cause.
     #[error("cannot connect to {target}: {reason}")]
     Connect {
         /// The URL or node that was tried.

@@ -5,7 +5,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod chaos;
@@ -67,12 +68,199 @@ fn scratch_dir(port: u16) -> PathBuf {
     dir
 }
 
+/// Certificates made with `openssl` for TLS servers: a CA, a certificate for 127.0.0.1 and
+/// localhost signed by it (server and client use, as nodes present it to each other), a client
+/// certificate signed by it, and an unrelated CA. The directory is removed on drop.
+pub struct TlsCerts {
+    dir: PathBuf,
+}
+
+impl TlsCerts {
+    pub fn generate() -> Arc<TlsCerts> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "fencelock-tls-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create certificate dir");
+        let certs = TlsCerts { dir };
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&certs.dir)
+                .output()
+                .expect("openssl must be installed");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let new_key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        for ca in ["ca", "other-ca"] {
+            let (key, pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+            let subject = format!("/CN=fencelock test {ca}");
+            openssl(
+                &[
+                    &["req", "-x509"][..],
+                    &new_key,
+                    &["-keyout", &key, "-out", &pem],
+                ]
+                .concat()
+                .into_iter()
+                .chain(["-days", "2", "-subj", &subject])
+                .collect::<Vec<_>>(),
+            );
+        }
+        for (name, usage) in [
+            (
+                "server",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth",
+            ),
+            ("client", "extendedKeyUsage=clientAuth"),
+        ] {
+            let (key, csr, pem, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+                format!("{name}.ext"),
+            );
+            std::fs::write(
+                certs.dir.join(&ext),
+                format!("basicConstraints=CA:FALSE\n{usage}\n"),
+            )
+            .expect("write extensions");
+            let subject = format!("/CN=fencelock test {name}");
+            openssl(
+                &[
+                    &["req"][..],
+                    &new_key,
+                    &["-keyout", &key, "-out", &csr, "-subj", &subject],
+                ]
+                .concat(),
+            );
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-out",
+                &pem,
+                "-extfile",
+                &ext,
+            ]);
+        }
+        Arc::new(certs)
+    }
+
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// The CA that signed the server and client certificates.
+    pub fn ca(&self) -> PathBuf {
+        self.path("ca.pem")
+    }
+
+    /// A CA that signed nothing here.
+    pub fn other_ca(&self) -> PathBuf {
+        self.path("other-ca.pem")
+    }
+
+    pub fn client_cert(&self) -> PathBuf {
+        self.path("client.pem")
+    }
+
+    pub fn client_key(&self) -> PathBuf {
+        self.path("client.key")
+    }
+
+    /// `redis-server` arguments for a TLS-only server on `port` (`--tls-auth-clients mode`).
+    fn server_args(&self, port: u16, auth_clients: &str) -> Vec<String> {
+        let file = |name: &str| self.path(name).display().to_string();
+        [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &file("server.pem"),
+            "--tls-key-file",
+            &file("server.key"),
+            "--tls-ca-cert-file",
+            &file("ca.pem"),
+            "--tls-auth-clients",
+            auth_clients,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    /// `redis-cli` arguments for TLS with the CA and the client certificate.
+    fn cli_args(&self) -> Vec<String> {
+        let file = |name: &str| self.path(name).display().to_string();
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            file("ca.pem"),
+            "--cert".into(),
+            file("client.pem"),
+            "--key".into(),
+            file("client.key"),
+        ]
+    }
+
+    /// A redis-rs client for `url` that trusts the CA and presents the client certificate.
+    #[cfg(feature = "tls")]
+    fn client(&self, url: &str) -> redis::RedisResult<redis::Client> {
+        let read = |name: &str| std::fs::read(self.path(name)).expect("certificate file");
+        redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: Some(redis::ClientTlsConfig {
+                    client_cert: read("client.pem"),
+                    client_key: read("client.key"),
+                }),
+                root_cert: Some(read("ca.pem")),
+            },
+        )
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn client(&self, _url: &str) -> redis::RedisResult<redis::Client> {
+        panic!("TLS servers need fencelock's `tls` feature")
+    }
+}
+
+impl Drop for TlsCerts {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// One redis-server process.
 pub struct Node {
     pub port: u16,
     child: Child,
     dir: PathBuf,
     password: Option<String>,
+    /// Set for a TLS-only server: its URL is `rediss://`.
+    tls: Option<Arc<TlsCerts>>,
     killed: bool,
 }
 
@@ -82,20 +270,29 @@ impl Node {
     }
 
     fn spawn_with(extra: &[&str], password: Option<&str>) -> Node {
+        Self::spawn_inner(extra, password, None)
+    }
+
+    /// A TLS-only server (`--tls-auth-clients auth_clients`).
+    fn spawn_tls(extra: &[&str], certs: &Arc<TlsCerts>, auth_clients: &str) -> Node {
+        Self::spawn_inner(extra, None, Some((certs, auth_clients)))
+    }
+
+    fn spawn_inner(
+        extra: &[&str],
+        password: Option<&str>,
+        tls: Option<(&Arc<TlsCerts>, &str)>,
+    ) -> Node {
         let port = free_port();
         let dir = scratch_dir(port);
         let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+        let listen = match tls {
+            Some((certs, auth_clients)) => certs.server_args(port, auth_clients),
+            None => vec!["--port".into(), port.to_string()],
+        };
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(listen)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
             .args(extra)
@@ -108,6 +305,7 @@ impl Node {
             child,
             dir,
             password: password.map(str::to_owned),
+            tls: tls.map(|(certs, _)| Arc::clone(certs)),
             killed: false,
         };
         wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
@@ -121,9 +319,14 @@ impl Node {
     }
 
     pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         match &self.password {
-            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
-            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(password) => format!("{scheme}://:{password}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
         }
     }
 
@@ -137,7 +340,10 @@ impl Node {
     }
 
     fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(self.url())?;
+        let client = match &self.tls {
+            Some(certs) => certs.client(&self.url())?,
+            None => redis::Client::open(self.url())?,
+        };
         let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         Ok(conn)
@@ -248,6 +454,14 @@ impl Standalone {
         }
     }
 
+    /// A TLS-only server with `certs` (`--tls-auth-clients auth_clients`: `yes` requires a
+    /// client certificate); `node.url()` is `rediss://`.
+    pub fn start_tls(certs: &Arc<TlsCerts>, auth_clients: &str) -> Self {
+        Self {
+            node: Node::spawn_tls(&[], certs, auth_clients),
+        }
+    }
+
     pub fn url(&self) -> String {
         self.node.url()
     }
@@ -262,22 +476,40 @@ pub const NODE_TIMEOUT: Duration = Duration::from_millis(2000);
 
 impl Cluster {
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// The same over TLS only: clients, the cluster bus and replication (`--tls-cluster yes
+    /// --tls-replication yes`); clients need no certificate of their own.
+    pub fn start_tls(certs: &Arc<TlsCerts>) -> Self {
+        Self::start_with(Some(certs))
+    }
+
+    fn start_with(tls: Option<&Arc<TlsCerts>>) -> Self {
         let timeout = NODE_TIMEOUT.as_millis().to_string();
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &timeout,
+            "--cluster-replica-validity-factor",
+            "0",
+        ];
+        let tls_args = [
+            &args[..],
+            &["--tls-cluster", "yes", "--tls-replication", "yes"],
+        ]
+        .concat();
         let nodes: Vec<Node> = (0..6)
-            .map(|_| {
-                Node::spawn(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    &timeout,
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ])
+            .map(|_| match tls {
+                Some(certs) => Node::spawn_tls(&tls_args, certs, "no"),
+                None => Node::spawn(&args),
             })
             .collect();
         let status = Command::new("redis-cli")
+            .args(tls.map(|certs| certs.cli_args()).unwrap_or_default())
             .args(["--cluster", "create"])
             .args(nodes.iter().map(Node::addr))
             .args(["--cluster-replicas", "1", "--cluster-yes"])

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{Client, FenceMode, LockGuard, LockOptions};
+use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -67,7 +67,7 @@ impl From<FenceModeArg> for FenceMode {
 /// How long a command gets to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
 
-pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode {
+pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     let mut options = LockOptions::new()
         .ttl(args.ttl)
         .timeout(args.timeout)
@@ -79,9 +79,7 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
     if let Some(replicas) = args.wait_replicas {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
-    let client = Client::builder(urls)
-        .prefix(prefix)
-        .fence_mode(args.fence_mode.into());
+    let client = client.fence_mode(args.fence_mode.into());
     let client = match client.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),

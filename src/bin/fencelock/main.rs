@@ -8,11 +8,12 @@
 mod duration;
 mod exec;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelock::{Error, LockKeys, Placement};
+use fencelock::{Client, ClientBuilder, Error, LockKeys, Placement};
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
 #[derive(Parser, Debug)]
@@ -31,6 +32,9 @@ struct Cli {
     /// Key prefix.
     #[arg(long, global = true, default_value = "fencelock")]
     prefix: String,
+
+    #[command(flatten)]
+    tls: TlsArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -57,6 +61,51 @@ enum Command {
         #[command(flatten)]
         placement: PlacementArgs,
     },
+}
+
+/// TLS files for rediss:// URLs.
+#[derive(Args, Debug)]
+struct TlsArgs {
+    /// PEM file of CA certificates to trust for rediss:// servers, instead of the system's.
+    #[arg(
+        long = "tls-ca",
+        global = true,
+        env = "FENCELOCK_TLS_CA",
+        value_name = "FILE"
+    )]
+    ca: Option<PathBuf>,
+    /// PEM client certificate for servers that require mutual TLS (with --tls-key).
+    #[arg(
+        long = "tls-cert",
+        id = "tls_cert",
+        global = true,
+        env = "FENCELOCK_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    cert: Option<PathBuf>,
+    /// PEM private key of the --tls-cert certificate.
+    #[arg(
+        long = "tls-key",
+        id = "tls_key",
+        global = true,
+        env = "FENCELOCK_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    key: Option<PathBuf>,
+}
+
+/// A client builder for the global options.
+fn client_builder(urls: Vec<String>, prefix: String, tls: TlsArgs) -> ClientBuilder {
+    let mut builder = Client::builder(urls).prefix(prefix);
+    if let Some(ca) = tls.ca {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (tls.cert, tls.key) {
+        builder = builder.tls_client_cert_files(cert, key);
+    }
+    builder
 }
 
 /// Where a lock's keys live.
@@ -94,9 +143,20 @@ pub mod code {
     pub const REPLICAS: u8 = 76;
 }
 
-/// Prints a one-line error and returns the exit code for it.
+/// Prints a one-line error with its causes and returns the exit code for it.
 pub fn fail(error: &Error) -> ExitCode {
-    eprintln!("fencelock: {error}");
+    let mut line = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(err) = cause {
+        // Wrappers often repeat the message of what they wrap.
+        let text = err.to_string();
+        if !line.contains(&text) {
+            line.push_str(": caused by: ");
+            line.push_str(&text);
+        }
+        cause = err.source();
+    }
+    eprintln!("fencelock: {line}");
     ExitCode::from(match error {
         Error::Busy { .. } | Error::Timeout { .. } => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
@@ -156,7 +216,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(code::UNAVAILABLE);
                 }
             };
-            runtime.block_on(exec::run(cli.urls, cli.prefix, args))
+            let client = client_builder(cli.urls, cli.prefix, cli.tls);
+            runtime.block_on(exec::run(client, args))
         }
     }
 }
