@@ -346,12 +346,12 @@ fn script_text_from_a_shell_loads_under_the_sha_the_client_uses() {
         // What `redis-cli script load "$(fencelock script NAME)"` sends: trailing newlines cut.
         let text = printed.trim_end_matches('\n');
         let loaded: String = server.node.cmd(redis::cmd("SCRIPT").arg("LOAD").arg(text));
+        assert_eq!(loaded, script.sha1, "{}", script.name);
         let sha = fencelock("redis://127.0.0.1:1", &["script", "--sha", script.name]);
         assert!(sha.status.success());
         assert_eq!(
             String::from_utf8(sha.stdout).unwrap(),
             format!("{loaded}\n")
         );
-        assert_eq!(loaded, script.sha1, "{}", script.name);
     }
 }
