@@ -51,17 +51,47 @@ fn group_members(pgid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// How many processes of group `pgid` run `sleep` (not a shell that is about to exec it).
+fn sleeps(pgid: i32) -> usize {
+    group_members(pgid)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.starts_with("sleep\0"))
+        })
+        .count()
+}
+
 fn kill(pid: u32, signal: i32) {
     // SAFETY: kill(2) on a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
 }
 
-fn stderr_of(child: Child) -> (Option<i32>, String) {
-    let output = child.wait_with_output().unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+/// Waits for fencelock to exit and returns its exit code and stderr. Panics if some process
+/// still holds its stderr 2 s later (something of the command outlived fencelock).
+fn stderr_of(mut child: Child) -> (Option<i32>, String) {
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("fencelock did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        let _ = tx.send(text);
+    });
+    let text = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("a process outlived fencelock holding its stderr");
+    (status.code(), text)
 }
 
 #[test]
@@ -74,7 +104,7 @@ fn a_lost_lock_terminates_the_whole_process_group() {
     );
     let pgid = read_pgid(&mut child);
     wait_until("both sleeps to run", Duration::from_secs(10), || {
-        group_members(pgid).len() >= 3
+        sleeps(pgid) == 2
     });
     server
         .node
@@ -99,7 +129,7 @@ fn the_command_group_dies_when_fencelock_is_killed() {
     );
     let pgid = read_pgid(&mut child);
     wait_until("both sleeps to run", Duration::from_secs(10), || {
-        group_members(pgid).len() >= 3
+        sleeps(pgid) == 2
     });
     kill(child.id(), libc::SIGKILL);
     let killed = Instant::now();
@@ -140,7 +170,7 @@ fn signals_to_fencelock_reach_the_whole_group_and_the_lock_is_released() {
         let pgid = read_pgid(&mut child);
         wait_until("the grandchild's trap", Duration::from_secs(10), || {
             std::fs::read_to_string(&mark).is_ok_and(|text| text.contains("ready"))
-                && group_members(pgid).len() >= 5
+                && sleeps(pgid) == 3
         });
         kill(child.id(), signal);
         let (code, stderr) = stderr_of(child);
@@ -160,7 +190,7 @@ fn signals_to_fencelock_reach_the_whole_group_and_the_lock_is_released() {
     let mut child = spawn_exec(&server.url(), &["signals", "--", "sh", "-c", TWO_SLEEPS]);
     let pgid = read_pgid(&mut child);
     wait_until("both sleeps to run", Duration::from_secs(10), || {
-        group_members(pgid).len() >= 3
+        sleeps(pgid) == 2
     });
     kill(child.id(), libc::SIGINT);
     let (code, stderr) = stderr_of(child);
@@ -226,4 +256,86 @@ fn exec_keeps_the_status_and_warns_when_the_release_cannot_reach_redis() {
     assert_eq!(code, Some(5), "{stderr}");
     assert!(stderr.contains("warning"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn an_interactive_command_gets_the_terminal() {
+    // Run under a pseudo-terminal (util-linux `script`): the command's own process group must
+    // become the terminal's foreground group, or its read would stop it with SIGTTIN.
+    let server = Standalone::start();
+    let exec = format!(
+        "{} --url {} exec tty -- sh -c 'read line; echo got $line; \
+         ps -o pgid=,tpgid= -p $$'",
+        env!("CARGO_BIN_EXE_fencelock"),
+        server.url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &exec, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux script");
+    use std::io::Write;
+    child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("the command stopped reading the terminal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("got hello"), "{stdout}");
+    let groups: Vec<&str> = stdout.lines().last().unwrap().split_whitespace().collect();
+    assert_eq!(groups.len(), 2, "{stdout}");
+    assert_eq!(
+        groups[0], groups[1],
+        "the command's group is in the foreground"
+    );
+}
+
+#[test]
+fn a_stopped_command_still_acts_on_a_forwarded_signal() {
+    let server = Standalone::start();
+    let mut child = spawn_exec(
+        &server.url(),
+        &[
+            "stopped",
+            "--",
+            "sh",
+            "-c",
+            "cut -d' ' -f5 /proc/$$/stat; kill -STOP $$; exit 0",
+        ],
+    );
+    let pgid = read_pgid(&mut child);
+    let stopped = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat[stat.rfind(')').unwrap() + 1..]
+                .trim_start()
+                .starts_with('T')
+        })
+    };
+    wait_until(
+        "the command to stop itself",
+        Duration::from_secs(10),
+        || {
+            group_members(pgid)
+                .into_iter()
+                .any(|pid| pid != pgid && stopped(pid))
+        },
+    );
+    kill(child.id(), libc::SIGTERM);
+    let started = Instant::now();
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!server.node.held("fencelock:{stopped}:lock"));
 }

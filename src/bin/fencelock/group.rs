@@ -132,11 +132,13 @@ impl Group {
         }
     }
 
-    /// Sends `signal` to every process of the group but the guardian (which ignores it).
+    /// Sends `signal` to every process of the group but the guardian (which ignores it), then
+    /// SIGCONT, so that a stopped process acts on it too (as shells do for stopped jobs).
     pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) has no memory effects; the group is ours.
         unsafe {
             libc::kill(-self.pgid, signal);
+            libc::kill(-self.pgid, libc::SIGCONT);
         }
     }
 
