@@ -21,8 +21,8 @@ use crate::{code, duration_arg, fail, PlacementArgs};
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Lock TTL; the watchdog renews the lock every TTL/3 while CMD runs, so the TTL only
-    /// bounds how long a crashed holder blocks others.
+    /// Lock TTL (at least 10ms); the watchdog renews the lock every TTL/3 while CMD runs, so
+    /// the TTL only bounds how long a crashed holder blocks others.
     #[arg(long, default_value = "10s", value_parser = ttl_arg)]
     ttl: Duration,
     /// Stop renewing after this long: the lock is then lost and CMD terminated (exit 70).

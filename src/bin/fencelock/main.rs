@@ -42,12 +42,18 @@ struct Cli {
 }
 
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
---timeout; 76 too few replicas confirmed; 70 lock lost while the command ran; 64 bad input; \
-69 Redis unreachable.";
+--timeout; 76 too few replicas confirmed; 70 lock lost while the command ran (the command is \
+terminated) or found lost at the release; 64 bad input; 69 Redis unreachable; 127 the command \
+cannot be started.
+
+exec runs the command in its own process group: a lost lock terminates the whole group, a \
+guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
+forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME.
+    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME and runs in
+    /// its own process group, which dies with fencelock.
     Exec(exec::ExecArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
     /// renew, fenced_set), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
