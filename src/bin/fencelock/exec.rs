@@ -189,13 +189,16 @@ pub async fn run(urls: Vec<String>, prefix: String, args: ExecArgs) -> ExitCode 
         }
         Supervised::Lost(reason) => {
             let fence = guard.fence();
-            drop(guard);
             group.signal(libc::SIGTERM);
             if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
                 group.wait_empty(GRACE).await;
             }
             group.kill().await;
             let _ = child.wait().await;
+            // Released only now (a lease that merely went unconfirmed may still be ours and must
+            // not go to someone else while the command is being stopped), and awaited: a
+            // background release would not run once fencelock returns.
+            let _ = guard.release().await;
             eprintln!(
                 "fencelock: lost lock {:?} (fence {fence}) while the command ran: {reason}; the \
                  command was terminated",
