@@ -28,7 +28,10 @@ pub(crate) struct LuaScript {
 }
 
 impl LuaScript {
+    /// Trailing newlines are dropped before hashing, so the text `$(fencelock script NAME)`
+    /// yields in a shell (which strips them) has the SHA1 the client sends.
     fn new(name: &'static str, source: &'static str) -> Self {
+        let source = source.trim_end_matches('\n');
         let sha = redis::Script::new(source).get_hash().to_owned();
         Self { name, source, sha }
     }
@@ -68,7 +71,8 @@ pub struct ScriptSource {
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
-    /// The Lua source, `#!lua` first line included.
+    /// The Lua source, `#!lua` first line included, without a trailing newline (the SHA1 is
+    /// computed over exactly this text).
     pub source: &'static str,
 }
 

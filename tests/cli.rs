@@ -286,3 +286,72 @@ impl OutputAsync for Command {
             .unwrap()
     }
 }
+
+#[test]
+fn exec_rejects_a_ttl_below_the_minimum_before_starting_anything() {
+    // Nothing listens on the URL: reaching Redis would exit 69, running the command would
+    // create the marker.
+    let marker = std::env::temp_dir().join(format!("fencelock-min-ttl-{}", std::process::id()));
+    let output = fencelock(
+        "redis://127.0.0.1:1",
+        &[
+            "exec",
+            "--ttl",
+            "5ms",
+            "x",
+            "--",
+            "touch",
+            marker.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    assert!(stderr(&output).contains("minimum"), "{}", stderr(&output));
+    assert!(!marker.exists(), "the command ran");
+}
+
+#[test]
+fn exec_takes_compound_and_fractional_durations() {
+    let server = Standalone::start();
+    let output = fencelock(
+        &server.url(),
+        &[
+            "exec",
+            "--ttl",
+            "1m30s",
+            "--timeout",
+            "1.5s",
+            "--wait-timeout",
+            "2s 500ms",
+            "durations",
+            "--",
+            "true",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let output = fencelock(&server.url(), &["exec", "--ttl", "1x", "d", "--", "true"]);
+    assert_eq!(output.status.code(), Some(64));
+    assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
+    assert!(stderr(&output).contains("1m30s"), "names the forms");
+}
+
+#[test]
+fn script_text_from_a_shell_loads_under_the_sha_the_client_uses() {
+    let server = Standalone::start();
+    for script in fencelock::lua_scripts() {
+        let output = fencelock("redis://127.0.0.1:1", &["script", script.name]);
+        assert!(output.status.success());
+        let printed = String::from_utf8(output.stdout).unwrap();
+        assert!(printed.ends_with('\n') && !printed.ends_with("\n\n"));
+        // What `redis-cli script load "$(fencelock script NAME)"` sends: trailing newlines cut.
+        let text = printed.trim_end_matches('\n');
+        let loaded: String = server.node.cmd(redis::cmd("SCRIPT").arg("LOAD").arg(text));
+        assert_eq!(loaded, script.sha1, "{}", script.name);
+        let sha = fencelock("redis://127.0.0.1:1", &["script", "--sha", script.name]);
+        assert!(sha.status.success());
+        assert_eq!(
+            String::from_utf8(sha.stdout).unwrap(),
+            format!("{loaded}\n")
+        );
+    }
+}

@@ -1,22 +1,29 @@
 //! `fencelock exec`: hold a lock while a command runs, renewing it, and stop the command if the
 //! lock is lost.
+//!
+//! The command runs in its own process group, watched by a guardian (see [`crate::group`]):
+//! the whole group is terminated when the lock is lost, killed when fencelock dies, and gets
+//! the SIGINT, SIGTERM, SIGHUP and SIGQUIT fencelock receives. Processes the command leaves
+//! behind in its group when it exits get SIGTERM, then SIGKILL after the grace period, before
+//! the lock is released: nothing of the command runs without the lock.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions};
+use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions, MIN_TTL};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::group::Group;
 use crate::{code, duration_arg, fail, PlacementArgs};
 
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Lock TTL; the watchdog renews the lock every TTL/3 while CMD runs, so the TTL only
-    /// bounds how long a crashed holder blocks others.
-    #[arg(long, default_value = "10s", value_parser = duration_arg)]
+    /// Lock TTL (at least 10ms); the watchdog renews the lock every TTL/3 while CMD runs, so
+    /// the TTL only bounds how long a crashed holder blocks others.
+    #[arg(long, default_value = "10s", value_parser = ttl_arg)]
     ttl: Duration,
     /// Stop renewing after this long: the lock is then lost and CMD terminated (exit 70).
     #[arg(long, value_parser = duration_arg)]
@@ -64,8 +71,32 @@ impl From<FenceModeArg> for FenceMode {
     }
 }
 
+/// clap value parser for `--ttl`: a duration of at least [`MIN_TTL`], checked here so that a
+/// too-short TTL is refused before anything starts.
+fn ttl_arg(text: &str) -> Result<Duration, String> {
+    let ttl = duration_arg(text)?;
+    if ttl < MIN_TTL {
+        return Err(format!(
+            "{text:?} is below the minimum TTL of {}ms",
+            MIN_TTL.as_millis()
+        ));
+    }
+    Ok(ttl)
+}
+
 /// How long a command gets to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
+
+/// Signals fencelock passes on to the command's process group.
+const FORWARDED: [(SignalKind, libc::c_int); 4] = [
+    (SignalKind::interrupt(), libc::SIGINT),
+    (SignalKind::terminate(), libc::SIGTERM),
+    (SignalKind::hangup(), libc::SIGHUP),
+    (SignalKind::quit(), libc::SIGQUIT),
+];
+
+/// Exit status when the command (or its guardian) cannot be started, as in shells.
+const NOT_STARTED: u8 = 127;
 
 pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     let mut options = LockOptions::new()
@@ -84,44 +115,90 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         Ok(client) => client,
         Err(err) => return fail(&err),
     };
-    let guard = match client.lock(&args.name, &options).await {
-        Ok(guard) => guard,
-        Err(err) => return fail(&err),
-    };
     let Some((program, rest)) = args.command.split_first() else {
         eprintln!("fencelock: no command given: write it after --");
         return ExitCode::from(code::USAGE);
     };
-    let mut child = match Command::new(program)
-        .args(rest)
-        .env("FENCELOCK_TOKEN", guard.fence().to_string())
-        .env("FENCELOCK_NAME", &args.name)
-        .spawn()
-    {
-        Ok(child) => child,
+    let guard = match client.lock(&args.name, &options).await {
+        Ok(guard) => guard,
+        Err(err) => return fail(&err),
+    };
+    // From here on these signals go to the command's group instead of ending fencelock.
+    let mut signals: Vec<_> = FORWARDED
+        .iter()
+        .filter_map(|&(kind, number)| Some((signal(kind).ok()?, number)))
+        .collect();
+    let group = match Group::start() {
+        Ok(group) => group,
         Err(err) => {
-            eprintln!("fencelock: cannot run {program:?}: {err}");
+            eprintln!("fencelock: cannot start the guardian of the command: {err}");
             let _ = guard.release().await;
-            return ExitCode::from(127);
+            return ExitCode::from(NOT_STARTED);
         }
     };
-    let outcome = supervise(&mut child, &guard).await;
-    match outcome {
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        .env("FENCELOCK_TOKEN", guard.fence().to_string())
+        .env("FENCELOCK_NAME", &args.name);
+    group.enter(&mut command);
+    let spawned = command.spawn();
+    drop(command);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            group.kill().await;
+            eprintln!("fencelock: cannot run {program:?}: {err}");
+            let _ = guard.release().await;
+            return ExitCode::from(NOT_STARTED);
+        }
+    };
+    match supervise(&mut child, &group, &guard, &mut signals).await {
         Supervised::Exited(status) => {
-            if let Err(err) = guard.release().await {
-                eprintln!("fencelock: {err}");
+            // Whatever the command left in its group stops before the lock is released.
+            if group.others_alive() {
+                group.signal(libc::SIGTERM);
+                group.wait_empty(GRACE).await;
             }
-            ExitCode::from(status)
+            group.kill().await;
+            let fence = guard.fence();
+            match guard.release().await {
+                Ok(()) => ExitCode::from(status),
+                Err(err) if err.is_lock_lost() => {
+                    eprintln!(
+                        "fencelock: lock {:?} (fence {fence}) was lost before the command \
+                         finished (it exited with {status}): {err}",
+                        args.name,
+                    );
+                    ExitCode::from(code::LOCK_LOST)
+                }
+                Err(err) => {
+                    eprintln!(
+                        "fencelock: warning: the command finished but lock {:?} was not \
+                         released ({err}); it frees itself when its TTL runs out",
+                        args.name
+                    );
+                    ExitCode::from(status)
+                }
+            }
         }
         Supervised::Lost(reason) => {
+            let fence = guard.fence();
+            group.signal(libc::SIGTERM);
+            if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
+                group.wait_empty(GRACE).await;
+            }
+            group.kill().await;
+            let _ = child.wait().await;
+            // Released only now (a lease that merely went unconfirmed may still be ours and must
+            // not go to someone else while the command is being stopped), and awaited: a
+            // background release would not run once fencelock returns.
+            let _ = guard.release().await;
             eprintln!(
-                "fencelock: lost lock {:?} (fence {}) while the command ran: {reason}; the \
+                "fencelock: lost lock {:?} (fence {fence}) while the command ran: {reason}; the \
                  command was terminated",
                 args.name,
-                guard.fence()
             );
-            terminate(&mut child).await;
-            drop(guard);
             ExitCode::from(code::LOCK_LOST)
         }
     }
@@ -132,15 +209,13 @@ enum Supervised {
     Lost(String),
 }
 
-/// Waits for the child while the watchdog renews the lock; forwards SIGINT and SIGTERM.
-async fn supervise(child: &mut Child, guard: &LockGuard) -> Supervised {
-    let (mut interrupt, mut terminate) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(i), Ok(t)) => (Some(i), Some(t)),
-        _ => (None, None),
-    };
+/// Waits for the child while the watchdog renews the lock; forwards signals to its group.
+async fn supervise(
+    child: &mut Child,
+    group: &Group,
+    guard: &LockGuard,
+    signals: &mut [(Signal, libc::c_int)],
+) -> Supervised {
     let lost = guard.lost();
     tokio::pin!(lost);
     loop {
@@ -151,35 +226,26 @@ async fn supervise(child: &mut Child, guard: &LockGuard) -> Supervised {
                     Err(_) => 1,
                 });
             }
-            Some(()) = recv(&mut interrupt) => forward(child, libc::SIGINT),
-            Some(()) = recv(&mut terminate) => forward(child, libc::SIGTERM),
+            number = next_signal(signals) => group.signal(number),
             err = &mut lost => return Supervised::Lost(err.to_string()),
         }
     }
 }
 
-async fn recv(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match stream {
-        Some(stream) => stream.recv().await,
-        None => std::future::pending().await,
+/// The number of the next forwarded signal fencelock receives.
+async fn next_signal(signals: &mut [(Signal, libc::c_int)]) -> libc::c_int {
+    if signals.is_empty() {
+        return std::future::pending().await;
     }
-}
-
-fn forward(child: &Child, signal: libc::c_int) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) has no memory effects; the pid is our own child's.
-        unsafe {
-            libc::kill(pid as libc::pid_t, signal);
+    std::future::poll_fn(|cx| {
+        for (stream, number) in signals.iter_mut() {
+            if stream.poll_recv(cx).is_ready() {
+                return std::task::Poll::Ready(*number);
+            }
         }
-    }
-}
-
-/// SIGTERM, then SIGKILL after the grace period.
-async fn terminate(child: &mut Child) {
-    forward(child, libc::SIGTERM);
-    if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
-        let _ = child.kill().await;
-    }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 fn exit_byte(status: std::process::ExitStatus) -> u8 {

@@ -3,10 +3,15 @@
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
 //! `--timeout`; 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
 //! lost while the command ran (the command is terminated); 64 for bad input; 69 when Redis
-//! cannot be reached.
+//! cannot be reached; 127 when the command cannot be started.
+//!
+//! `exec` runs the command in its own process group with a guardian process that kills the whole
+//! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
+//! 70 also when the release finds that the lock was lost before the command finished.
 
 mod duration;
 mod exec;
+mod group;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,16 +46,26 @@ struct Cli {
 }
 
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
---timeout; 76 too few replicas confirmed; 70 lock lost while the command ran; 64 bad input; \
-69 Redis unreachable.";
+--timeout; 76 too few replicas confirmed; 70 lock lost while the command ran (the command is \
+terminated) or found lost at the release; 64 bad input; 69 Redis unreachable; 127 the command \
+cannot be started.
+
+exec runs the command in its own process group: a lost lock terminates the whole group, a \
+guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
+forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME.
+    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME and runs in
+    /// its own process group, which dies with fencelock.
     Exec(exec::ExecArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
-    /// renew, fenced_set), e.g. to `SCRIPT LOAD` it or benchmark it.
+    /// renew, fenced_set), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
+    /// it; the text without its final newline has the SHA1 fencelock sends with EVALSHA.
     Script {
+        /// Print the script's SHA1 (as `SCRIPT LOAD` returns it) instead of its source.
+        #[arg(long)]
+        sha: bool,
         /// Script name.
         name: String,
     },
@@ -169,11 +184,24 @@ pub fn fail(error: &Error) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == group::GUARDIAN_ARG)
+    {
+        return group::guardian_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
             let _ = err.print();
             return ExitCode::SUCCESS;
+        }
+        Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
+            // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
+            let text = err.render().to_string();
+            let line = text.lines().next().unwrap_or_default();
+            eprintln!("fencelock: {}", line.trim_start_matches("error: "));
+            return ExitCode::from(code::USAGE);
         }
         Err(err) => {
             let _ = err.print();
@@ -181,9 +209,9 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Script { name } => match fencelock::lua_scripts().find(|s| s.name == name) {
+        Command::Script { sha, name } => match fencelock::lua_scripts().find(|s| s.name == name) {
             Some(script) => {
-                print!("{}", script.source);
+                println!("{}", if sha { script.sha1 } else { script.source });
                 ExitCode::SUCCESS
             }
             None => {

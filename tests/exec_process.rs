@@ -1,0 +1,341 @@
+//! `fencelock exec` and the command's processes: nothing of the command runs without the lock,
+//! whether the lock is lost, fencelock is killed, or fencelock is asked to stop; a loss found by
+//! the release is reported. Real redis-server, real processes, `/proc` as the witness.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Standalone};
+
+/// Prints its process group id first, then runs `sleep 30` in the background and in the
+/// foreground: a command whose grandchildren outlive a signal to `sh` alone.
+const TWO_SLEEPS: &str = "cut -d' ' -f5 /proc/$$/stat; sleep 30 & sleep 30; wait";
+
+fn spawn_exec(url: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env_remove("FENCELOCK_URL")
+        .args(["--url", url, "exec"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run fencelock")
+}
+
+/// Reads the process group id the command prints as its first line.
+fn read_pgid(child: &mut Child) -> i32 {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("no process group id printed: {line:?}"))
+}
+
+/// Live (not zombie) processes in process group `pgid`, from `/proc/*/stat`.
+fn group_members(pgid: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+            let state = fields.next()?;
+            let group: i32 = fields.nth(1)?.parse().ok()?;
+            (group == pgid && state != "Z" && state != "X").then_some(pid)
+        })
+        .collect()
+}
+
+/// How many processes of group `pgid` run `sleep` (not a shell that is about to exec it).
+fn sleeps(pgid: i32) -> usize {
+    group_members(pgid)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmdline| cmdline.starts_with("sleep\0"))
+        })
+        .count()
+}
+
+fn kill(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a process this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0, "kill {pid}");
+}
+
+/// Waits for fencelock to exit and returns its exit code and stderr. Panics if some process
+/// still holds its stderr 2 s later (something of the command outlived fencelock).
+fn stderr_of(mut child: Child) -> (Option<i32>, String) {
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("fencelock did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        let _ = tx.send(text);
+    });
+    let text = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("a process outlived fencelock holding its stderr");
+    (status.code(), text)
+}
+
+#[test]
+fn a_lost_lock_terminates_the_whole_process_group() {
+    let server = Standalone::start();
+    let key = "fencelock:{lost}:lock";
+    let mut child = spawn_exec(
+        &server.url(),
+        &["--ttl", "600ms", "lost", "--", "sh", "-c", TWO_SLEEPS],
+    );
+    let pgid = read_pgid(&mut child);
+    wait_until("both sleeps to run", Duration::from_secs(10), || {
+        sleeps(pgid) == 2
+    });
+    server
+        .node
+        .cmd::<()>(redis::cmd("HSET").arg(key).arg("owner").arg("someone-else"));
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(70), "{stderr}");
+    assert!(stderr.contains("lost lock"), "{stderr}");
+    // fencelock waits for the group before exiting: nothing may be left at once.
+    assert_eq!(
+        group_members(pgid),
+        Vec::<i32>::new(),
+        "survivors in the group"
+    );
+}
+
+#[test]
+fn the_command_group_dies_when_fencelock_is_killed() {
+    let server = Standalone::start();
+    let mut child = spawn_exec(
+        &server.url(),
+        &["--ttl", "1s", "killed", "--", "sh", "-c", TWO_SLEEPS],
+    );
+    let pgid = read_pgid(&mut child);
+    wait_until("both sleeps to run", Duration::from_secs(10), || {
+        sleeps(pgid) == 2
+    });
+    kill(child.id(), libc::SIGKILL);
+    let killed = Instant::now();
+    let _ = child.wait();
+    wait_until(
+        "the command's group to die with fencelock",
+        Duration::from_secs(2),
+        || group_members(pgid).is_empty(),
+    );
+    eprintln!(
+        "group gone {:?} after SIGKILL of fencelock",
+        killed.elapsed()
+    );
+
+    // Once the TTL has run out the lock is free again, and nothing of the first command runs.
+    wait_until("the lease to run out", Duration::from_secs(5), || {
+        !server.node.held("fencelock:{killed}:lock")
+    });
+    let again = spawn_exec(&server.url(), &["killed", "--", "true"]);
+    assert_eq!(stderr_of(again).0, Some(0));
+}
+
+#[test]
+fn signals_to_fencelock_reach_the_whole_group_and_the_lock_is_released() {
+    let server = Standalone::start();
+    let dir = std::env::temp_dir().join(format!("fencelock-signals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (signal, name) in [(libc::SIGTERM, "TERM"), (libc::SIGHUP, "HUP")] {
+        let mark = dir.join(name);
+        let _ = std::fs::remove_file(&mark);
+        // A grandchild that records the signal it gets, then the two sleeps.
+        let script = format!(
+            "sh -c 'trap \"echo got >> {mark}; exit 0\" {name}; echo ready >> {mark}; \
+             sleep 30 & wait' & {TWO_SLEEPS}",
+            mark = mark.display()
+        );
+        let mut child = spawn_exec(&server.url(), &["signals", "--", "sh", "-c", &script]);
+        let pgid = read_pgid(&mut child);
+        wait_until("the grandchild's trap", Duration::from_secs(10), || {
+            std::fs::read_to_string(&mark).is_ok_and(|text| text.contains("ready"))
+                && sleeps(pgid) == 3
+        });
+        kill(child.id(), signal);
+        let (code, stderr) = stderr_of(child);
+        assert_eq!(code, Some(128 + signal), "{name}: {stderr}");
+        assert!(
+            std::fs::read_to_string(&mark).unwrap().contains("got"),
+            "{name} did not reach the grandchild"
+        );
+        assert_eq!(group_members(pgid), Vec::<i32>::new(), "{name}: survivors");
+        assert!(
+            !server.node.held("fencelock:{signals}:lock"),
+            "{name}: released"
+        );
+    }
+    // SIGINT: background jobs of a script ignore it, the foreground sh dies of it (130); what
+    // the command leaves behind is terminated before the release.
+    let mut child = spawn_exec(&server.url(), &["signals", "--", "sh", "-c", TWO_SLEEPS]);
+    let pgid = read_pgid(&mut child);
+    wait_until("both sleeps to run", Duration::from_secs(10), || {
+        sleeps(pgid) == 2
+    });
+    kill(child.id(), libc::SIGINT);
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert_eq!(group_members(pgid), Vec::<i32>::new(), "INT: survivors");
+    assert!(!server.node.held("fencelock:{signals}:lock"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn leftovers_of_a_finished_command_are_stopped_before_the_release() {
+    let server = Standalone::start();
+    // The command exits at once, leaving a background sleep in its group.
+    let mut child = spawn_exec(
+        &server.url(),
+        &[
+            "left",
+            "--",
+            "sh",
+            "-c",
+            "cut -d' ' -f5 /proc/$$/stat; sleep 30 >/dev/null & exit 3",
+        ],
+    );
+    let pgid = read_pgid(&mut child);
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert_eq!(group_members(pgid), Vec::<i32>::new(), "the sleep survived");
+}
+
+#[test]
+fn exec_exits_70_when_the_release_finds_the_lock_taken() {
+    let server = Standalone::start();
+    let port = server.node.port.to_string();
+    // The command hands the lock to someone else as its last act and exits 0: the watchdog
+    // (renewing every TTL/3 = 3.3 s) cannot see it first, the release does.
+    let child = spawn_exec(
+        &server.url(),
+        &[
+            "taken",
+            "--",
+            "redis-cli",
+            "-p",
+            &port,
+            "HSET",
+            "fencelock:{taken}:lock",
+            "owner",
+            "someone-else",
+        ],
+    );
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(70), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("was lost"), "{stderr}");
+}
+
+#[test]
+fn exec_keeps_the_status_and_warns_when_the_release_cannot_reach_redis() {
+    let server = Standalone::start();
+    let port = server.node.port.to_string();
+    let script = format!("redis-cli -p {port} SHUTDOWN NOSAVE; exit 5");
+    let child = spawn_exec(&server.url(), &["gone", "--", "sh", "-c", &script]);
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(5), "{stderr}");
+    assert!(stderr.contains("warning"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn an_interactive_command_gets_the_terminal() {
+    // Run under a pseudo-terminal (util-linux `script`): the command's own process group must
+    // become the terminal's foreground group, or its read would stop it with SIGTTIN.
+    let server = Standalone::start();
+    let exec = format!(
+        "{} --url {} exec tty -- sh -c 'read line; echo got $line; \
+         ps -o pgid=,tpgid= -p $$'",
+        env!("CARGO_BIN_EXE_fencelock"),
+        server.url()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &exec, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux script");
+    use std::io::Write;
+    child.stdin.as_mut().unwrap().write_all(b"hello\n").unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("the command stopped reading the terminal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("got hello"), "{stdout}");
+    let groups: Vec<&str> = stdout.lines().last().unwrap().split_whitespace().collect();
+    assert_eq!(groups.len(), 2, "{stdout}");
+    assert_eq!(
+        groups[0], groups[1],
+        "the command's group is in the foreground"
+    );
+}
+
+#[test]
+fn a_stopped_command_still_acts_on_a_forwarded_signal() {
+    let server = Standalone::start();
+    let mut child = spawn_exec(
+        &server.url(),
+        &[
+            "stopped",
+            "--",
+            "sh",
+            "-c",
+            "cut -d' ' -f5 /proc/$$/stat; kill -STOP $$; exit 0",
+        ],
+    );
+    let pgid = read_pgid(&mut child);
+    let stopped = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat[stat.rfind(')').unwrap() + 1..]
+                .trim_start()
+                .starts_with('T')
+        })
+    };
+    wait_until(
+        "the command to stop itself",
+        Duration::from_secs(10),
+        || {
+            group_members(pgid)
+                .into_iter()
+                .any(|pid| pid != pgid && stopped(pid))
+        },
+    );
+    kill(child.id(), libc::SIGTERM);
+    let started = Instant::now();
+    let (code, stderr) = stderr_of(child);
+    assert_eq!(code, Some(128 + libc::SIGTERM), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!server.node.held("fencelock:{stopped}:lock"));
+}
