@@ -24,3 +24,14 @@ ensure_postgres() {
   # Debian's package starts a cluster on 5432; fencelock's tests start their own.
   if command -v service >/dev/null; then service postgresql stop >/dev/null 2>&1 || true; fi
 }
+
+# Installs the tools the tests call besides the servers: openssl (certificates for the TLS
+# tests) and util-linux's `script` (a pseudo-terminal for the exec terminal test).
+ensure_test_tools() {
+  if command -v openssl >/dev/null && command -v script >/dev/null; then
+    return 0
+  fi
+  echo "installing openssl and bsdutils with apt-get" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils >/dev/null
+}

@@ -7,6 +7,7 @@ cd "$here/.."
 . "$here/lib.sh"
 ensure_redis
 ensure_postgres
+ensure_test_tools
 rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 
