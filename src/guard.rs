@@ -4,15 +4,17 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{self, Shared};
+use crate::acquire::release_in_background;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
-use crate::options::{instant_after, validate_ttl, LockOptions};
+use crate::options::{validate_ttl, LockOptions};
 use crate::reentry::Reentry;
-use crate::scripts::{EXTEND, RELEASE};
+use crate::runtime::lease::{lease_end, Ended, SharedLease};
+use crate::runtime::watchdog::Watch;
+use crate::scripts::{parse_reply, ttl_millis, EXTEND, RELEASE};
 use crate::stats::Counters;
-use crate::watchdog::{Ended, SharedLease, Watch, Watchdog};
 
 /// Proof of holding a lock, with the fence token to present to storage.
 ///
@@ -35,7 +37,7 @@ use crate::watchdog::{Ended, SharedLease, Watch, Watchdog};
 #[must_use = "dropping the guard releases the lock at once"]
 #[clippy::has_significant_drop]
 pub struct LockGuard {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     keys: LockKeys,
     owner: String,
     /// Empty for the hold the acquire granted; the hold's id for a re-entry.
@@ -83,13 +85,6 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
-/// When a lease taken at `sent` for `ttl` is surely still ours: the TTL less 1% and 2 ms for
-/// clock drift between this host and Redis.
-pub(crate) fn lease_end(sent: Instant, ttl: Duration) -> Instant {
-    let margin = ttl / 100 + Duration::from_millis(2);
-    instant_after(sent, ttl.saturating_sub(margin))
-}
-
 /// What [`LockGuard::new`] needs besides the client.
 pub(crate) struct Grant {
     pub(crate) keys: LockKeys,
@@ -105,7 +100,7 @@ pub(crate) struct Grant {
 impl LockGuard {
     /// A guard for `grant`, watched as `options` ask; a re-entry passes the first guard's watch.
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        core: Arc<Core>,
         grant: Grant,
         options: Option<&LockOptions>,
         inherited: Option<Watched>,
@@ -131,7 +126,7 @@ impl LockGuard {
                         .map(Into::into),
                     valid_until: valid_until.into(),
                 };
-                Watchdog::watch(&shared, watch).map(|(id, lease)| Watched {
+                core.watchdog.watch(watch).map(|(id, lease)| Watched {
                     id: Some(id),
                     lease,
                     every: options.renew_every,
@@ -141,7 +136,7 @@ impl LockGuard {
             None => inherited,
         };
         Self {
-            shared,
+            core,
             keys: grant.keys,
             owner: grant.owner,
             hold: grant.hold,
@@ -226,7 +221,7 @@ impl LockGuard {
             };
         };
         loop {
-            let ended = self.shared.watchdog.ended.notified();
+            let ended = self.core.watchdog.ended().notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
             let lease = watched.lease.get();
@@ -250,7 +245,7 @@ impl LockGuard {
     /// code that takes the lock itself. See [`Reentry`].
     pub fn reentry(&self) -> Reentry {
         Reentry::new(
-            Arc::clone(&self.shared),
+            Arc::clone(&self.core),
             self.keys.clone(),
             self.owner.clone(),
             self.fence,
@@ -280,20 +275,20 @@ impl LockGuard {
     pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
-        let ttl_ms = client::ttl_millis(ttl);
+        let ttl_ms = ttl_millis(ttl);
         let reply = self
-            .shared
+            .core
+            .transport
             .run_script(
                 self.keys.name(),
                 "extend",
                 &EXTEND,
                 &[self.keys.lock_key()],
-                &[&self.owner, &ttl_ms, self.shared.expiry()],
+                &[&self.owner, &ttl_ms, self.core.expiry()],
             )
             .await?;
-        let (code, remaining) =
-            client::parse_reply::<(i64, u64)>(self.keys.name(), "extend", reply)?;
-        self.outcome(code, "extend", &self.shared.counters.extends)?;
+        let (code, remaining) = parse_reply::<(i64, u64)>(self.keys.name(), "extend", reply)?;
+        self.outcome(code, "extend", &self.core.counters.extends)?;
         self.valid_until = lease_end(sent, Duration::from_millis(remaining));
         if let Some(Watched {
             id: Some(id),
@@ -302,7 +297,7 @@ impl LockGuard {
         }) = &self.watched
         {
             let every = every.filter(|e| *e < ttl).unwrap_or(ttl / 3);
-            self.shared
+            self.core
                 .watchdog
                 .extended(*id, ttl, every, self.valid_until.into());
         }
@@ -326,7 +321,8 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         self.unwatch();
         let reply = self
-            .shared
+            .core
+            .transport
             .run_script(
                 self.keys.name(),
                 "release",
@@ -335,23 +331,23 @@ impl LockGuard {
                 &[
                     &self.owner,
                     &self.hold,
-                    self.shared.announce(),
-                    self.shared.expiry(),
+                    self.core.transport.announce(),
+                    self.core.expiry(),
                 ],
             )
             .await?;
         self.released = true;
         let held = self.granted.elapsed();
-        self.shared.counters.holds.record(held);
+        self.core.counters.holds.record(held);
         tracing::debug!(lock = self.keys.name(), fence = %self.fence, ?held, "released");
-        let code = client::parse_reply(self.keys.name(), "release", reply)?;
-        self.outcome(code, "release", &self.shared.counters.releases)
+        let code = parse_reply(self.keys.name(), "release", reply)?;
+        self.outcome(code, "release", &self.core.counters.releases)
     }
 
     /// Stops the watchdog for this hold.
     fn unwatch(&mut self) {
         if let Some(Watched { id: Some(id), .. }) = self.watched {
-            self.shared.watchdog.unwatch(id);
+            self.core.watchdog.unwatch(id);
         }
     }
 
@@ -365,7 +361,7 @@ impl LockGuard {
                 Ok(())
             }
             0 | -1 => {
-                Counters::add(&self.shared.counters.lost, 1);
+                Counters::add(&self.core.counters.lost, 1);
                 tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
                 Err(if code == 0 {
                     Error::Expired { name }
@@ -386,8 +382,8 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.unwatch();
         if !self.released {
-            client::release_in_background(
-                Arc::clone(&self.shared),
+            release_in_background(
+                Arc::clone(&self.core),
                 self.keys.lock_key().to_owned(),
                 std::mem::take(&mut self.owner),
                 std::mem::take(&mut self.hold),

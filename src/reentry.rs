@@ -3,13 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{self, parse_reply, Shared};
+use crate::acquire::InFlight;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::guard::{Grant, LockGuard, Watched};
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
-use crate::scripts::REENTER;
+use crate::scripts::{parse_reply, ttl_millis, REENTER};
 
 /// A handle to take a held lock again under the same owner, made by
 /// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
@@ -44,7 +45,7 @@ use crate::scripts::REENTER;
 /// ```
 #[derive(Clone)]
 pub struct Reentry {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     keys: LockKeys,
     owner: String,
     fence: FenceToken,
@@ -64,14 +65,14 @@ impl std::fmt::Debug for Reentry {
 
 impl Reentry {
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        core: Arc<Core>,
         keys: LockKeys,
         owner: String,
         fence: FenceToken,
         watched: Option<Watched>,
     ) -> Self {
         Self {
-            shared,
+            core,
             keys,
             owner,
             fence,
@@ -114,17 +115,18 @@ impl Reentry {
         validate_ttl(self.keys.name(), self.ttl)?;
         let hold = uuid::Uuid::new_v4().simple().to_string();
         let sent = Instant::now();
-        let ttl_ms = client::ttl_millis(self.ttl);
+        let ttl_ms = ttl_millis(self.ttl);
         let in_flight =
-            client::InFlight::arm(&self.shared, self.keys.lock_key(), &self.owner).with_hold(&hold);
+            InFlight::arm(&self.core, self.keys.lock_key(), &self.owner).with_hold(&hold);
         let reply = self
-            .shared
+            .core
+            .transport
             .run_script(
                 self.keys.name(),
                 "reenter",
                 &REENTER,
                 &[self.keys.lock_key()],
-                &[&self.owner, &hold, &ttl_ms, self.shared.expiry()],
+                &[&self.owner, &hold, &ttl_ms, self.core.expiry()],
             )
             .await?;
         in_flight.disarm();
@@ -144,7 +146,7 @@ impl Reentry {
                     replicas_acked: None,
                 };
                 Ok(LockGuard::new(
-                    Arc::clone(&self.shared),
+                    Arc::clone(&self.core),
                     grant,
                     None,
                     self.watched.clone(),

@@ -16,8 +16,11 @@
 //! script would answer `TRYAGAIN` until both keys had moved).
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::Cmd;
+use redis::{Cmd, Value};
+
+use crate::error::{Error, Result};
 
 /// One Lua script and its SHA1.
 #[derive(Debug)]
@@ -51,6 +54,24 @@ impl LuaScript {
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
         cmd
     }
+}
+
+/// Decodes a script's reply, naming the lock and showing the reply when it has another shape.
+pub(crate) fn parse_reply<T: redis::FromRedisValue>(
+    name: &str,
+    operation: &'static str,
+    reply: Value,
+) -> Result<T> {
+    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
+        name: name.to_owned(),
+        operation,
+        detail: format!("{reply:?}"),
+    })
+}
+
+/// A duration as the scripts' milliseconds argument (at least 1).
+pub(crate) fn ttl_millis(ttl: Duration) -> String {
+    ttl.as_millis().max(1).to_string()
 }
 
 /// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
