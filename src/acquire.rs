@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::core::Core;
 use crate::error::Result;
-use crate::scripts::{parse_reply, RELEASE};
+use crate::script::{parse_reply, ScriptCall, RELEASE};
 
 /// Releases `owner`'s hold `hold` (empty for the first) on `lock_key`: `1` released, `0`
 /// expired, `-1` held by another.
@@ -17,12 +17,14 @@ pub(crate) async fn release_owner(
 ) -> Result<i64> {
     let reply = core
         .transport
-        .run_script(
+        .run(
+            &ScriptCall::new(
+                &RELEASE,
+                &[lock_key],
+                &[owner, hold, core.transport.announce(), core.expiry()],
+            ),
             lock_key,
             "release",
-            &RELEASE,
-            &[lock_key],
-            &[owner, hold, core.transport.announce(), core.expiry()],
         )
         .await?;
     parse_reply(lock_key, "release", reply)

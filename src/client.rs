@@ -16,7 +16,7 @@ use crate::guard::{Grant, LockGuard};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
 use crate::runtime::wakeups::{Subscription, Wakeups};
-use crate::scripts::{parse_reply, ttl_millis, ACQUIRE, FENCED_SET};
+use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, FENCED_SET};
 use crate::stats::{Counters, Stats};
 use crate::transport::{Endpoint, Timeouts, TlsFiles, Topology, Transport};
 
@@ -398,26 +398,17 @@ impl Client {
         let reply = self
             .core
             .transport
-            .run_script(
+            .run(
+                &ScriptCall::new(&FENCED_SET, &[key], &[&fence_arg, value]),
                 key,
                 "fenced write",
-                &FENCED_SET,
-                &[key],
-                &[&fence_arg, value],
             )
             .await?;
         let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
         if status == 1 {
             return Ok(Ok(()));
         }
-        let highest = u64::try_from(highest)
-            .ok()
-            .and_then(FenceToken::new)
-            .ok_or_else(|| Error::UnexpectedReply {
-                name: key.to_owned(),
-                operation: "fenced write",
-                detail: format!("highest fence {highest}"),
-            })?;
+        let highest = parse_fence(key, "fenced write", "highest fence", highest)?;
         Ok(Err(StaleFence {
             presented: fence,
             highest,
@@ -608,19 +599,21 @@ impl Client {
             None => {
                 let reply = core
                     .transport
-                    .run_script(keys.name(), "acquire", &ACQUIRE, &key_args, &args)
+                    .run(
+                        &ScriptCall::new(&ACQUIRE, &key_args, &args),
+                        keys.name(),
+                        "acquire",
+                    )
                     .await?;
                 (reply, None)
             }
             Some((replicas, wait)) => {
                 let (reply, acked) = core
                     .transport
-                    .run_script_then_wait(
+                    .run_then_wait(
+                        &ScriptCall::new(&ACQUIRE, &key_args, &args),
                         keys.name(),
                         "acquire",
-                        &ACQUIRE,
-                        &key_args,
-                        &args,
                         replicas,
                         wait,
                     )
@@ -636,14 +629,7 @@ impl Client {
                 if behind > 0 {
                     core.clock_behind(keys.name(), behind);
                 }
-                let fence = u64::try_from(value)
-                    .ok()
-                    .and_then(FenceToken::new)
-                    .ok_or_else(|| Error::UnexpectedReply {
-                        name: keys.name().to_owned(),
-                        operation: "acquire",
-                        detail: format!("fence {value} out of range"),
-                    })?;
+                let fence = parse_fence(keys.name(), "acquire", "fence", value)?;
                 in_flight.disarm();
                 let acked = match acked {
                     Some((required, acked)) => {

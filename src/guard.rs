@@ -13,7 +13,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::reentry::Reentry;
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
-use crate::scripts::{parse_reply, ttl_millis, EXTEND, RELEASE};
+use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, EXTEND, RELEASE};
 use crate::stats::Counters;
 
 /// Proof of holding a lock, with the fence token to present to storage.
@@ -279,12 +279,14 @@ impl LockGuard {
         let reply = self
             .core
             .transport
-            .run_script(
+            .run(
+                &ScriptCall::new(
+                    &EXTEND,
+                    &[self.keys.lock_key()],
+                    &[&self.owner, &ttl_ms, self.core.expiry()],
+                ),
                 self.keys.name(),
                 "extend",
-                &EXTEND,
-                &[self.keys.lock_key()],
-                &[&self.owner, &ttl_ms, self.core.expiry()],
             )
             .await?;
         let (code, remaining) = parse_reply::<(i64, u64)>(self.keys.name(), "extend", reply)?;
@@ -323,17 +325,19 @@ impl LockGuard {
         let reply = self
             .core
             .transport
-            .run_script(
+            .run(
+                &ScriptCall::new(
+                    &RELEASE,
+                    &[self.keys.lock_key()],
+                    &[
+                        &self.owner,
+                        &self.hold,
+                        self.core.transport.announce(),
+                        self.core.expiry(),
+                    ],
+                ),
                 self.keys.name(),
                 "release",
-                &RELEASE,
-                &[self.keys.lock_key()],
-                &[
-                    &self.owner,
-                    &self.hold,
-                    self.core.transport.announce(),
-                    self.core.expiry(),
-                ],
             )
             .await?;
         self.released = true;
@@ -354,26 +358,17 @@ impl LockGuard {
     /// Maps the code `release` or `extend` answered (`1`, `0`, `-1`) to the caller's result,
     /// counting a success in `done` and a loss in `lost`.
     fn outcome(&self, code: i64, operation: &'static str, done: &AtomicU64) -> Result<()> {
-        let name = self.keys.name().to_owned();
-        match code {
-            1 => {
+        let name = self.keys.name();
+        match Outcome::decode(name, operation, code)?.lost(name) {
+            None => {
                 Counters::add(done, 1);
                 Ok(())
             }
-            0 | -1 => {
+            Some(lost) => {
                 Counters::add(&self.core.counters.lost, 1);
                 tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
-                Err(if code == 0 {
-                    Error::Expired { name }
-                } else {
-                    Error::NotOwner { name }
-                })
+                Err(lost)
             }
-            other => Err(Error::UnexpectedReply {
-                name,
-                operation,
-                detail: format!("status {other}"),
-            }),
         }
     }
 }

@@ -35,7 +35,7 @@ mod keys;
 mod options;
 mod reentry;
 mod runtime;
-mod scripts;
+mod script;
 mod stats;
 mod transport;
 
@@ -46,6 +46,6 @@ pub use guard::LockGuard;
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use reentry::Reentry;
-pub use scripts::{lua_scripts, ScriptSource};
+pub use script::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;

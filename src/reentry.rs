@@ -10,7 +10,7 @@ use crate::fence::FenceToken;
 use crate::guard::{Grant, LockGuard, Watched};
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
-use crate::scripts::{parse_reply, ttl_millis, REENTER};
+use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, REENTER};
 
 /// A handle to take a held lock again under the same owner, made by
 /// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
@@ -121,12 +121,14 @@ impl Reentry {
         let reply = self
             .core
             .transport
-            .run_script(
+            .run(
+                &ScriptCall::new(
+                    &REENTER,
+                    &[self.keys.lock_key()],
+                    &[&self.owner, &hold, &ttl_ms, self.core.expiry()],
+                ),
                 self.keys.name(),
                 "reenter",
-                &REENTER,
-                &[self.keys.lock_key()],
-                &[&self.owner, &hold, &ttl_ms, self.core.expiry()],
             )
             .await?;
         in_flight.disarm();
@@ -152,13 +154,13 @@ impl Reentry {
                     self.watched.clone(),
                 ))
             }
-            0 => Err(Error::Expired { name }),
-            -1 => Err(Error::NotOwner { name }),
-            _ => Err(Error::UnexpectedReply {
-                name,
-                operation: "reenter",
-                detail: format!("status {code}, fence {fence}"),
-            }),
+            _ => Err(Outcome::from_code(code)
+                .and_then(|outcome| outcome.lost(&name))
+                .unwrap_or(Error::UnexpectedReply {
+                    name,
+                    operation: "reenter",
+                    detail: format!("status {code}, fence {fence}"),
+                })),
         }
     }
 }

@@ -19,7 +19,7 @@ use redis::{ProtocolVersion, RedisFuture, RedisResult, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
-use crate::scripts::LuaScript;
+use crate::script::ScriptCall;
 
 pub(crate) use tls::TlsFiles;
 
@@ -456,14 +456,9 @@ fn is_refusal(err: &Error) -> bool {
 }
 
 /// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.
-async fn eval(
-    conn: &mut Connection,
-    script: &LuaScript,
-    keys: &[&str],
-    args: &[&str],
-) -> RedisResult<Value> {
-    match script.evalsha(keys, args).query_async(conn).await {
-        Err(err) if is_noscript(&err) => script.eval(keys, args).query_async(conn).await,
+async fn eval(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+    match call.evalsha().query_async(conn).await {
+        Err(err) if is_noscript(&err) => call.eval().query_async(conn).await,
         other => other,
     }
 }
@@ -473,9 +468,7 @@ async fn eval(
 /// the number of replicas that acknowledged.
 async fn eval_then_wait(
     conn: &mut Connection,
-    script: &LuaScript,
-    keys: &[&str],
-    args: &[&str],
+    call: &ScriptCall,
     replicas: u32,
     wait: Duration,
 ) -> RedisResult<(Value, i64)> {
@@ -486,8 +479,8 @@ async fn eval_then_wait(
             .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
         pipe
     };
-    match pipe(script.evalsha(keys, args)).query_async(conn).await {
-        Err(err) if is_noscript(&err) => pipe(script.eval(keys, args)).query_async(conn).await,
+    match pipe(call.evalsha()).query_async(conn).await {
+        Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
         other => other,
     }
 }
@@ -578,40 +571,36 @@ impl Transport {
             .clone()
     }
 
-    /// Runs `script` on the main connection within the request timeout.
-    pub(crate) async fn run_script(
+    /// Runs `call` on the main connection within the request timeout; errors name `name` and
+    /// `operation`.
+    pub(crate) async fn run(
         self: &Arc<Self>,
+        call: &ScriptCall,
         name: &str,
         operation: &'static str,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[&str],
     ) -> Result<Value> {
         let mut conn = self.connection();
-        let call = eval(&mut conn, script, keys, args);
+        let call = eval(&mut conn, call);
         let outcome = bounded(name, operation, self.request_timeout, call).await;
         self.observe(&outcome);
         outcome
     }
 
-    /// Runs `script` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
+    /// Runs `call` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
     /// request timeout plus `wait`. Returns the script's reply and how many replicas
     /// acknowledged.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn run_script_then_wait(
+    pub(crate) async fn run_then_wait(
         self: &Arc<Self>,
+        call: &ScriptCall,
         name: &str,
         operation: &'static str,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[&str],
         replicas: u32,
         wait: Duration,
     ) -> Result<(Value, i64)> {
         let limit = self.request_timeout + wait;
         let call = async {
             let mut lane = self.lanes.checkout().await?;
-            let reply = eval_then_wait(&mut lane.conn, script, keys, args, replicas, wait).await?;
+            let reply = eval_then_wait(&mut lane.conn, call, replicas, wait).await?;
             lane.finish();
             Ok::<_, RedisError>(reply)
         };

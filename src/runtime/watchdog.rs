@@ -44,7 +44,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::scripts::{parse_reply, ttl_millis, RENEW};
+use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, RENEW};
 use crate::stats::Counters;
 use crate::transport::{Topology, Transport};
 
@@ -296,15 +296,15 @@ impl Schedule {
             let Some(hold) = state.holds.get_mut(&lock.id) else {
                 continue;
             };
-            let why = match code {
-                1 if lock.ttl < hold.ttl => {
+            let why = match Outcome::from_code(*code) {
+                Some(Outcome::Done) if lock.ttl < hold.ttl => {
                     // Cut short by the maximum hold time: the last renewal.
                     let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     Ended::MaxHold
                 }
-                1 => {
+                Some(Outcome::Done) => {
                     hold.renew_at = sent + hold.every;
                     hold.early = true;
                     hold.failures = 0;
@@ -314,8 +314,8 @@ impl Schedule {
                     Counters::add(&counters.renewals, 1);
                     continue;
                 }
-                0 => Ended::Expired,
-                _ => Ended::NotOwner,
+                Some(Outcome::Expired) => Ended::Expired,
+                Some(Outcome::NotOwner) | None => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {
                 if why != Ended::MaxHold {
@@ -490,7 +490,11 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
     Counters::add(&watchdog.counters.renewal_calls, 1);
     let reply = watchdog
         .transport
-        .run_script(&first.lock_key, "renew", &RENEW, &[&first.lock_key], &args)
+        .run(
+            &ScriptCall::new(&RENEW, &[&first.lock_key], &args),
+            &first.lock_key,
+            "renew",
+        )
         .await
         .and_then(|reply| parse_reply::<Vec<i64>>(&first.lock_key, "renew", reply));
     match reply {
