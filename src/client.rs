@@ -1,23 +1,21 @@
-//! The client: connects, acquires locks and hands out guards.
+//! The client: configures and connects, then hands out the primitives' guards (today the
+//! mutex's, [`LockGuard`]) and runs fenced writes.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::acquire::{release_owner, InFlight};
+use crate::acquire;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::{FenceMode, FenceToken, StaleFence};
-use crate::guard::{Grant, LockGuard};
 use crate::keys::LockKeys;
-use crate::options::{instant_after, LockOptions};
-use crate::runtime::wakeups::{Subscription, Wakeups};
-use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, FENCED_SET};
-use crate::stats::{Counters, Stats};
+use crate::lock::{self, LockGuard};
+use crate::options::LockOptions;
+use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
+use crate::stats::Stats;
 use crate::transport::{Endpoint, Timeouts, TlsFiles, Topology, Transport};
 
 /// The default [`ClientBuilder::expiry_grace`].
@@ -296,14 +294,6 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Outcome of one acquisition attempt.
-// Lives for one call on the stack; boxing the guard would add an allocation per grant.
-#[allow(clippy::large_enum_variant)]
-enum Attempt {
-    Granted(LockGuard),
-    Busy { retry_after: Duration },
-}
-
 impl Client {
     /// A builder with default settings for the given node URLs.
     pub fn builder<I, S>(urls: I) -> ClientBuilder
@@ -431,18 +421,14 @@ impl Client {
     pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
-        let started = Instant::now();
-        match self.attempt(&keys, options).await? {
-            Attempt::Granted(guard) => {
-                self.core.counters.waits.record(started.elapsed());
-                Ok(guard)
-            }
-            Attempt::Busy { retry_after } => Err(Error::Busy {
-                name: name.to_owned(),
-                waited: Duration::ZERO,
-                retry_after,
-            }),
-        }
+        acquire::once(
+            &self.core,
+            &lock::Acquire {
+                keys: &keys,
+                options,
+            },
+        )
+        .await
     }
 
     /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly
@@ -471,72 +457,13 @@ impl Client {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
         let span = tracing::debug_span!("fencelock.lock", lock = name, slot = keys.slot());
-        self.wait_for(&keys, options).instrument(span).await
-    }
-
-    async fn wait_for(&self, keys: &LockKeys, options: &LockOptions) -> Result<LockGuard> {
-        let name = keys.name();
-        let started = Instant::now();
-        let deadline = instant_after(started, options.timeout);
-        let mut backoff = Backoff::new();
-        let mut subscription: Option<Subscription> = None;
-        let mut tried_subscribing = false;
-        loop {
-            let outcome = self.attempt(keys, options).await;
-            let pause = match outcome {
-                Ok(Attempt::Granted(guard)) => {
-                    self.core.counters.waits.record(started.elapsed());
-                    return Ok(guard);
-                }
-                Ok(Attempt::Busy { retry_after }) => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Busy {
-                            name: name.to_owned(),
-                            waited: started.elapsed(),
-                            retry_after,
-                        });
-                    }
-                    if !tried_subscribing {
-                        tried_subscribing = true;
-                        subscription = self.subscribe(keys, deadline).await;
-                        if subscription.is_some() {
-                            // A release may have come before the subscription: look again.
-                            continue;
-                        }
-                    }
-                    let lease_end = retry_after + backoff.jitter();
-                    match subscription {
-                        Some(_) => lease_end,
-                        None => backoff.next().min(lease_end),
-                    }
-                }
-                Err(err) if err.is_transient() && Instant::now() < deadline => {
-                    tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
-                    backoff.next()
-                }
-                Err(err) => return Err(err),
-            };
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let pause = pause.min(remaining);
-            match &mut subscription {
-                Some(subscription) => {
-                    if subscription.wait(pause).await {
-                        Counters::add(&self.core.counters.wakeups, 1);
-                        tracing::trace!(lock = name, "woken by a release");
-                    }
-                }
-                None => tokio::time::sleep(pause).await,
-            }
-        }
-    }
-
-    /// Registers on the lock's channel and waits (briefly) for the subscription.
-    async fn subscribe(&self, keys: &LockKeys, deadline: Instant) -> Option<Subscription> {
-        let mut subscription = Wakeups::subscribe(&self.core.wakeups, keys.lock_key())?;
-        let limit = deadline
-            .saturating_duration_since(Instant::now())
-            .min(self.core.transport.request_timeout());
-        subscription.ready(limit).await.then_some(subscription)
+        let request = lock::Acquire {
+            keys: &keys,
+            options,
+        };
+        acquire::wait(&self.core, &request, options.timeout)
+            .instrument(span)
+            .await
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).
@@ -551,195 +478,5 @@ impl Client {
     /// ```
     pub fn stats(&self) -> Stats {
         self.core.stats()
-    }
-
-    /// One acquire request, counted in [`Stats`].
-    async fn attempt(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
-        let outcome = self.attempt_once(keys, options).await;
-        let counters = &self.core.counters;
-        Counters::add(&counters.acquire_attempts, 1);
-        match &outcome {
-            Ok(Attempt::Granted(guard)) => {
-                Counters::add(&counters.grants, 1);
-                let acked = guard.replicas_acked().unwrap_or(0);
-                Counters::add(&counters.replica_acks, u64::from(acked));
-            }
-            Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, 1),
-            Err(err) => {
-                Counters::add(&counters.acquire_errors, 1);
-                if matches!(err, Error::ReplicasNotConfirmed { .. }) {
-                    Counters::add(&counters.replicas_not_confirmed, 1);
-                }
-            }
-        }
-        outcome
-    }
-
-    /// One acquire request under a fresh owner token (a token is never reused after a failed
-    /// request, whose background release could otherwise hit a later grant).
-    async fn attempt_once(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
-        let core = &self.core;
-        let owner = new_owner_token();
-        let owner = owner.as_str();
-        let started = Instant::now();
-        let lease = options.first_lease();
-        let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
-        let key_args = [keys.lock_key()];
-        let args = [
-            owner,
-            ttl_ms.as_str(),
-            floor.as_str(),
-            core.fence_arg(),
-            core.expiry(),
-        ];
-        let in_flight = InFlight::arm(core, keys.lock_key(), owner);
-
-        let (reply, acked) = match options.wait {
-            None => {
-                let reply = core
-                    .transport
-                    .run(
-                        &ScriptCall::new(&ACQUIRE, &key_args, &args),
-                        keys.name(),
-                        "acquire",
-                    )
-                    .await?;
-                (reply, None)
-            }
-            Some((replicas, wait)) => {
-                let (reply, acked) = core
-                    .transport
-                    .run_then_wait(
-                        &ScriptCall::new(&ACQUIRE, &key_args, &args),
-                        keys.name(),
-                        "acquire",
-                        replicas,
-                        wait,
-                    )
-                    .await?;
-                (reply, Some((replicas, acked)))
-            }
-        };
-
-        let (status, value, behind) =
-            parse_reply::<(i64, i64, i64)>(keys.name(), "acquire", reply)?;
-        match status {
-            1 | 2 => {
-                if behind > 0 {
-                    core.clock_behind(keys.name(), behind);
-                }
-                let fence = parse_fence(keys.name(), "acquire", "fence", value)?;
-                in_flight.disarm();
-                let acked = match acked {
-                    Some((required, acked)) => {
-                        let acked = u32::try_from(acked).unwrap_or(0);
-                        if acked < required {
-                            let _ = release_owner(core, keys.lock_key(), owner, "").await;
-                            return Err(Error::ReplicasNotConfirmed {
-                                name: keys.name().to_owned(),
-                                acked,
-                                required,
-                            });
-                        }
-                        Some(acked)
-                    }
-                    None => None,
-                };
-                tracing::debug!(lock = keys.name(), %fence, "acquired");
-                let grant = Grant {
-                    keys: keys.clone(),
-                    owner: owner.to_owned(),
-                    hold: String::new(),
-                    fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked: acked,
-                };
-                Ok(Attempt::Granted(LockGuard::new(
-                    Arc::clone(core),
-                    grant,
-                    Some(options),
-                    None,
-                )))
-            }
-            0 => {
-                in_flight.disarm();
-                Ok(Attempt::Busy {
-                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
-                })
-            }
-            other => Err(Error::UnexpectedReply {
-                name: keys.name().to_owned(),
-                operation: "acquire",
-                detail: format!("status {other}"),
-            }),
-        }
-    }
-}
-
-/// A fresh 128-bit random owner token, hex encoded.
-fn new_owner_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
-
-/// Jittered exponential backoff from 5 ms up to 50 ms.
-struct Backoff {
-    next: Duration,
-    random: RandomState,
-    draws: u64,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(5);
-    const MAX: Duration = Duration::from_millis(50);
-
-    fn new() -> Self {
-        Self {
-            next: Self::FIRST,
-            random: RandomState::new(),
-            draws: 0,
-        }
-    }
-
-    /// A pause drawn uniformly from [d/2, d], then d doubles up to the cap.
-    fn next(&mut self) -> Duration {
-        let ceiling = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        ceiling / 2 + ceiling / 2 * self.fraction() / 1000
-    }
-
-    /// 0 to 2 ms, so waiters woken by the same lease end do not all try at once.
-    fn jitter(&mut self) -> Duration {
-        Duration::from_micros(u64::from(self.fraction()) * 2)
-    }
-
-    /// A pseudo-random number in 0..1000.
-    fn fraction(&mut self) -> u32 {
-        self.draws += 1;
-        let mut hasher = self.random.build_hasher();
-        hasher.write_u64(self.draws);
-        (hasher.finish() % 1000) as u32
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_stays_bounded() {
-        let mut backoff = Backoff::new();
-        let pauses: Vec<_> = (0..20).map(|_| backoff.next()).collect();
-        assert!(pauses[0] <= Backoff::FIRST && pauses[0] >= Backoff::FIRST / 2);
-        assert!(pauses.iter().all(|p| *p <= Backoff::MAX));
-        assert!(pauses[19] >= Backoff::MAX / 2);
-    }
-
-    #[test]
-    fn owner_tokens_are_128_bit_hex() {
-        let token = new_owner_token();
-        assert_eq!(token.len(), 32);
-        assert_ne!(token, new_owner_token());
     }
 }

@@ -54,6 +54,11 @@ impl LuaScript {
         Self { name, source, sha }
     }
 
+    /// The script's name, as [`ScriptSource::name`].
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
     fn invocation(&self, verb: &str, body: &str, keys: &[String], args: &[String]) -> Cmd {
         let mut cmd = redis::cmd(verb);
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
@@ -87,6 +92,11 @@ impl ScriptCall {
             keys: keys.iter().map(|&key| key.to_owned()).collect(),
             args: args.iter().map(|&arg| arg.to_owned()).collect(),
         }
+    }
+
+    /// `KEYS[1]`: what the call is routed by, and named after in the errors of a detached call.
+    pub(crate) fn first_key(&self) -> &str {
+        self.keys.first().map_or("", String::as_str)
     }
 
     /// `EVALSHA sha numkeys keys.. args..`.

@@ -586,6 +586,20 @@ impl Transport {
         outcome
     }
 
+    /// Hands `call` to the current runtime, if there is one, to run in the background (a
+    /// release nobody awaits); never blocks or panics. A failure is only logged.
+    pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let transport = Arc::clone(self);
+            runtime.spawn(async move {
+                let key = call.first_key();
+                if let Err(err) = transport.run(&call, key, operation).await {
+                    tracing::debug!(lock = key, error = %err, "background {operation} failed");
+                }
+            });
+        }
+    }
+
     /// Runs `call` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
     /// request timeout plus `wait`. Returns the script's reply and how many replicas
     /// acknowledged.

@@ -2,7 +2,9 @@
 //!
 //! One task per client renews every watched lock: it wakes when the earliest renewal is due,
 //! takes every lock due within half a renewal period, groups them by the node serving their
-//! slot and renews each group with one script call ([`RENEW`], up to [`BATCH`] locks per call).
+//! slot and by the renew script of their primitive (the mutex's is
+//! [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
+//! [`BATCH`] locks per call).
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
 //! sees at most two or three calls per period however many locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
@@ -44,7 +46,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::error::Error;
-use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, RENEW};
+use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
 use crate::stats::Counters;
 use crate::transport::{Topology, Transport};
 
@@ -102,6 +104,8 @@ struct Hold {
     lock_key: Box<str>,
     owner: Box<str>,
     slot: u16,
+    /// The script that renews it (the hold's primitive's).
+    renew: &'static LuaScript,
     ttl: Duration,
     every: Duration,
     hold_until: Option<Instant>,
@@ -120,6 +124,9 @@ pub(crate) struct Watch<'a> {
     pub(crate) lock_key: &'a str,
     pub(crate) owner: &'a str,
     pub(crate) slot: u16,
+    /// The primitive's renew script: `ARGV` triples key, owner, TTL in ms, then the expiry
+    /// grace; one `1`/`0`/`-1` per triple.
+    pub(crate) renew: &'static LuaScript,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
     pub(crate) hold_until: Option<Instant>,
@@ -132,6 +139,7 @@ struct Due {
     lock_key: Box<str>,
     owner: Box<str>,
     slot: u16,
+    renew: &'static LuaScript,
     ttl_ms: String,
     ttl: Duration,
 }
@@ -176,6 +184,7 @@ impl Watchdog {
                 lock_key: hold.lock_key.into(),
                 owner: hold.owner.into(),
                 slot: hold.slot,
+                renew: hold.renew,
                 ttl: hold.ttl,
                 every: hold.every,
                 hold_until: hold.hold_until,
@@ -276,6 +285,7 @@ impl Schedule {
                 lock_key: hold.lock_key.clone(),
                 owner: hold.owner.clone(),
                 slot: hold.slot,
+                renew: hold.renew,
                 ttl_ms: ttl_millis(ttl),
                 ttl,
             });
@@ -397,11 +407,12 @@ async fn run(watchdog: Arc<Watchdog>) {
             if watchdog.transport.topology() == Topology::Cluster && nodes.read().await.is_empty() {
                 nodes.write().await.refresh(&watchdog.transport).await;
             }
-            let mut groups: HashMap<usize, Vec<Due>> = HashMap::new();
+            let mut groups: HashMap<(usize, &str), Vec<Due>> = HashMap::new();
             {
                 let map = nodes.read().await;
                 for lock in due {
-                    groups.entry(map.node_of(lock.slot)).or_default().push(lock);
+                    let group = (map.node_of(lock.slot), lock.renew.name());
+                    groups.entry(group).or_default().push(lock);
                 }
             }
             for (_, mut group) in groups {
@@ -491,7 +502,7 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
     let reply = watchdog
         .transport
         .run(
-            &ScriptCall::new(&RENEW, &[&first.lock_key], &args),
+            &ScriptCall::new(first.renew, &[&first.lock_key], &args),
             &first.lock_key,
             "renew",
         )
@@ -620,6 +631,7 @@ mod tests {
             lock_key: "fencelock:{a}:lock".into(),
             owner: "me".into(),
             slot: 0,
+            renew: &crate::script::RENEW,
             ttl: Duration::from_secs(3),
             every: Duration::from_secs(1),
             hold_until: None,
