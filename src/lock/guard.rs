@@ -4,8 +4,16 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::held::Held;
+use crate::held::{Held, Kind};
 use crate::keys::LockKeys;
+use crate::script::{EXTEND, RELEASE, RENEW};
+
+/// The mutex's release, extend and renew scripts.
+pub(crate) static MUTEX: Kind = Kind {
+    release: &RELEASE,
+    extend: &EXTEND,
+    renew: &RENEW,
+};
 
 /// Proof of holding a lock, with the fence token to present to storage.
 ///

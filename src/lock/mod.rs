@@ -11,22 +11,14 @@ use crate::acquire::{replicas, Attempt, InFlight, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::held::{Grant, Held, Kind};
+use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
-use crate::script::{
-    parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, EXTEND, RELEASE, RENEW,
-};
+use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
+use guard::MUTEX;
 pub use reentry::Reentry;
-
-/// The mutex's release, extend and renew scripts.
-pub(crate) static MUTEX: Kind = Kind {
-    release: &RELEASE,
-    extend: &EXTEND,
-    renew: &RENEW,
-};
 
 /// One acquisition of a mutex: its keys and options.
 pub(crate) struct Acquire<'a> {

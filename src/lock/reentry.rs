@@ -12,8 +12,7 @@ use crate::keys::LockKeys;
 use crate::options::validate_ttl;
 use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, REENTER};
 
-use super::guard::LockGuard;
-use super::MUTEX;
+use super::guard::{LockGuard, MUTEX};
 
 /// A handle to take a held lock again under the same owner, made by
 /// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
