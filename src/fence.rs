@@ -1,4 +1,5 @@
-//! Fence tokens and the in-process gate that checks them.
+//! Fence tokens, the in-process gate that checks them, and how the acquire script computes
+//! them ([`FenceMode`]).
 
 use std::fmt;
 use std::num::ParseIntError;
