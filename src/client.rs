@@ -1,59 +1,22 @@
-//! The client: connects, acquires locks and hands out guards.
+//! The client: configures and connects, then hands out the primitives' guards (today the
+//! mutex's, [`LockGuard`]) and runs fenced writes.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use redis::{RedisError, Value};
 use tracing::Instrument;
 
-use crate::conn::{self, Connection, Endpoint, Lanes, Timeouts, TlsFiles, Topology};
+use crate::acquire;
+use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
-use crate::fence::StaleFence;
-use crate::guard::{Grant, LockGuard};
+use crate::fence::{FenceMode, FenceToken, StaleFence};
 use crate::keys::LockKeys;
-use crate::options::{instant_after, LockOptions};
-use crate::scripts::{LuaScript, ACQUIRE, FENCED_SET, RELEASE};
-use crate::stats::{Counters, Stats};
-use crate::wakeups::{Subscription, Wakeups};
-use crate::watchdog::Watchdog;
-
-/// How the acquire script computes the next fence token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FenceMode {
-    /// `max(counter + 1, server time in µs + 1, floor + 1)`: a counter lost in a failover
-    /// resumes above every token granted before, provided the new master's clock is not behind
-    /// the old one's by more than the time the failover took (see `docs/safety.md`).
-    #[default]
-    Clock,
-    /// `max(counter + 1, floor + 1)`: small numbers, but a failover that loses the counter
-    /// makes tokens go backwards until a floor repairs it.
-    Counter,
-    /// `max(counter + 1, epoch × 2^32 + 1, floor + 1)`, where `epoch` is the master's
-    /// `cluster_my_epoch`: a promoted replica always has a higher config epoch than the master
-    /// it replaced, so its tokens start above every earlier one without trusting clocks — as
-    /// long as one master grants fewer than 2^32 tokens per lock. Reading the epoch
-    /// (`CLUSTER INFO`) roughly halves the acquire script's throughput (`docs/benchmarks.md`).
-    /// On a standalone server the epoch is 0 and this behaves as [`FenceMode::Counter`].
-    Epoch,
-}
-
-impl FenceMode {
-    /// The acquire script's mode argument; a standalone server has no epoch, so epoch mode is
-    /// a counter there.
-    fn as_arg(self, topology: Topology) -> &'static str {
-        match (self, topology) {
-            (FenceMode::Clock, _) => "clock",
-            (FenceMode::Epoch, Topology::Cluster) => "epoch",
-            (FenceMode::Epoch, Topology::Standalone) | (FenceMode::Counter, _) => "counter",
-        }
-    }
-}
+use crate::lock::{self, LockGuard};
+use crate::options::LockOptions;
+use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
+use crate::stats::Stats;
+use crate::transport::{Endpoint, Timeouts, TlsFiles, Topology, Transport};
 
 /// The default [`ClientBuilder::expiry_grace`].
 pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(10);
@@ -286,22 +249,13 @@ impl ClientBuilder {
             Endpoint::discover(&self.urls, timeouts, self.retries, &self.tls).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
         Ok(Client {
-            shared: Arc::new(Shared {
-                wakeups: Wakeups::new(self.wake_on_release),
-                watchdog: Watchdog::default(),
-                conn: RwLock::new(conn),
-                failures: AtomicU32::new(0),
-                rebuilding: AtomicBool::new(false),
-                lanes: Lanes::new(endpoint, self.wait_lanes),
-                counters: Counters::default(),
-                prefix: self.prefix,
-                request_timeout: self.request_timeout,
-                fence_mode: self.fence_mode,
-                expiry: match self.fence_mode {
-                    FenceMode::Clock => self.expiry_grace.as_millis().to_string(),
-                    FenceMode::Counter | FenceMode::Epoch => String::new(),
-                },
-            }),
+            core: Arc::new(Core::new(
+                Transport::new(endpoint, conn, self.wait_lanes, self.request_timeout),
+                self.wake_on_release,
+                self.prefix,
+                self.fence_mode,
+                self.expiry_grace,
+            )),
         })
     }
 }
@@ -327,43 +281,17 @@ impl ClientBuilder {
 /// ```
 #[derive(Clone)]
 pub struct Client {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("nodes", &self.shared.lanes.endpoint().nodes)
+            .field("nodes", &self.core.transport.endpoint().nodes)
             .field("topology", &self.topology())
-            .field("prefix", &self.shared.prefix)
+            .field("prefix", &self.core.prefix)
             .finish()
     }
-}
-
-/// What clients, guards and background releases share.
-pub(crate) struct Shared {
-    /// The main connection; replaced when it keeps timing out (see [`Shared::observe`]).
-    conn: RwLock<Connection>,
-    /// Consecutive transient failures on the main connection.
-    failures: AtomicU32,
-    rebuilding: AtomicBool,
-    pub(crate) lanes: Lanes,
-    pub(crate) wakeups: Wakeups,
-    pub(crate) watchdog: Watchdog,
-    prefix: String,
-    pub(crate) request_timeout: Duration,
-    fence_mode: FenceMode,
-    /// The lock scripts' last argument: the key's expiry grace in ms, empty to keep keys.
-    expiry: String,
-    pub(crate) counters: Counters,
-}
-
-/// Outcome of one acquisition attempt.
-// Lives for one call on the stack; boxing the guard would add an allocation per grant.
-#[allow(clippy::large_enum_variant)]
-enum Attempt {
-    Granted(LockGuard),
-    Busy { retry_after: Duration },
 }
 
 impl Client {
@@ -406,7 +334,7 @@ impl Client {
 
     /// Whether the client talks to a cluster or a single server.
     pub fn topology(&self) -> Topology {
-        self.shared.topology()
+        self.core.transport.topology()
     }
 
     /// The Redis keys and slot lock `name` uses with `options`' placement.
@@ -415,7 +343,7 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
     pub fn keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
-        LockKeys::new(&self.shared.prefix, name, &options.placement)
+        LockKeys::new(&self.core.prefix, name, &options.placement)
     }
 
     /// Stores `value` in the Redis hash `key` (fields `value` and `fence`) only if `fence` is not
@@ -458,27 +386,19 @@ impl Client {
         }
         let fence_arg = fence.get().to_string();
         let reply = self
-            .shared
-            .run_script(
+            .core
+            .transport
+            .run(
+                &ScriptCall::new(&FENCED_SET, &[key], &[&fence_arg, value]),
                 key,
                 "fenced write",
-                &FENCED_SET,
-                &[key],
-                &[&fence_arg, value],
             )
             .await?;
         let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
         if status == 1 {
             return Ok(Ok(()));
         }
-        let highest = u64::try_from(highest)
-            .ok()
-            .and_then(FenceToken::new)
-            .ok_or_else(|| Error::UnexpectedReply {
-                name: key.to_owned(),
-                operation: "fenced write",
-                detail: format!("highest fence {highest}"),
-            })?;
+        let highest = parse_fence(key, "fenced write", "highest fence", highest)?;
         Ok(Err(StaleFence {
             presented: fence,
             highest,
@@ -501,18 +421,14 @@ impl Client {
     pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
-        let started = Instant::now();
-        match self.attempt(&keys, options).await? {
-            Attempt::Granted(guard) => {
-                self.shared.counters.waits.record(started.elapsed());
-                Ok(guard)
-            }
-            Attempt::Busy { retry_after } => Err(Error::Busy {
-                name: name.to_owned(),
-                waited: Duration::ZERO,
-                retry_after,
-            }),
-        }
+        acquire::once(
+            &self.core,
+            &lock::Acquire {
+                keys: &keys,
+                options,
+            },
+        )
+        .await
     }
 
     /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly
@@ -541,72 +457,13 @@ impl Client {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
         let span = tracing::debug_span!("fencelock.lock", lock = name, slot = keys.slot());
-        self.wait_for(&keys, options).instrument(span).await
-    }
-
-    async fn wait_for(&self, keys: &LockKeys, options: &LockOptions) -> Result<LockGuard> {
-        let name = keys.name();
-        let started = Instant::now();
-        let deadline = instant_after(started, options.timeout);
-        let mut backoff = Backoff::new();
-        let mut subscription: Option<Subscription> = None;
-        let mut tried_subscribing = false;
-        loop {
-            let outcome = self.attempt(keys, options).await;
-            let pause = match outcome {
-                Ok(Attempt::Granted(guard)) => {
-                    self.shared.counters.waits.record(started.elapsed());
-                    return Ok(guard);
-                }
-                Ok(Attempt::Busy { retry_after }) => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Busy {
-                            name: name.to_owned(),
-                            waited: started.elapsed(),
-                            retry_after,
-                        });
-                    }
-                    if !tried_subscribing {
-                        tried_subscribing = true;
-                        subscription = self.subscribe(keys, deadline).await;
-                        if subscription.is_some() {
-                            // A release may have come before the subscription: look again.
-                            continue;
-                        }
-                    }
-                    let lease_end = retry_after + backoff.jitter();
-                    match subscription {
-                        Some(_) => lease_end,
-                        None => backoff.next().min(lease_end),
-                    }
-                }
-                Err(err) if err.is_transient() && Instant::now() < deadline => {
-                    tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
-                    backoff.next()
-                }
-                Err(err) => return Err(err),
-            };
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let pause = pause.min(remaining);
-            match &mut subscription {
-                Some(subscription) => {
-                    if subscription.wait(pause).await {
-                        Counters::add(&self.shared.counters.wakeups, 1);
-                        tracing::trace!(lock = name, "woken by a release");
-                    }
-                }
-                None => tokio::time::sleep(pause).await,
-            }
-        }
-    }
-
-    /// Registers on the lock's channel and waits (briefly) for the subscription.
-    async fn subscribe(&self, keys: &LockKeys, deadline: Instant) -> Option<Subscription> {
-        let mut subscription = Wakeups::subscribe(&self.shared, keys.lock_key())?;
-        let limit = deadline
-            .saturating_duration_since(Instant::now())
-            .min(self.shared.request_timeout);
-        subscription.ready(limit).await.then_some(subscription)
+        let request = lock::Acquire {
+            keys: &keys,
+            options,
+        };
+        acquire::wait(&self.core, &request, options.timeout)
+            .instrument(span)
+            .await
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).
@@ -620,441 +477,6 @@ impl Client {
     /// # }
     /// ```
     pub fn stats(&self) -> Stats {
-        self.shared.counters.snapshot()
-    }
-
-    /// One acquire request, counted in [`Stats`].
-    async fn attempt(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
-        let outcome = self.attempt_once(keys, options).await;
-        let counters = &self.shared.counters;
-        Counters::add(&counters.acquire_attempts, 1);
-        match &outcome {
-            Ok(Attempt::Granted(guard)) => {
-                Counters::add(&counters.grants, 1);
-                let acked = guard.replicas_acked().unwrap_or(0);
-                Counters::add(&counters.replica_acks, u64::from(acked));
-            }
-            Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, 1),
-            Err(err) => {
-                Counters::add(&counters.acquire_errors, 1);
-                if matches!(err, Error::ReplicasNotConfirmed { .. }) {
-                    Counters::add(&counters.replicas_not_confirmed, 1);
-                }
-            }
-        }
-        outcome
-    }
-
-    /// One acquire request under a fresh owner token (a token is never reused after a failed
-    /// request, whose background release could otherwise hit a later grant).
-    async fn attempt_once(&self, keys: &LockKeys, options: &LockOptions) -> Result<Attempt> {
-        let shared = &self.shared;
-        let owner = new_owner_token();
-        let owner = owner.as_str();
-        let started = Instant::now();
-        let lease = options.first_lease();
-        let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
-        let key_args = [keys.lock_key()];
-        let args = [
-            owner,
-            ttl_ms.as_str(),
-            floor.as_str(),
-            shared.fence_mode.as_arg(shared.topology()),
-            shared.expiry(),
-        ];
-        let in_flight = InFlight::arm(shared, keys.lock_key(), owner);
-
-        let (reply, acked) = match options.wait {
-            None => {
-                let reply = shared
-                    .run_script(keys.name(), "acquire", &ACQUIRE, &key_args, &args)
-                    .await?;
-                (reply, None)
-            }
-            Some((replicas, wait)) => {
-                let limit = shared.request_timeout + wait;
-                let call = async {
-                    let mut lane = shared.lanes.checkout().await?;
-                    let reply = conn::run_script_then_wait(
-                        &mut lane.conn,
-                        &ACQUIRE,
-                        &key_args,
-                        &args,
-                        replicas,
-                        wait,
-                    )
-                    .await?;
-                    lane.finish();
-                    Ok::<_, RedisError>(reply)
-                };
-                let outcome = bounded(keys.name(), "acquire", limit, call).await;
-                shared.observe(&outcome);
-                let (reply, acked) = outcome?;
-                (reply, Some((replicas, acked)))
-            }
-        };
-
-        let (status, value, behind) =
-            parse_reply::<(i64, i64, i64)>(keys.name(), "acquire", reply)?;
-        match status {
-            1 | 2 => {
-                if behind > 0 {
-                    shared.clock_behind(keys.name(), behind);
-                }
-                let fence = u64::try_from(value)
-                    .ok()
-                    .and_then(FenceToken::new)
-                    .ok_or_else(|| Error::UnexpectedReply {
-                        name: keys.name().to_owned(),
-                        operation: "acquire",
-                        detail: format!("fence {value} out of range"),
-                    })?;
-                in_flight.disarm();
-                let acked = match acked {
-                    Some((required, acked)) => {
-                        let acked = u32::try_from(acked).unwrap_or(0);
-                        if acked < required {
-                            let _ = release_owner(shared, keys.lock_key(), owner, "").await;
-                            return Err(Error::ReplicasNotConfirmed {
-                                name: keys.name().to_owned(),
-                                acked,
-                                required,
-                            });
-                        }
-                        Some(acked)
-                    }
-                    None => None,
-                };
-                tracing::debug!(lock = keys.name(), %fence, "acquired");
-                let grant = Grant {
-                    keys: keys.clone(),
-                    owner: owner.to_owned(),
-                    hold: String::new(),
-                    fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked: acked,
-                };
-                Ok(Attempt::Granted(LockGuard::new(
-                    Arc::clone(shared),
-                    grant,
-                    Some(options),
-                    None,
-                )))
-            }
-            0 => {
-                in_flight.disarm();
-                Ok(Attempt::Busy {
-                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
-                })
-            }
-            other => Err(Error::UnexpectedReply {
-                name: keys.name().to_owned(),
-                operation: "acquire",
-                detail: format!("status {other}"),
-            }),
-        }
-    }
-}
-
-/// Releases `owner`'s hold `hold` (empty for the first) on `lock_key`: `1` released, `0`
-/// expired, `-1` held by another.
-pub(crate) async fn release_owner(
-    shared: &Arc<Shared>,
-    lock_key: &str,
-    owner: &str,
-    hold: &str,
-) -> Result<i64> {
-    let reply = shared
-        .run_script(
-            lock_key,
-            "release",
-            &RELEASE,
-            &[lock_key],
-            &[owner, hold, shared.announce(), shared.expiry()],
-        )
-        .await?;
-    parse_reply(lock_key, "release", reply)
-}
-
-/// After this many consecutive timeouts or connection errors the main connection is rebuilt.
-const REBUILD_AFTER: u32 = 2;
-
-impl Shared {
-    pub(crate) fn topology(&self) -> Topology {
-        self.lanes.endpoint().topology
-    }
-
-    /// How the release script announces a freed lock: `s` SPUBLISH, `p` PUBLISH.
-    pub(crate) fn announce(&self) -> &'static str {
-        match self.topology() {
-            Topology::Cluster => "s",
-            Topology::Standalone => "p",
-        }
-    }
-
-    /// The lock scripts' last argument: the key's expiry grace in ms, or empty to keep keys.
-    pub(crate) fn expiry(&self) -> &str {
-        &self.expiry
-    }
-
-    /// Records a grant whose stored fence was `behind_us` µs ahead of the node's clock.
-    fn clock_behind(&self, name: &str, behind_us: i64) {
-        let behind_us = u64::try_from(behind_us).unwrap_or(0);
-        Counters::add(&self.counters.clock_behind, 1);
-        self.counters
-            .clock_behind_max_us
-            .fetch_max(behind_us, Ordering::Relaxed);
-        tracing::warn!(
-            lock = name,
-            behind_us,
-            "the node's clock is behind the lock's last fence (a failover to a node whose clock \
-             lags, or a clock stepped back): fences stay monotonic while the lock's key survives"
-        );
-    }
-
-    /// `CLUSTER SLOTS` from any node, within the request timeout.
-    pub(crate) async fn cluster_slots(&self) -> Result<Value> {
-        let mut conn = self.connection();
-        let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-        bounded(
-            "*",
-            "cluster slots",
-            self.request_timeout,
-            cmd.query_async(&mut conn),
-        )
-        .await
-    }
-
-    fn connection(&self) -> Connection {
-        self.conn
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Runs `script` on the main connection within the request timeout.
-    pub(crate) async fn run_script(
-        self: &Arc<Self>,
-        name: &str,
-        operation: &'static str,
-        script: &LuaScript,
-        keys: &[&str],
-        args: &[&str],
-    ) -> Result<Value> {
-        let mut conn = self.connection();
-        let call = conn::run_script(&mut conn, script, keys, args);
-        let outcome = bounded(name, operation, self.request_timeout, call).await;
-        self.observe(&outcome);
-        outcome
-    }
-
-    /// Counts consecutive transient failures and rebuilds the main connection after
-    /// [`REBUILD_AFTER`] of them. redis-rs keeps routing a slot to a master that stopped
-    /// answering with its socket open (SIGSTOP) even after a replica was promoted; a new
-    /// connection reads a fresh slot map and routes to the new master.
-    pub(crate) fn observe<T>(self: &Arc<Self>, outcome: &Result<T>) {
-        match outcome {
-            Err(err) if err.is_transient() => {
-                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= REBUILD_AFTER {
-                    self.rebuild();
-                }
-            }
-            _ => self.failures.store(0, Ordering::Release),
-        }
-    }
-
-    fn rebuild(self: &Arc<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if self.rebuilding.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let shared = Arc::clone(self);
-        runtime.spawn(async move {
-            match shared.lanes.endpoint().main_connection().await {
-                Ok(conn) => {
-                    *shared.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
-                    shared.failures.store(0, Ordering::Release);
-                    Counters::add(&shared.counters.connection_rebuilds, 1);
-                    tracing::info!(nodes = %shared.lanes.endpoint().nodes, "rebuilt the connection after repeated timeouts");
-                }
-                Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),
-            }
-            shared.rebuilding.store(false, Ordering::Release);
-        });
-    }
-}
-
-/// Bounds a Redis call by `limit`, naming the lock in the error.
-async fn bounded<T>(
-    name: &str,
-    operation: &'static str,
-    limit: Duration,
-    call: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
-            name: name.to_owned(),
-            operation,
-            source,
-        }),
-        Ok(Err(source)) => Err(Error::Redis {
-            name: name.to_owned(),
-            operation,
-            source,
-        }),
-        Err(_) => Err(Error::Timeout {
-            name: name.to_owned(),
-            operation,
-            after: limit,
-        }),
-    }
-}
-
-/// Decodes a script's reply, naming the lock and showing the reply when it has another shape.
-pub(crate) fn parse_reply<T: redis::FromRedisValue>(
-    name: &str,
-    operation: &'static str,
-    reply: Value,
-) -> Result<T> {
-    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
-        name: name.to_owned(),
-        operation,
-        detail: format!("{reply:?}"),
-    })
-}
-
-pub(crate) fn ttl_millis(ttl: Duration) -> String {
-    ttl.as_millis().max(1).to_string()
-}
-
-/// A fresh 128-bit random owner token, hex encoded.
-fn new_owner_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
-}
-
-/// While armed, dropping it (a timeout or a cancelled call) releases what an acquire or
-/// re-enter request in flight may have taken, in the background.
-pub(crate) struct InFlight<'a> {
-    shared: &'a Arc<Shared>,
-    lock_key: &'a str,
-    owner: &'a str,
-    hold: &'a str,
-    armed: bool,
-}
-
-impl<'a> InFlight<'a> {
-    pub(crate) fn arm(shared: &'a Arc<Shared>, lock_key: &'a str, owner: &'a str) -> Self {
-        Self {
-            shared,
-            lock_key,
-            owner,
-            hold: "",
-            armed: true,
-        }
-    }
-
-    /// For a re-entry: release only the hold `hold`.
-    pub(crate) fn with_hold(mut self, hold: &'a str) -> Self {
-        self.hold = hold;
-        self
-    }
-
-    pub(crate) fn disarm(mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            release_in_background(
-                Arc::clone(self.shared),
-                self.lock_key.to_owned(),
-                self.owner.to_owned(),
-                self.hold.to_owned(),
-            );
-        }
-    }
-}
-
-/// Hands a release to the current runtime, if there is one; never blocks or panics.
-pub(crate) fn release_in_background(
-    shared: Arc<Shared>,
-    lock_key: String,
-    owner: String,
-    hold: String,
-) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move {
-            if let Err(err) = release_owner(&shared, &lock_key, &owner, &hold).await {
-                tracing::debug!(lock = lock_key, error = %err, "background release failed");
-            }
-        });
-    }
-}
-
-/// Jittered exponential backoff from 5 ms up to 50 ms.
-struct Backoff {
-    next: Duration,
-    random: RandomState,
-    draws: u64,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(5);
-    const MAX: Duration = Duration::from_millis(50);
-
-    fn new() -> Self {
-        Self {
-            next: Self::FIRST,
-            random: RandomState::new(),
-            draws: 0,
-        }
-    }
-
-    /// A pause drawn uniformly from [d/2, d], then d doubles up to the cap.
-    fn next(&mut self) -> Duration {
-        let ceiling = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        ceiling / 2 + ceiling / 2 * self.fraction() / 1000
-    }
-
-    /// 0 to 2 ms, so waiters woken by the same lease end do not all try at once.
-    fn jitter(&mut self) -> Duration {
-        Duration::from_micros(u64::from(self.fraction()) * 2)
-    }
-
-    /// A pseudo-random number in 0..1000.
-    fn fraction(&mut self) -> u32 {
-        self.draws += 1;
-        let mut hasher = self.random.build_hasher();
-        hasher.write_u64(self.draws);
-        (hasher.finish() % 1000) as u32
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_stays_bounded() {
-        let mut backoff = Backoff::new();
-        let pauses: Vec<_> = (0..20).map(|_| backoff.next()).collect();
-        assert!(pauses[0] <= Backoff::FIRST && pauses[0] >= Backoff::FIRST / 2);
-        assert!(pauses.iter().all(|p| *p <= Backoff::MAX));
-        assert!(pauses[19] >= Backoff::MAX / 2);
-    }
-
-    #[test]
-    fn owner_tokens_are_128_bit_hex() {
-        let token = new_owner_token();
-        assert_eq!(token.len(), 32);
-        assert_ne!(token, new_owner_token());
+        self.core.stats()
     }
 }

@@ -1,4 +1,5 @@
-//! Fence tokens and the in-process gate that checks them.
+//! Fence tokens, the in-process gate that checks them, and how the acquire script computes
+//! them ([`FenceMode`]).
 
 use std::fmt;
 use std::num::ParseIntError;
@@ -162,6 +163,27 @@ impl FenceGate {
     pub fn highest(&self) -> Option<FenceToken> {
         FenceToken::new(self.highest.load(Ordering::Acquire))
     }
+}
+
+/// How the acquire script computes the next fence token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceMode {
+    /// `max(counter + 1, server time in µs + 1, floor + 1)`: a counter lost in a failover
+    /// resumes above every token granted before, provided the new master's clock is not behind
+    /// the old one's by more than the time the failover took (see `docs/safety.md`).
+    #[default]
+    Clock,
+    /// `max(counter + 1, floor + 1)`: small numbers, but a failover that loses the counter
+    /// makes tokens go backwards until a floor repairs it.
+    Counter,
+    /// `max(counter + 1, epoch × 2^32 + 1, floor + 1)`, where `epoch` is the master's
+    /// `cluster_my_epoch`: a promoted replica always has a higher config epoch than the master
+    /// it replaced, so its tokens start above every earlier one without trusting clocks — as
+    /// long as one master grants fewer than 2^32 tokens per lock. Reading the epoch
+    /// (`CLUSTER INFO`) roughly halves the acquire script's throughput (`docs/benchmarks.md`).
+    /// On a standalone server the epoch is 0 and this behaves as [`FenceMode::Counter`].
+    Epoch,
 }
 
 #[cfg(test)]

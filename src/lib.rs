@@ -25,26 +25,26 @@
 //! See `docs/design.md` for the key layout, scripts and what is guaranteed.
 #![warn(missing_docs)]
 
+mod acquire;
 mod client;
-mod conn;
+mod core;
 mod error;
 mod fence;
-mod guard;
+mod held;
 mod keys;
+mod lock;
 mod options;
-mod reentry;
-mod scripts;
+mod runtime;
+mod script;
 mod stats;
-mod wakeups;
-mod watchdog;
+mod transport;
 
-pub use client::{Client, ClientBuilder, FenceMode, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
-pub use conn::Topology;
+pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use error::{Error, Result};
-pub use fence::{FenceGate, FenceToken, InvalidFence, StaleFence};
-pub use guard::LockGuard;
+pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
+pub use lock::{LockGuard, Reentry};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
-pub use reentry::Reentry;
-pub use scripts::{lua_scripts, ScriptSource};
+pub use script::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};
+pub use transport::Topology;

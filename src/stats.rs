@@ -179,7 +179,6 @@ pub(crate) struct Counters {
     pub(crate) renewal_calls: AtomicU64,
     pub(crate) releases: AtomicU64,
     pub(crate) lost: AtomicU64,
-    pub(crate) connection_rebuilds: AtomicU64,
     pub(crate) clock_behind: AtomicU64,
     pub(crate) clock_behind_max_us: AtomicU64,
     pub(crate) waits: LiveHistogram,
@@ -206,7 +205,8 @@ impl Counters {
             renewal_calls: get(&self.renewal_calls),
             releases: get(&self.releases),
             lost: get(&self.lost),
-            connection_rebuilds: get(&self.connection_rebuilds),
+            // The transport counts its rebuilds; `Core::stats` fills them in.
+            connection_rebuilds: 0,
             clock_behind: get(&self.clock_behind),
             clock_behind_max_us: get(&self.clock_behind_max_us),
             waits: self.waits.snapshot(),

@@ -1,9 +1,11 @@
-//! Connections: cluster or standalone detection, timeouts, TLS, NOSCRIPT handling and WAIT
-//! lanes.
+//! The transport: connections (cluster or standalone detection, timeouts, TLS), their health
+//! (a main connection rebuilt after repeated failures), WAIT lanes, and the bounded script calls
+//! everything above makes through [`Transport`].
 
 mod tls;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{
@@ -17,7 +19,7 @@ use redis::{ProtocolVersion, RedisFuture, RedisResult, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
-use crate::scripts::LuaScript;
+use crate::script::ScriptCall;
 
 pub(crate) use tls::TlsFiles;
 
@@ -454,14 +456,9 @@ fn is_refusal(err: &Error) -> bool {
 }
 
 /// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.
-pub(crate) async fn run_script(
-    conn: &mut Connection,
-    script: &LuaScript,
-    keys: &[&str],
-    args: &[&str],
-) -> RedisResult<Value> {
-    match script.evalsha(keys, args).query_async(conn).await {
-        Err(err) if is_noscript(&err) => script.eval(keys, args).query_async(conn).await,
+async fn eval(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+    match call.evalsha().query_async(conn).await {
+        Err(err) if is_noscript(&err) => call.eval().query_async(conn).await,
         other => other,
     }
 }
@@ -469,11 +466,9 @@ pub(crate) async fn run_script(
 /// Runs `script` and then `WAIT replicas timeout` in one pipeline on one node connection, so
 /// WAIT counts acknowledgements of exactly the script's writes. Returns the script's reply and
 /// the number of replicas that acknowledged.
-pub(crate) async fn run_script_then_wait(
+async fn eval_then_wait(
     conn: &mut Connection,
-    script: &LuaScript,
-    keys: &[&str],
-    args: &[&str],
+    call: &ScriptCall,
     replicas: u32,
     wait: Duration,
 ) -> RedisResult<(Value, i64)> {
@@ -484,8 +479,8 @@ pub(crate) async fn run_script_then_wait(
             .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
         pipe
     };
-    match pipe(script.evalsha(keys, args)).query_async(conn).await {
-        Err(err) if is_noscript(&err) => pipe(script.eval(keys, args)).query_async(conn).await,
+    match pipe(call.evalsha()).query_async(conn).await {
+        Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
         other => other,
     }
 }
@@ -494,9 +489,208 @@ fn is_noscript(err: &RedisError) -> bool {
     err.code() == Some("NOSCRIPT")
 }
 
+/// After this many consecutive timeouts or connection errors the main connection is rebuilt.
+const REBUILD_AFTER: u32 = 2;
+
+/// The connections of one client and their health: every Redis call of the client, its guards
+/// and its background tasks goes through here, bounded by the request timeout.
+pub(crate) struct Transport {
+    /// The main connection; replaced when it keeps timing out (see [`Transport::observe`]).
+    conn: RwLock<Connection>,
+    /// Consecutive transient failures on the main connection.
+    failures: AtomicU32,
+    /// A rebuild is under way.
+    rebuilding: AtomicBool,
+    /// Rebuilds done, for [`crate::Stats::connection_rebuilds`].
+    rebuilds: AtomicU64,
+    lanes: Lanes,
+    request_timeout: Duration,
+}
+
+impl Transport {
+    /// The transport over `conn`, the main connection [`Endpoint::discover`] opened.
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        conn: Connection,
+        wait_lanes: usize,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            conn: RwLock::new(conn),
+            failures: AtomicU32::new(0),
+            rebuilding: AtomicBool::new(false),
+            rebuilds: AtomicU64::new(0),
+            lanes: Lanes::new(endpoint, wait_lanes),
+            request_timeout,
+        }
+    }
+
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        self.lanes.endpoint()
+    }
+
+    pub(crate) fn topology(&self) -> Topology {
+        self.endpoint().topology
+    }
+
+    /// The deadline of one call.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How release scripts announce a freed lock: `s` SPUBLISH, `p` PUBLISH.
+    pub(crate) fn announce(&self) -> &'static str {
+        match self.topology() {
+            Topology::Cluster => "s",
+            Topology::Standalone => "p",
+        }
+    }
+
+    /// How often the main connection was rebuilt.
+    pub(crate) fn rebuilds(&self) -> u64 {
+        self.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// `CLUSTER SLOTS` from any node, within the request timeout.
+    pub(crate) async fn cluster_slots(&self) -> Result<Value> {
+        let mut conn = self.connection();
+        let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        bounded(
+            "*",
+            "cluster slots",
+            self.request_timeout,
+            cmd.query_async(&mut conn),
+        )
+        .await
+    }
+
+    fn connection(&self) -> Connection {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Runs `call` on the main connection within the request timeout; errors name `name` and
+    /// `operation`.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        let mut conn = self.connection();
+        let call = eval(&mut conn, call);
+        let outcome = bounded(name, operation, self.request_timeout, call).await;
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Hands `call` to the current runtime, if there is one, to run in the background (a
+    /// release nobody awaits); never blocks or panics. A failure is only logged.
+    pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let transport = Arc::clone(self);
+            runtime.spawn(async move {
+                let key = call.first_key();
+                if let Err(err) = transport.run(&call, key, operation).await {
+                    tracing::debug!(lock = key, error = %err, "background {operation} failed");
+                }
+            });
+        }
+    }
+
+    /// Runs `call` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
+    /// request timeout plus `wait`. Returns the script's reply and how many replicas
+    /// acknowledged.
+    pub(crate) async fn run_then_wait(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+        replicas: u32,
+        wait: Duration,
+    ) -> Result<(Value, i64)> {
+        let limit = self.request_timeout + wait;
+        let call = async {
+            let mut lane = self.lanes.checkout().await?;
+            let reply = eval_then_wait(&mut lane.conn, call, replicas, wait).await?;
+            lane.finish();
+            Ok::<_, RedisError>(reply)
+        };
+        let outcome = bounded(name, operation, limit, call).await;
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Counts consecutive transient failures and rebuilds the main connection after
+    /// [`REBUILD_AFTER`] of them. redis-rs keeps routing a slot to a master that stopped
+    /// answering with its socket open (SIGSTOP) even after a replica was promoted; a new
+    /// connection reads a fresh slot map and routes to the new master.
+    fn observe<T>(self: &Arc<Self>, outcome: &Result<T>) {
+        match outcome {
+            Err(err) if err.is_transient() => {
+                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= REBUILD_AFTER {
+                    self.rebuild();
+                }
+            }
+            _ => self.failures.store(0, Ordering::Release),
+        }
+    }
+
+    fn rebuild(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let transport = Arc::clone(self);
+        runtime.spawn(async move {
+            match transport.endpoint().main_connection().await {
+                Ok(conn) => {
+                    *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                    transport.failures.store(0, Ordering::Release);
+                    transport.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
+                }
+                Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),
+            }
+            transport.rebuilding.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// Bounds a Redis call by `limit`, naming the lock in the error.
+async fn bounded<T>(
+    name: &str,
+    operation: &'static str,
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(source)) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+        Ok(Err(source)) => Err(Error::Redis {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+        Err(_) => Err(Error::Timeout {
+            name: name.to_owned(),
+            operation,
+            after: limit,
+        }),
+    }
+}
+
 /// Dedicated connections for WAIT, which blocks its connection while it waits: each lane serves
 /// one acquisition at a time, so WAIT never delays unrelated lock traffic on the main connection.
-pub(crate) struct Lanes {
+struct Lanes {
     endpoint: Endpoint,
     idle: Mutex<Vec<Connection>>,
     permits: Arc<Semaphore>,
@@ -504,14 +698,14 @@ pub(crate) struct Lanes {
 
 /// A lane checked out of [`Lanes`]; it goes back when [`Lane::finish`] is called after a clean
 /// reply, and is closed when dropped otherwise (its state after an error or timeout is unknown).
-pub(crate) struct Lane<'a> {
-    pub(crate) conn: Connection,
+struct Lane<'a> {
+    conn: Connection,
     lanes: &'a Lanes,
     _permit: OwnedSemaphorePermit,
 }
 
 impl Lanes {
-    pub(crate) fn new(endpoint: Endpoint, count: usize) -> Self {
+    fn new(endpoint: Endpoint, count: usize) -> Self {
         Self {
             endpoint,
             idle: Mutex::new(Vec::new()),
@@ -519,7 +713,7 @@ impl Lanes {
         }
     }
 
-    pub(crate) fn endpoint(&self) -> &Endpoint {
+    fn endpoint(&self) -> &Endpoint {
         &self.endpoint
     }
 
@@ -528,7 +722,7 @@ impl Lanes {
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped call holds no permit and opens nothing that outlives it.
-    pub(crate) async fn checkout(&self) -> RedisResult<Lane<'_>> {
+    async fn checkout(&self) -> RedisResult<Lane<'_>> {
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
@@ -552,7 +746,7 @@ impl Lanes {
 
 impl Lane<'_> {
     /// Returns the lane to the pool for the next caller.
-    pub(crate) fn finish(self) {
+    fn finish(self) {
         self.lanes
             .idle
             .lock()

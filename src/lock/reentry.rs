@@ -3,13 +3,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::client::{self, parse_reply, Shared};
+use crate::acquire::InFlight;
+use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::guard::{Grant, LockGuard, Watched};
+use crate::held::{Grant, Held, Watched};
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
-use crate::scripts::REENTER;
+use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, REENTER};
+
+use super::guard::{LockGuard, MUTEX};
 
 /// A handle to take a held lock again under the same owner, made by
 /// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
@@ -44,7 +47,7 @@ use crate::scripts::REENTER;
 /// ```
 #[derive(Clone)]
 pub struct Reentry {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     keys: LockKeys,
     owner: String,
     fence: FenceToken,
@@ -62,24 +65,23 @@ impl std::fmt::Debug for Reentry {
     }
 }
 
-impl Reentry {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        keys: LockKeys,
-        owner: String,
-        fence: FenceToken,
-        watched: Option<Watched>,
-    ) -> Self {
-        Self {
-            shared,
-            keys,
-            owner,
-            fence,
+impl LockGuard {
+    /// A handle that acquires this lock again under the same owner (re-entry): pass it down to
+    /// code that takes the lock itself. See [`Reentry`].
+    pub fn reentry(&self) -> Reentry {
+        let held = self.held();
+        Reentry {
+            core: Arc::clone(held.core()),
+            keys: held.keys().clone(),
+            owner: held.owner().to_owned(),
+            fence: held.fence(),
             ttl: Duration::from_secs(30),
-            watched,
+            watched: held.watched(),
         }
     }
+}
 
+impl Reentry {
     /// The lease a re-entry asks for (default 30 s): the lock's lease is moved to at least now
     /// plus this, never shortened.
     pub fn ttl(mut self, ttl: Duration) -> Self {
@@ -114,17 +116,20 @@ impl Reentry {
         validate_ttl(self.keys.name(), self.ttl)?;
         let hold = uuid::Uuid::new_v4().simple().to_string();
         let sent = Instant::now();
-        let ttl_ms = client::ttl_millis(self.ttl);
-        let in_flight =
-            client::InFlight::arm(&self.shared, self.keys.lock_key(), &self.owner).with_hold(&hold);
+        let ttl_ms = ttl_millis(self.ttl);
+        let undo = MUTEX.release_call(&self.core, self.keys.lock_key(), &self.owner, &hold);
+        let in_flight = InFlight::arm(&self.core.transport, undo);
         let reply = self
-            .shared
-            .run_script(
+            .core
+            .transport
+            .run(
+                &ScriptCall::new(
+                    &REENTER,
+                    &[self.keys.lock_key()],
+                    &[&self.owner, &hold, &ttl_ms, self.core.expiry()],
+                ),
                 self.keys.name(),
                 "reenter",
-                &REENTER,
-                &[self.keys.lock_key()],
-                &[&self.owner, &hold, &ttl_ms, self.shared.expiry()],
             )
             .await?;
         in_flight.disarm();
@@ -143,20 +148,16 @@ impl Reentry {
                     ttl: Duration::from_millis(remaining),
                     replicas_acked: None,
                 };
-                Ok(LockGuard::new(
-                    Arc::clone(&self.shared),
-                    grant,
-                    None,
-                    self.watched.clone(),
-                ))
+                let held = Held::following(&self.core, &MUTEX, grant, self.watched.clone());
+                Ok(LockGuard::new(held))
             }
-            0 => Err(Error::Expired { name }),
-            -1 => Err(Error::NotOwner { name }),
-            _ => Err(Error::UnexpectedReply {
-                name,
-                operation: "reenter",
-                detail: format!("status {code}, fence {fence}"),
-            }),
+            _ => Err(Outcome::from_code(code)
+                .and_then(|outcome| outcome.lost(&name))
+                .unwrap_or(Error::UnexpectedReply {
+                    name,
+                    operation: "reenter",
+                    detail: format!("status {code}, fence {fence}"),
+                })),
         }
     }
 }

@@ -23,13 +23,14 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
 use tokio::sync::{oneshot, watch};
 
-use crate::client::Shared;
-use crate::conn::Subscriber;
 use crate::error::Error;
+use crate::transport::{Subscriber, Transport};
 
 /// The client's subscriptions and the waiters registered on them.
 pub(crate) struct Wakeups {
     state: Mutex<State>,
+    /// Opens the subscriber connection and bounds its commands.
+    transport: Arc<Transport>,
 }
 
 #[derive(Default)]
@@ -63,7 +64,7 @@ enum Command {
 /// A waiter's registration on its lock's channel; dropping it unregisters (and unsubscribes
 /// once no other waiter of this client needs the channel).
 pub(crate) struct Subscription {
-    shared: Arc<Shared>,
+    wakeups: Arc<Wakeups>,
     channel: String,
     rung: watch::Receiver<u64>,
     confirmed: Option<oneshot::Receiver<bool>>,
@@ -71,12 +72,13 @@ pub(crate) struct Subscription {
 
 impl Wakeups {
     /// `enabled` false makes every waiter poll.
-    pub(crate) fn new(enabled: bool) -> Self {
+    pub(crate) fn new(transport: Arc<Transport>, enabled: bool) -> Self {
         Self {
             state: Mutex::new(State {
                 unsupported: !enabled,
                 ..State::default()
             }),
+            transport,
         }
     }
 
@@ -86,9 +88,9 @@ impl Wakeups {
 
     /// Registers a waiter on `channel`, starting the dispatcher if none runs. `None` when the
     /// server cannot publish or when no runtime is at hand: the caller polls.
-    pub(crate) fn subscribe(shared: &Arc<Shared>, channel: &str) -> Option<Subscription> {
+    pub(crate) fn subscribe(self: &Arc<Self>, channel: &str) -> Option<Subscription> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let mut state = shared.wakeups.state();
+        let mut state = self.state();
         if state.unsupported {
             return None;
         }
@@ -115,11 +117,11 @@ impl Wakeups {
             let _ = commands.send(command);
             let weak = commands.downgrade();
             state.dispatcher = Some(commands);
-            runtime.spawn(dispatch(Arc::clone(shared), queue, weak));
+            runtime.spawn(dispatch(Arc::clone(self), queue, weak));
         }
         drop(state);
         Some(Subscription {
-            shared: Arc::clone(shared),
+            wakeups: Arc::clone(self),
             channel: channel.to_owned(),
             rung,
             confirmed: Some(confirmed),
@@ -198,7 +200,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut state = self.shared.wakeups.state();
+        let mut state = self.wakeups.state();
         let Some(entry) = state.channels.get_mut(&self.channel) else {
             return;
         };
@@ -218,21 +220,21 @@ impl Drop for Subscription {
 /// The dispatcher: opens the subscriber connection, then serves commands until no waiter is
 /// left.
 async fn dispatch(
-    shared: Arc<Shared>,
+    wakeups: Arc<Wakeups>,
     mut queue: UnboundedReceiver<Command>,
     commands: WeakUnboundedSender<Command>,
 ) {
-    let wakeups = Arc::downgrade(&shared);
+    let weak = Arc::downgrade(&wakeups);
     let push = move |push: PushInfo| {
-        on_push(&wakeups, &commands, push);
+        on_push(&weak, &commands, push);
         Ok::<(), std::convert::Infallible>(())
     };
-    let opened = shared.lanes.endpoint().open_subscriber(push).await;
+    let opened = wakeups.transport.endpoint().open_subscriber(push).await;
     let mut conn = match opened {
         Ok(conn) => conn,
         Err(err) => {
             tracing::debug!(error = %err, "no subscriber connection: waiters poll");
-            let mut state = shared.wakeups.state();
+            let mut state = wakeups.state();
             state.dispatcher = None;
             drop(state);
             // Queued confirmations are dropped with the queue: those waiters poll.
@@ -241,7 +243,7 @@ async fn dispatch(
     };
     let mut subscribed = HashSet::new();
     loop {
-        let command = match shared.wakeups.next_or_retire(&mut queue) {
+        let command = match wakeups.next_or_retire(&mut queue) {
             Next::Command(command) => command,
             Next::Retire => return,
             Next::Wait => match queue.recv().await {
@@ -251,27 +253,27 @@ async fn dispatch(
         };
         match command {
             Command::Sync { channel, done } => {
-                let now = sync(&shared, &mut conn, &mut subscribed, &channel).await;
+                let now = sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
                 if let Some(done) = done {
                     let _ = done.send(now);
                 }
             }
             Command::Dropped(channel) => {
                 subscribed.remove(&channel);
-                shared.wakeups.ring(&channel);
-                if shared.wakeups.is_wanted(&channel) {
-                    let limit = shared.request_timeout;
+                wakeups.ring(&channel);
+                if wakeups.is_wanted(&channel) {
+                    let limit = wakeups.transport.request_timeout();
                     let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
                 }
-                sync(&shared, &mut conn, &mut subscribed, &channel).await;
+                sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
             }
             Command::Disconnected => {
                 let channels: Vec<String> = subscribed.drain().collect();
-                shared.wakeups.ring_all();
+                wakeups.ring_all();
                 for channel in channels {
-                    let limit = shared.request_timeout;
+                    let limit = wakeups.transport.request_timeout();
                     let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
-                    sync(&shared, &mut conn, &mut subscribed, &channel).await;
+                    sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
                 }
             }
         }
@@ -281,13 +283,13 @@ async fn dispatch(
 /// Subscribes to or unsubscribes from `channel` so that the subscription matches the waiters.
 /// Returns whether the channel is subscribed now.
 async fn sync(
-    shared: &Shared,
+    wakeups: &Wakeups,
     conn: &mut Subscriber,
     subscribed: &mut HashSet<String>,
     channel: &str,
 ) -> bool {
-    let wanted = shared.wakeups.is_wanted(channel);
-    let limit = shared.request_timeout;
+    let wanted = wakeups.is_wanted(channel);
+    let limit = wakeups.transport.request_timeout();
     if wanted && !subscribed.contains(channel) {
         match tokio::time::timeout(limit, conn.subscribe(channel)).await {
             Ok(Ok(())) => {
@@ -297,7 +299,7 @@ async fn sync(
             Ok(Err(err)) => {
                 // `ERR unknown command`: a server without (sharded) pub/sub.
                 if err.code() == Some("ERR") {
-                    shared.wakeups.state().unsupported = true;
+                    wakeups.state().unsupported = true;
                 }
                 let err = Error::Redis {
                     name: channel.to_owned(),
@@ -317,8 +319,8 @@ async fn sync(
 }
 
 /// Runs inside the connection's driver for every push: must not block.
-fn on_push(shared: &Weak<Shared>, commands: &WeakUnboundedSender<Command>, push: PushInfo) {
-    let Some(shared) = shared.upgrade() else {
+fn on_push(wakeups: &Weak<Wakeups>, commands: &WeakUnboundedSender<Command>, push: PushInfo) {
+    let Some(wakeups) = wakeups.upgrade() else {
         return;
     };
     let channel = || match push.data.first() {
@@ -328,7 +330,7 @@ fn on_push(shared: &Weak<Shared>, commands: &WeakUnboundedSender<Command>, push:
     let command = match push.kind {
         PushKind::SMessage | PushKind::Message => {
             if let Some(channel) = channel() {
-                shared.wakeups.ring(&channel);
+                wakeups.ring(&channel);
             }
             return;
         }

@@ -2,7 +2,9 @@
 //!
 //! One task per client renews every watched lock: it wakes when the earliest renewal is due,
 //! takes every lock due within half a renewal period, groups them by the node serving their
-//! slot and renews each group with one script call ([`RENEW`], up to [`BATCH`] locks per call).
+//! slot and by the renew script of their primitive (the mutex's is
+//! [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
+//! [`BATCH`] locks per call).
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
 //! sees at most two or three calls per period however many locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
@@ -43,11 +45,12 @@ use redis::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{parse_reply, Shared};
-use crate::conn::Topology;
 use crate::error::Error;
-use crate::scripts::RENEW;
+use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
 use crate::stats::Counters;
+use crate::transport::{Topology, Transport};
+
+use super::lease::{lease_end, Ended, Lease, SharedLease};
 
 /// Most locks renewed by one call.
 pub(crate) const BATCH: usize = 5000;
@@ -68,80 +71,22 @@ fn retry_at(now: Instant, failures: u32, every: Duration, valid_until: Instant) 
     (now + backoff).min(valid_until)
 }
 
-/// What the watchdog knows about one hold, shared with its guard.
-#[derive(Debug, Clone)]
-pub(crate) struct Lease {
-    /// Until when the hold is surely valid (the last confirmed renewal's lease, less margin).
-    pub(crate) valid_until: Instant,
-    /// Set when the hold ended: Redis said so, or renewal stopped.
-    pub(crate) ended: Option<Ended>,
-}
-
-/// A hold's [`Lease`], shared by the watchdog and the guard: a few dozen bytes, where a
-/// `tokio::sync::watch` channel would take several hundred per held lock. Guards waiting in
-/// `lost()` are woken through [`Watchdog::ended`] when a hold ends, and otherwise look again
-/// when the lease they saw runs out.
-#[derive(Debug, Clone)]
-pub(crate) struct SharedLease(Arc<Mutex<Lease>>);
-
-impl SharedLease {
-    fn new(lease: Lease) -> Self {
-        Self(Arc::new(Mutex::new(lease)))
-    }
-
-    pub(crate) fn get(&self) -> Lease {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn update(&self, change: impl FnOnce(&mut Lease)) {
-        change(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner));
-    }
-}
-
-/// Why the watchdog stopped renewing a hold.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Ended {
-    /// Redis found no live lease.
-    Expired,
-    /// Redis found another owner.
-    NotOwner,
-    /// Redis did not confirm a renewal before the lease ran out.
-    Unconfirmed,
-    /// The maximum hold time was reached; the lease ends at `valid_until`.
-    MaxHold,
-    /// Redis refused a renewal with an error that retrying does not cure (the reason).
-    Failed(Arc<str>),
-}
-
-impl Ended {
-    pub(crate) fn into_error(self, name: &str, max_hold: Option<Duration>) -> Error {
-        let name = name.to_owned();
-        match self {
-            Ended::Expired => Error::Expired { name },
-            Ended::NotOwner => Error::NotOwner { name },
-            Ended::Unconfirmed => Error::LeaseUnconfirmed { name },
-            Ended::MaxHold => Error::MaxHoldReached {
-                name,
-                max_hold: max_hold.unwrap_or_default(),
-            },
-            Ended::Failed(reason) => Error::RenewalFailed {
-                name,
-                reason: reason.to_string(),
-            },
-        }
-    }
-}
-
-/// The watched holds of one client.
-#[derive(Default)]
+/// The watchdog of one client: its watched holds, and what its task needs to renew them.
 pub(crate) struct Watchdog {
+    schedule: Schedule,
+    transport: Arc<Transport>,
+    counters: Arc<Counters>,
+    /// The scripts' expiry argument (see [`crate::core::Core::expiry`]).
+    expiry: Arc<str>,
+}
+
+/// The watched holds and when each is due: the watchdog's bookkeeping, without I/O.
+#[derive(Default)]
+struct Schedule {
     state: Mutex<State>,
     wake: Notify,
     /// Notified (all waiters) whenever a hold ends.
-    pub(crate) ended: Notify,
+    ended: Notify,
 }
 
 #[derive(Default)]
@@ -159,6 +104,8 @@ struct Hold {
     lock_key: Box<str>,
     owner: Box<str>,
     slot: u16,
+    /// The script that renews it (the hold's primitive's).
+    renew: &'static LuaScript,
     ttl: Duration,
     every: Duration,
     hold_until: Option<Instant>,
@@ -177,6 +124,9 @@ pub(crate) struct Watch<'a> {
     pub(crate) lock_key: &'a str,
     pub(crate) owner: &'a str,
     pub(crate) slot: u16,
+    /// The primitive's renew script: `ARGV` triples key, owner, TTL in ms, then the expiry
+    /// grace; one `1`/`0`/`-1` per triple.
+    pub(crate) renew: &'static LuaScript,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
     pub(crate) hold_until: Option<Instant>,
@@ -189,18 +139,34 @@ struct Due {
     lock_key: Box<str>,
     owner: Box<str>,
     slot: u16,
+    renew: &'static LuaScript,
     ttl_ms: String,
     ttl: Duration,
 }
 
 impl Watchdog {
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// A watchdog renewing through `transport`; its task starts with the first watched hold.
+    pub(crate) fn new(
+        transport: Arc<Transport>,
+        counters: Arc<Counters>,
+        expiry: Arc<str>,
+    ) -> Self {
+        Self {
+            schedule: Schedule::default(),
+            transport,
+            counters,
+            expiry,
+        }
+    }
+
+    /// Notified (all waiters) whenever a hold ends.
+    pub(crate) fn ended(&self) -> &Notify {
+        &self.schedule.ended
     }
 
     /// Starts renewing a hold; returns its id and the lease the guard follows. `None` without
     /// a Tokio runtime.
-    pub(crate) fn watch(shared: &Arc<Shared>, hold: Watch<'_>) -> Option<(u64, SharedLease)> {
+    pub(crate) fn watch(self: &Arc<Self>, hold: Watch<'_>) -> Option<(u64, SharedLease)> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let lease = SharedLease::new(Lease {
             valid_until: hold.valid_until,
@@ -208,8 +174,8 @@ impl Watchdog {
         });
         let receiver = lease.clone();
         let renew_at = Instant::now() + hold.every;
-        let watchdog = &shared.watchdog;
-        let mut state = watchdog.state();
+        let schedule = &self.schedule;
+        let mut state = schedule.state();
         let id = state.next_id;
         state.next_id += 1;
         state.holds.insert(
@@ -218,6 +184,7 @@ impl Watchdog {
                 lock_key: hold.lock_key.into(),
                 owner: hold.owner.into(),
                 slot: hold.slot,
+                renew: hold.renew,
                 ttl: hold.ttl,
                 every: hold.every,
                 hold_until: hold.hold_until,
@@ -229,25 +196,25 @@ impl Watchdog {
             },
         );
         if state.task.as_ref().is_none_or(|task| task.is_finished()) {
-            state.task = Some(runtime.spawn(run(Arc::clone(shared))));
+            state.task = Some(runtime.spawn(run(Arc::clone(self))));
         } else if state.next_wake.is_none_or(|wake| renew_at < wake) {
-            watchdog.wake.notify_one();
+            schedule.wake.notify_one();
         }
         Some((id, receiver))
     }
 
     /// Stops renewing a hold; the task ends with the last one.
     pub(crate) fn unwatch(&self, id: u64) {
-        let mut state = self.state();
+        let mut state = self.schedule.state();
         state.holds.remove(&id);
         if state.holds.is_empty() {
-            self.wake.notify_one();
+            self.schedule.wake.notify_one();
         }
     }
 
     /// Records an extension made by the guard: renew with `ttl` from now on.
     pub(crate) fn extended(&self, id: u64, ttl: Duration, every: Duration, valid_until: Instant) {
-        let mut state = self.state();
+        let mut state = self.schedule.state();
         if let Some(hold) = state.holds.get_mut(&id) {
             hold.ttl = ttl;
             hold.every = every;
@@ -255,6 +222,12 @@ impl Watchdog {
             hold.failures = 0;
             hold.lease.update(|lease| lease.valid_until = valid_until);
         }
+    }
+}
+
+impl Schedule {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// When a hold is due (its renewal time has come), the holds due within half their
@@ -312,7 +285,8 @@ impl Watchdog {
                 lock_key: hold.lock_key.clone(),
                 owner: hold.owner.clone(),
                 slot: hold.slot,
-                ttl_ms: crate::client::ttl_millis(ttl),
+                renew: hold.renew,
+                ttl_ms: ttl_millis(ttl),
                 ttl,
             });
         }
@@ -332,26 +306,26 @@ impl Watchdog {
             let Some(hold) = state.holds.get_mut(&lock.id) else {
                 continue;
             };
-            let why = match code {
-                1 if lock.ttl < hold.ttl => {
+            let why = match Outcome::from_code(*code) {
+                Some(Outcome::Done) if lock.ttl < hold.ttl => {
                     // Cut short by the maximum hold time: the last renewal.
-                    let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
+                    let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     Ended::MaxHold
                 }
-                1 => {
+                Some(Outcome::Done) => {
                     hold.renew_at = sent + hold.every;
                     hold.early = true;
                     hold.failures = 0;
                     hold.in_flight = false;
-                    let valid_until = crate::guard::lease_end(sent.into_std(), lock.ttl).into();
+                    let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, 1);
                     continue;
                 }
-                0 => Ended::Expired,
-                _ => Ended::NotOwner,
+                Some(Outcome::Expired) => Ended::Expired,
+                Some(Outcome::NotOwner) | None => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {
                 if why != Ended::MaxHold {
@@ -421,29 +395,30 @@ impl Watchdog {
 
 /// The watchdog task of one client. Renewal calls run as child tasks so that a node that
 /// stops answering delays only its own locks; they end with this task.
-async fn run(shared: Arc<Shared>) {
+async fn run(watchdog: Arc<Watchdog>) {
     let nodes = Arc::new(tokio::sync::RwLock::new(SlotMap::default()));
     let mut calls = tokio::task::JoinSet::new();
     loop {
-        if calls.is_empty() && shared.watchdog.retire_if_idle() {
+        if calls.is_empty() && watchdog.schedule.retire_if_idle() {
             return;
         }
-        let (due, next) = shared.watchdog.take_due(Instant::now());
+        let (due, next) = watchdog.schedule.take_due(Instant::now());
         if !due.is_empty() {
-            if shared.topology() == Topology::Cluster && nodes.read().await.is_empty() {
-                nodes.write().await.refresh(&shared).await;
+            if watchdog.transport.topology() == Topology::Cluster && nodes.read().await.is_empty() {
+                nodes.write().await.refresh(&watchdog.transport).await;
             }
-            let mut groups: HashMap<usize, Vec<Due>> = HashMap::new();
+            let mut groups: HashMap<(usize, &str), Vec<Due>> = HashMap::new();
             {
                 let map = nodes.read().await;
                 for lock in due {
-                    groups.entry(map.node_of(lock.slot)).or_default().push(lock);
+                    let group = (map.node_of(lock.slot), lock.renew.name());
+                    groups.entry(group).or_default().push(lock);
                 }
             }
             for (_, mut group) in groups {
                 while !group.is_empty() {
                     let chunk: Vec<Due> = group.drain(..group.len().min(BATCH)).collect();
-                    calls.spawn(renew(Arc::clone(&shared), Arc::clone(&nodes), chunk));
+                    calls.spawn(renew(Arc::clone(&watchdog), Arc::clone(&nodes), chunk));
                 }
             }
             continue;
@@ -451,7 +426,7 @@ async fn run(shared: Arc<Shared>) {
         let sleep_until = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             () = tokio::time::sleep_until(sleep_until) => {}
-            () = shared.watchdog.wake.notified() => {}
+            () = watchdog.schedule.wake.notified() => {}
             Some(_) = calls.join_next(), if !calls.is_empty() => {}
         }
     }
@@ -459,31 +434,31 @@ async fn run(shared: Arc<Shared>) {
 
 /// Renews the locks of one node with one call; when it fails, reads the slot map again and
 /// renews them one by one (see the module documentation for what a failure leads to).
-async fn renew(shared: Arc<Shared>, nodes: Arc<tokio::sync::RwLock<SlotMap>>, chunk: Vec<Due>) {
-    let error = match renew_group(&shared, &chunk).await {
+async fn renew(watchdog: Arc<Watchdog>, nodes: Arc<tokio::sync::RwLock<SlotMap>>, chunk: Vec<Due>) {
+    let error = match renew_group(&watchdog, &chunk).await {
         Ok(()) => return,
         Err(error) => error,
     };
     if chunk.len() == 1 {
         // The call was that lock's own.
-        settle_failure(&shared, &chunk, &error);
+        settle_failure(&watchdog, &chunk, &error);
         return;
     }
-    if error.is_transient() && shared.topology() != Topology::Cluster {
+    if error.is_transient() && watchdog.transport.topology() != Topology::Cluster {
         // The only node is down or refusing writes: each lock alone would fail the same way.
-        shared.watchdog.retry(&chunk, Instant::now());
+        watchdog.schedule.retry(&chunk, Instant::now());
         return;
     }
-    nodes.write().await.refresh(&shared).await;
+    nodes.write().await.refresh(&watchdog.transport).await;
     let mut transient_in_row = 0;
     let mut rest = chunk.into_iter();
     while let Some(lock) = rest.next() {
         let one = [lock];
-        let Err(error) = renew_group(&shared, &one).await else {
+        let Err(error) = renew_group(&watchdog, &one).await else {
             transient_in_row = 0;
             continue;
         };
-        settle_failure(&shared, &one, &error);
+        settle_failure(&watchdog, &one, &error);
         if !error.is_transient() {
             transient_in_row = 0;
             continue;
@@ -492,8 +467,8 @@ async fn renew(shared: Arc<Shared>, nodes: Arc<tokio::sync::RwLock<SlotMap>>, ch
         if transient_in_row >= NODE_DOWN_AFTER {
             // Most likely the node is down: try the rest again after their back-off rather
             // than waiting out one timeout per lock.
-            shared
-                .watchdog
+            watchdog
+                .schedule
                 .retry(&rest.collect::<Vec<_>>(), Instant::now());
             return;
         }
@@ -502,18 +477,18 @@ async fn renew(shared: Arc<Shared>, nodes: Arc<tokio::sync::RwLock<SlotMap>>, ch
 
 /// Deals with the failed renewal call of one lock (`due` holds one): a transient error is
 /// retried after the back-off; any other ends the hold.
-fn settle_failure(shared: &Shared, due: &[Due], error: &Error) {
+fn settle_failure(watchdog: &Watchdog, due: &[Due], error: &Error) {
     match due {
         [lock] if !error.is_transient() => {
-            shared.watchdog.failed(&shared.counters, lock, error);
+            watchdog.schedule.failed(&watchdog.counters, lock, error);
         }
-        _ => shared.watchdog.retry(due, Instant::now()),
+        _ => watchdog.schedule.retry(due, Instant::now()),
     }
 }
 
 /// One renewal call for locks on one node, applied to their holds; the error when it failed
 /// as a whole.
-async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> Result<(), Error> {
+async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
     let Some(first) = due.first() else {
         return Ok(());
     };
@@ -521,17 +496,24 @@ async fn renew_group(shared: &Arc<Shared>, due: &[Due]) -> Result<(), Error> {
     for lock in due {
         args.extend([&*lock.lock_key, &*lock.owner, lock.ttl_ms.as_str()]);
     }
-    args.push(shared.expiry());
+    args.push(&watchdog.expiry);
     let sent = Instant::now();
-    Counters::add(&shared.counters.renewal_calls, 1);
-    let reply = shared
-        .run_script(&first.lock_key, "renew", &RENEW, &[&first.lock_key], &args)
+    Counters::add(&watchdog.counters.renewal_calls, 1);
+    let reply = watchdog
+        .transport
+        .run(
+            &ScriptCall::new(first.renew, &[&first.lock_key], &args),
+            &first.lock_key,
+            "renew",
+        )
         .await
         .and_then(|reply| parse_reply::<Vec<i64>>(&first.lock_key, "renew", reply));
     match reply {
         Ok(codes) if codes.len() == due.len() => {
             tracing::debug!(locks = due.len(), "renewed");
-            shared.watchdog.apply(&shared.counters, due, &codes, sent);
+            watchdog
+                .schedule
+                .apply(&watchdog.counters, due, &codes, sent);
             Ok(())
         }
         Ok(codes) => {
@@ -571,11 +553,11 @@ impl SlotMap {
             .map_or(0, |&n| usize::from(n))
     }
 
-    async fn refresh(&mut self, shared: &Arc<Shared>) {
-        if shared.topology() != Topology::Cluster {
+    async fn refresh(&mut self, transport: &Transport) {
+        if transport.topology() != Topology::Cluster {
             return;
         }
-        match shared.cluster_slots().await {
+        match transport.cluster_slots().await {
             Ok(reply) => self.node_of_slot = parse_slots(&reply),
             Err(err) => {
                 tracing::debug!(error = %err, "cannot read the slot map: renewing lock by lock");
@@ -639,8 +621,8 @@ mod tests {
     }
 
     /// A watchdog with one hold (TTL 3 s, period 1 s) taken at `start`; returns its id.
-    fn one_hold(start: Instant) -> (Watchdog, u64, SharedLease) {
-        let watchdog = Watchdog::default();
+    fn one_hold(start: Instant) -> (Schedule, u64, SharedLease) {
+        let watchdog = Schedule::default();
         let lease = SharedLease::new(Lease {
             valid_until: start + Duration::from_secs(3),
             ended: None,
@@ -649,6 +631,7 @@ mod tests {
             lock_key: "fencelock:{a}:lock".into(),
             owner: "me".into(),
             slot: 0,
+            renew: &crate::script::RENEW,
             ttl: Duration::from_secs(3),
             every: Duration::from_secs(1),
             hold_until: None,

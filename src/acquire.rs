@@ -1,0 +1,170 @@
+//! Acquiring, for every primitive: the one wait loop over a [`Request`] (deadline, wake-ups on
+//! the request's channel, backoff, retries of transient errors, the `Busy` error and the stats
+//! common to all primitives), the in-flight undo, and grants confirmed by replicas.
+
+mod backoff;
+pub(crate) mod replicas;
+mod undo;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::options::instant_after;
+use crate::runtime::wakeups::Subscription;
+use crate::stats::Counters;
+
+use backoff::Backoff;
+pub(crate) use undo::InFlight;
+
+/// One kind of acquisition: a primitive says how to make one attempt; the loop does the rest.
+pub(crate) trait Request {
+    /// What a granted attempt hands out (a guard).
+    type Granted;
+
+    /// The name errors and logs carry.
+    fn name(&self) -> &str;
+
+    /// The channel the releasing script publishes on when the resource frees up.
+    fn channel(&self) -> &str;
+
+    /// One request to Redis, under a fresh owner token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: a dropped attempt releases what it may have taken ([`InFlight`]).
+    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Self::Granted>>;
+}
+
+/// The answer to one attempt.
+pub(crate) enum Attempt<G> {
+    /// Granted now.
+    Granted(G),
+    /// Held by others; the holder's lease ends in `retry_after`.
+    Busy { retry_after: Duration },
+}
+
+/// One attempt: the granted value, or [`Error::Busy`].
+///
+/// # Cancel safety
+///
+/// As [`Request::attempt`].
+pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R::Granted> {
+    let started = Instant::now();
+    match attempt(core, request).await? {
+        Attempt::Granted(granted) => {
+            core.counters.waits.record(started.elapsed());
+            Ok(granted)
+        }
+        Attempt::Busy { retry_after } => Err(Error::Busy {
+            name: request.name().to_owned(),
+            waited: Duration::ZERO,
+            retry_after,
+        }),
+    }
+}
+
+/// How a waiter learns that the resource may have freed up.
+enum Listening {
+    /// Not subscribed yet: the first busy answer subscribes.
+    NotYet,
+    /// Subscribed to the request's channel: woken by releases, else at the lease end.
+    Subscribed(Subscription),
+    /// No subscription (wake-ups off or unsupported): polling with backoff.
+    Polling,
+}
+
+/// Attempts until granted, waiting while the resource is held or Redis is briefly unavailable,
+/// for up to `timeout`: woken by releases on the request's channel, at the holder's lease end,
+/// or by backoff when polling.
+///
+/// # Cancel safety
+///
+/// Cancel safe: a dropped call holds nothing (the attempt in flight is undone in the
+/// background) and its registration on the channel is dropped with it.
+pub(crate) async fn wait<R: Request>(
+    core: &Arc<Core>,
+    request: &R,
+    timeout: Duration,
+) -> Result<R::Granted> {
+    let name = request.name();
+    let started = Instant::now();
+    let deadline = instant_after(started, timeout);
+    let mut backoff = Backoff::new();
+    let mut listening = Listening::NotYet;
+    loop {
+        let pause = match attempt(core, request).await {
+            Ok(Attempt::Granted(granted)) => {
+                core.counters.waits.record(started.elapsed());
+                return Ok(granted);
+            }
+            Ok(Attempt::Busy { retry_after }) => {
+                if Instant::now() >= deadline {
+                    return Err(Error::Busy {
+                        name: name.to_owned(),
+                        waited: started.elapsed(),
+                        retry_after,
+                    });
+                }
+                if let Listening::NotYet = listening {
+                    match subscribe(core, request.channel(), deadline).await {
+                        Some(subscription) => {
+                            listening = Listening::Subscribed(subscription);
+                            // A release may have come before the subscription: look again.
+                            continue;
+                        }
+                        None => listening = Listening::Polling,
+                    }
+                }
+                let lease_end = retry_after + backoff.jitter();
+                match listening {
+                    Listening::Subscribed(_) => lease_end,
+                    Listening::NotYet | Listening::Polling => backoff.next().min(lease_end),
+                }
+            }
+            Err(err) if err.is_transient() && Instant::now() < deadline => {
+                tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
+                backoff.next()
+            }
+            Err(err) => return Err(err),
+        };
+        let pause = pause.min(deadline.saturating_duration_since(Instant::now()));
+        match &mut listening {
+            Listening::Subscribed(subscription) => {
+                if subscription.wait(pause).await {
+                    Counters::add(&core.counters.wakeups, 1);
+                    tracing::trace!(lock = name, "woken by a release");
+                }
+            }
+            Listening::NotYet | Listening::Polling => tokio::time::sleep(pause).await,
+        }
+    }
+}
+
+/// Registers on `channel` and waits (briefly) for the subscription.
+async fn subscribe(core: &Core, channel: &str, deadline: Instant) -> Option<Subscription> {
+    let mut subscription = core.wakeups.subscribe(channel)?;
+    let limit = deadline
+        .saturating_duration_since(Instant::now())
+        .min(core.transport.request_timeout());
+    subscription.ready(limit).await.then_some(subscription)
+}
+
+/// One attempt, counted in the stats.
+async fn attempt<R: Request>(core: &Arc<Core>, request: &R) -> Result<Attempt<R::Granted>> {
+    let outcome = request.attempt(core).await;
+    let counters = &core.counters;
+    Counters::add(&counters.acquire_attempts, 1);
+    match &outcome {
+        Ok(Attempt::Granted(_)) => Counters::add(&counters.grants, 1),
+        Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, 1),
+        Err(err) => {
+            Counters::add(&counters.acquire_errors, 1);
+            if matches!(err, Error::ReplicasNotConfirmed { .. }) {
+                Counters::add(&counters.replicas_not_confirmed, 1);
+            }
+        }
+    }
+    outcome
+}

@@ -1,0 +1,68 @@
+//! Grants confirmed by replicas: the granting script and `WAIT` in one pipeline on a WAIT lane,
+//! and a compensating release when fewer replicas acknowledged than asked for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::script::ScriptCall;
+use crate::stats::Counters;
+
+/// How many replicas were asked for and how many acknowledged.
+pub(crate) struct Acks {
+    required: u32,
+    acked: i64,
+}
+
+/// Runs the granting `call`; with `wait` (replicas, timeout) set, on a WAIT lane followed by
+/// `WAIT`, returning the acknowledgements too.
+///
+/// # Cancel safety
+///
+/// As [`crate::transport::Transport::run`]: the caller arms an undo before calling.
+pub(crate) async fn run_granting(
+    core: &Arc<Core>,
+    call: &ScriptCall,
+    name: &str,
+    operation: &'static str,
+    wait: Option<(u32, Duration)>,
+) -> Result<(Value, Option<Acks>)> {
+    match wait {
+        None => Ok((core.transport.run(call, name, operation).await?, None)),
+        Some((required, timeout)) => {
+            let (reply, acked) = core
+                .transport
+                .run_then_wait(call, name, operation, required, timeout)
+                .await?;
+            Ok((reply, Some(Acks { required, acked })))
+        }
+    }
+}
+
+/// After a grant: the number of replicas that acknowledged it (`None` when none were asked
+/// for), or, when fewer acknowledged than asked, [`Error::ReplicasNotConfirmed`] once `undo`
+/// (the grant's release) has run.
+pub(crate) async fn confirm(
+    core: &Arc<Core>,
+    name: &str,
+    acks: Option<Acks>,
+    undo: &ScriptCall,
+) -> Result<Option<u32>> {
+    let Some(Acks { required, acked }) = acks else {
+        return Ok(None);
+    };
+    let acked = u32::try_from(acked).unwrap_or(0);
+    if acked < required {
+        let _ = core.transport.run(undo, undo.first_key(), "release").await;
+        return Err(Error::ReplicasNotConfirmed {
+            name: name.to_owned(),
+            acked,
+            required,
+        });
+    }
+    Counters::add(&core.counters.replica_acks, u64::from(acked));
+    Ok(Some(acked))
+}

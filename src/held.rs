@@ -1,0 +1,346 @@
+//! The state every guard wraps: one hold of one key by one owner, its fence, its lease (followed
+//! by the watchdog or not), and the scripts that release, extend and renew it.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::keys::LockKeys;
+use crate::options::{validate_ttl, LockOptions};
+use crate::runtime::lease::{lease_end, Ended, SharedLease};
+use crate::runtime::watchdog::Watch;
+use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
+use crate::stats::Counters;
+
+/// The scripts a primitive's holds are released, extended and renewed with. They share one
+/// contract, so [`Held`] and the watchdog serve every primitive alike:
+///
+/// - `release`: `KEYS[1]` the key, `ARGV` owner, hold id, announce (`s`/`p`/empty), expiry
+///   grace; replies an [`Outcome`] code.
+/// - `extend`: `KEYS[1]` the key, `ARGV` owner, TTL in ms, expiry grace; replies
+///   `{code, remaining lease ms}`.
+/// - `renew`: `KEYS[1]` any key of the node, `ARGV` triples key, owner, TTL in ms, then the
+///   expiry grace; replies one code per triple.
+pub(crate) struct Kind {
+    pub(crate) release: &'static LazyLock<LuaScript>,
+    pub(crate) extend: &'static LazyLock<LuaScript>,
+    pub(crate) renew: &'static LazyLock<LuaScript>,
+}
+
+impl Kind {
+    /// The call that releases `owner`'s hold `hold` (empty for the first) on `key`.
+    pub(crate) fn release_call(
+        &self,
+        core: &Core,
+        key: &str,
+        owner: &str,
+        hold: &str,
+    ) -> ScriptCall {
+        ScriptCall::new(
+            LazyLock::force(self.release),
+            &[key],
+            &[owner, hold, core.transport.announce(), core.expiry()],
+        )
+    }
+}
+
+/// What a granting script handed out, for [`Held::new`].
+pub(crate) struct Grant {
+    pub(crate) keys: LockKeys,
+    pub(crate) owner: String,
+    /// Empty for the hold an acquire granted; the hold's id for a re-entry.
+    pub(crate) hold: String,
+    pub(crate) fence: FenceToken,
+    /// When the request that granted (or extended) the lease was sent.
+    pub(crate) sent: Instant,
+    pub(crate) ttl: Duration,
+    pub(crate) replicas_acked: Option<u32>,
+}
+
+/// A hold the watchdog follows.
+pub(crate) struct Watched {
+    /// The watchdog's id for the hold; `None` for a re-entry riding on another guard's watch.
+    id: Option<u64>,
+    lease: SharedLease,
+    /// The renewal period the caller chose, if any.
+    every: Option<Duration>,
+    max_hold: Option<Duration>,
+}
+
+impl Clone for Watched {
+    /// A view of the same lease that does not own the watch (for a re-entry).
+    fn clone(&self) -> Self {
+        Self {
+            id: None,
+            lease: self.lease.clone(),
+            every: self.every,
+            max_hold: self.max_hold,
+        }
+    }
+}
+
+/// One hold: what every guard wraps. Dropping an unreleased one releases it in the background.
+pub(crate) struct Held {
+    core: Arc<Core>,
+    kind: &'static Kind,
+    keys: LockKeys,
+    owner: Box<str>,
+    /// Empty for the hold an acquire granted; the hold's id for a re-entry.
+    hold: Box<str>,
+    fence: FenceToken,
+    granted: Instant,
+    /// The lease end when no watchdog follows it.
+    valid_until: Instant,
+    watched: Option<Watched>,
+    replicas_acked: Option<u32>,
+    released: bool,
+}
+
+impl Held {
+    /// The hold `grant` made, watched when `options` turn the watchdog on.
+    pub(crate) fn new(
+        core: &Arc<Core>,
+        kind: &'static Kind,
+        grant: Grant,
+        options: &LockOptions,
+    ) -> Self {
+        let watched = options
+            .watchdog
+            .then(|| Self::watch(core, kind, &grant, options))
+            .flatten();
+        Self::following(core, kind, grant, watched)
+    }
+
+    /// The hold `grant` made, following `watched` (another hold's watch) if any.
+    pub(crate) fn following(
+        core: &Arc<Core>,
+        kind: &'static Kind,
+        grant: Grant,
+        watched: Option<Watched>,
+    ) -> Self {
+        Self {
+            core: Arc::clone(core),
+            kind,
+            valid_until: lease_end(grant.sent, grant.ttl),
+            keys: grant.keys,
+            owner: grant.owner.into(),
+            hold: grant.hold.into(),
+            fence: grant.fence,
+            granted: Instant::now(),
+            watched,
+            replicas_acked: grant.replicas_acked,
+            released: false,
+        }
+    }
+
+    /// Registers `grant` with the watchdog; `None` without a Tokio runtime.
+    fn watch(
+        core: &Arc<Core>,
+        kind: &'static Kind,
+        grant: &Grant,
+        options: &LockOptions,
+    ) -> Option<Watched> {
+        let mut every = options.renewal_period();
+        if grant.ttl < options.get_ttl() {
+            // The first lease was cut to the maximum hold: look again halfway through, when the
+            // watchdog ends the hold as the maximum hold time.
+            every = every.min(grant.ttl / 2);
+        }
+        let watch = Watch {
+            lock_key: grant.keys.lock_key(),
+            owner: &grant.owner,
+            slot: grant.keys.slot(),
+            renew: LazyLock::force(kind.renew),
+            ttl: grant.ttl,
+            every,
+            hold_until: options
+                .max_hold
+                .and_then(|max| grant.sent.checked_add(max))
+                .map(Into::into),
+            valid_until: lease_end(grant.sent, grant.ttl).into(),
+        };
+        core.watchdog.watch(watch).map(|(id, lease)| Watched {
+            id: Some(id),
+            lease,
+            every: options.renew_every,
+            max_hold: options.max_hold,
+        })
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    pub(crate) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// True for a hold added to another (a re-entry).
+    pub(crate) fn is_added(&self) -> bool {
+        !self.hold.is_empty()
+    }
+
+    /// The watch this hold follows, as a view for another hold of the same owner.
+    pub(crate) fn watched(&self) -> Option<Watched> {
+        self.watched.clone()
+    }
+
+    pub(crate) fn is_watched(&self) -> bool {
+        self.watched.is_some()
+    }
+
+    pub(crate) fn fence(&self) -> FenceToken {
+        self.fence
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    pub(crate) fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    pub(crate) fn replicas_acked(&self) -> Option<u32> {
+        self.replicas_acked
+    }
+
+    /// Until when the hold is surely valid; with a watch, as its last renewal left it.
+    pub(crate) fn valid_until(&self) -> Instant {
+        match &self.watched {
+            Some(watched) => watched.lease.get().valid_until.into_std(),
+            None => self.valid_until,
+        }
+    }
+
+    /// True while the hold is surely valid and no watch found it lost.
+    pub(crate) fn is_valid(&self) -> bool {
+        let ended = self
+            .watched
+            .as_ref()
+            .is_some_and(|w| w.lease.get().ended.is_some());
+        !ended && Instant::now() < self.valid_until()
+    }
+
+    /// Resolves when the hold can no longer be relied on, with the reason (see
+    /// `LockGuard::lost`).
+    pub(crate) async fn lost(&self) -> Error {
+        let name = self.keys.name();
+        let Some(watched) = &self.watched else {
+            tokio::time::sleep_until(self.valid_until.into()).await;
+            return Error::Expired {
+                name: name.to_owned(),
+            };
+        };
+        loop {
+            let ended = self.core.watchdog.ended().notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let lease = watched.lease.get();
+            let now = tokio::time::Instant::now();
+            match lease.ended {
+                Some(Ended::MaxHold) if now < lease.valid_until => {}
+                Some(why) => return why.into_error(name, watched.max_hold),
+                None if now >= lease.valid_until => {
+                    return Ended::Unconfirmed.into_error(name, watched.max_hold)
+                }
+                None => {}
+            }
+            tokio::select! {
+                () = ended => {}
+                () = tokio::time::sleep_until(lease.valid_until) => {}
+            }
+        }
+    }
+
+    /// Resets the lease to `ttl` (see `LockGuard::extend`).
+    pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
+        validate_ttl(self.keys.name(), ttl)?;
+        let sent = Instant::now();
+        let ttl_ms = ttl_millis(ttl);
+        let call = ScriptCall::new(
+            LazyLock::force(self.kind.extend),
+            &[self.keys.lock_key()],
+            &[&self.owner, &ttl_ms, self.core.expiry()],
+        );
+        let reply = self
+            .core
+            .transport
+            .run(&call, self.name(), "extend")
+            .await?;
+        let (code, remaining) = parse_reply::<(i64, u64)>(self.name(), "extend", reply)?;
+        self.outcome(code, "extend", &self.core.counters.extends)?;
+        self.valid_until = lease_end(sent, Duration::from_millis(remaining));
+        if let Some(Watched {
+            id: Some(id),
+            every,
+            ..
+        }) = &self.watched
+        {
+            let every = every.filter(|e| *e < ttl).unwrap_or(ttl / 3);
+            self.core
+                .watchdog
+                .extended(*id, ttl, every, self.valid_until.into());
+        }
+        Ok(self.valid_until)
+    }
+
+    /// Releases the hold and stops its watch (see `LockGuard::release`).
+    pub(crate) async fn release(mut self) -> Result<()> {
+        self.unwatch();
+        let call = self.release_call();
+        let reply = self
+            .core
+            .transport
+            .run(&call, self.name(), "release")
+            .await?;
+        self.released = true;
+        let held = self.granted.elapsed();
+        self.core.counters.holds.record(held);
+        tracing::debug!(lock = self.name(), fence = %self.fence, ?held, "released");
+        let code = parse_reply(self.name(), "release", reply)?;
+        self.outcome(code, "release", &self.core.counters.releases)
+    }
+
+    fn release_call(&self) -> ScriptCall {
+        self.kind
+            .release_call(&self.core, self.keys.lock_key(), &self.owner, &self.hold)
+    }
+
+    /// Stops the watchdog for this hold.
+    fn unwatch(&mut self) {
+        if let Some(Watched { id: Some(id), .. }) = self.watched {
+            self.core.watchdog.unwatch(id);
+        }
+    }
+
+    /// Maps the code `release` or `extend` answered to the caller's result, counting a success
+    /// in `done` and a loss in `lost`.
+    fn outcome(&self, code: i64, operation: &'static str, done: &AtomicU64) -> Result<()> {
+        let name = self.keys.name();
+        match Outcome::decode(name, operation, code)?.lost(name) {
+            None => {
+                Counters::add(done, 1);
+                Ok(())
+            }
+            Some(lost) => {
+                Counters::add(&self.core.counters.lost, 1);
+                tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
+                Err(lost)
+            }
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.unwatch();
+        if !self.released {
+            let call = self.release_call();
+            self.core.transport.run_detached(call, "release");
+        }
+    }
+}

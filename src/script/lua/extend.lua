@@ -1,0 +1,15 @@
+-- extend: move this owner's lease end to now + TTL, never shortening it while the lock has
+-- several holds (lock prologue first).
+--
+-- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] new TTL in ms, ARGV[3] expiry grace.
+--
+-- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
+-- another owner (left alone). allow-oom.
+#!lua flags=allow-oom
+if not live then return {0, 0} end
+if owner ~= ARGV[1] then return {-1, 0} end
+local ends = now_ms + tonumber(ARGV[2])
+if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
+redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+keep(KEYS[1], lock[3], ends)
+return {1, ends - now_ms}

@@ -1,0 +1,25 @@
+-- reenter: add a hold to a lock this owner holds, returning the same fence (lock prologue
+-- first).
+--
+-- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] a fresh hold id (hex), ARGV[3] TTL in ms: the
+-- lease is moved to now + TTL unless it already ends later; ARGV[4] expiry grace.
+-- Holds: field `holds` (count) and one field `h:<id>` per hold (`h:` for the first).
+--
+-- Replies: {1, fence, remaining lease ms} entered; {0, 0, 0} no live lease; {-1, 0, 0} held by
+-- another owner.
+#!lua
+if not live then return {0, 0, 0} end
+if owner ~= ARGV[1] then return {-1, 0, 0} end
+if not lock[4] then
+  redis.call('HSET', KEYS[1], 'h:', 1, 'h:' .. ARGV[2], 1, 'holds', 2)
+elseif redis.call('HSETNX', KEYS[1], 'h:' .. ARGV[2], 1) == 1 then
+  redis.call('HSET', KEYS[1], 'holds', tonumber(lock[4]) + 1)
+end
+local ends = now_ms + tonumber(ARGV[3])
+if ends > expires then
+  redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+else
+  ends = expires
+end
+keep(KEYS[1], lock[3], ends)
+return {1, tonumber(lock[3]), ends - now_ms}

@@ -1,0 +1,32 @@
+-- release: end one hold of this owner; the last hold frees the lock (keeping the fence) and
+-- announces it on the lock's channel (lock prologue first).
+--
+-- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the acquire
+-- granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the
+-- lock key); ARGV[4] expiry grace.
+--
+-- Replies: 1 released (or one hold of several; again 1 for a hold released twice or never
+-- added); 0 no live lease (expired); -1 held by another owner (left alone). allow-oom.
+#!lua flags=allow-oom
+if owner ~= ARGV[1] then
+  if live then return -1 end
+  return 0
+end
+if not live then
+  clear()
+  keep(KEYS[1], lock[3], now_ms)
+  return 0
+end
+if lock[4] or ARGV[2] ~= '' then
+  if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return 1 end
+  local holds = tonumber(lock[4] or 1) - 1
+  if holds > 0 then
+    redis.call('HSET', KEYS[1], 'holds', holds)
+    return 1
+  end
+end
+clear()
+keep(KEYS[1], lock[3], now_ms)
+if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+return 1

@@ -1,0 +1,36 @@
+-- renew: extend many leases on one node in one call (the watchdog's batch).
+--
+-- KEYS[1] one of the lock keys (routes the call to the node serving its slot).
+-- ARGV triples: lock key, owner token, TTL in ms (keys of any slots this node serves,
+-- allow-cross-slot-keys), then the expiry grace as the last ARGV. A key of a slot this node
+-- does not serve fails the whole call after the keys before it were renewed.
+--
+-- Replies: one code per triple: 1 extended, 0 expired, -1 other owner. allow-oom.
+#!lua flags=allow-oom,allow-cross-slot-keys
+local now = redis.call('TIME')
+local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
+local grace = tonumber(ARGV[#ARGV])
+local codes = {}
+for i = 1, #ARGV - 1, 3 do
+  local key = ARGV[i]
+  local lock = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds')
+  local expires = tonumber(lock[2])
+  if not (lock[1] and expires and expires > now_ms) then
+    codes[#codes + 1] = 0
+  elseif lock[1] ~= ARGV[i + 1] then
+    codes[#codes + 1] = -1
+  else
+    local ends = now_ms + tonumber(ARGV[i + 2])
+    if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
+    redis.call('HSET', key, 'until', string.format('%.0f', ends))
+    if grace then
+      local fence_ms = math.ceil((tonumber(lock[3]) or 0) / 1000)
+      if fence_ms > ends then ends = fence_ms end
+      redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+    else
+      redis.call('PERSIST', key)
+    end
+    codes[#codes + 1] = 1
+  end
+end
+return codes
