@@ -112,6 +112,17 @@ impl LockKeys {
     /// [`Error::InvalidOptions`] for a prefix containing `{` or `}`, an empty tag or a slot
     /// beyond 16383.
     pub fn new(prefix: &str, name: &str, placement: &Placement) -> Result<Self> {
+        Self::of_kind(prefix, name, placement, "lock")
+    }
+
+    /// The key of primitive kind `kind` (`lock` for the mutex, e.g. `rw` for a read-write
+    /// lock) named `name`: `<prefix>:{<tag>}:<kind>`. Every kind of one name shares the slot.
+    pub(crate) fn of_kind(
+        prefix: &str,
+        name: &str,
+        placement: &Placement,
+        kind: &str,
+    ) -> Result<Self> {
         validate_name(name)?;
         validate_prefix(prefix, name)?;
         let escaped = escape(name);
@@ -143,7 +154,7 @@ impl LockKeys {
         } else {
             format!("{prefix}:{base}")
         };
-        let lock = format!("{base}:lock");
+        let lock = format!("{base}:{kind}");
         let slot = slot_of(lock.as_bytes());
         Ok(Self {
             name: name.to_owned(),
@@ -157,8 +168,9 @@ impl LockKeys {
         &self.name
     }
 
-    /// The lock's key: a hash with the last fence granted (kept for good) and the current
-    /// owner and lease end (removed on release). The key has no TTL.
+    /// The lock's key: a hash with the last fence granted and the current owner and lease end
+    /// (removed on release). In clock mode the key expires once its lease and fence are past by
+    /// the client's expiry grace; in counter and epoch modes it has no TTL.
     pub fn lock_key(&self) -> &str {
         &self.lock
     }
