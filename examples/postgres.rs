@@ -1,6 +1,8 @@
 //! Fencing in PostgreSQL: every protected row carries the highest fence token that wrote it, and
-//! a write is a conditional `UPDATE ... WHERE fence <= $token`. A rejected writer learns the
-//! current maximum, which it can pass as [`LockOptions::floor`] so its next grant is above it.
+//! a write is a conditional `UPDATE ... WHERE fence <= $token`, or, for rows that may not exist
+//! yet, an upsert whose `DO UPDATE` has the same condition ([`fenced_upsert`]). A rejected writer
+//! learns the current maximum, which it can pass as [`LockOptions::floor`] so its next grant is
+//! above it. `docs/storage.md` explains both.
 //!
 //! Run against a local cluster and any PostgreSQL you can reach:
 //! `cargo run --example postgres -- redis://127.0.0.1:7000 "host=127.0.0.1 user=postgres"`.
@@ -16,6 +18,13 @@ pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS stock (
     sku   text   PRIMARY KEY,
     qty   bigint NOT NULL,
     fence bigint NOT NULL DEFAULT 0
+)";
+
+/// A table whose rows may not exist before their first fenced write (see [`fenced_upsert`]).
+pub const UPSERT_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS balance (
+    id    text   PRIMARY KEY,
+    cents bigint NOT NULL,
+    fence bigint NOT NULL
 )";
 
 /// Sets `qty` for `sku` unless a higher fence already wrote the row.
@@ -50,6 +59,53 @@ pub async fn fenced_update(
     }))
 }
 
+/// Inserts or updates the balance `id` unless a higher fence already wrote it.
+///
+/// One statement: a missing row is inserted with `fence`; an existing one is updated only when
+/// its fence is not above `fence` (`WHERE b.fence <= EXCLUDED.fence`). A failed `DO UPDATE`
+/// condition is not an error in PostgreSQL: the statement reports 0 rows. `<=` rather than `<`
+/// because fencelock never grants one fence twice for a lock, so an equal fence is the same hold
+/// writing again (a second write, or a retry after a lost reply), which must not be refused.
+///
+/// Returns `Ok(Err(StaleFence))` with the row's current fence when the write was rejected.
+/// Rows are never deleted here and their fence only rises, so the fence read after a rejection
+/// is at least the one that rejected the write.
+pub async fn fenced_upsert(
+    pg: &Pg,
+    id: &str,
+    cents: i64,
+    fence: FenceToken,
+) -> Result<Result<(), StaleFence>, tokio_postgres::Error> {
+    let token = i64::from(fence);
+    let written = pg
+        .execute(
+            "INSERT INTO balance AS b (id, cents, fence) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET cents = EXCLUDED.cents, fence = EXCLUDED.fence
+             WHERE b.fence <= EXCLUDED.fence",
+            &[&id, &cents, &token],
+        )
+        .await?;
+    if written == 1 {
+        return Ok(Ok(()));
+    }
+    let row = pg
+        .query_one("SELECT fence FROM balance WHERE id = $1", &[&id])
+        .await?;
+    let highest = FenceToken::try_from(row.get::<_, i64>(0)).unwrap_or(FenceToken::MAX);
+    Ok(Err(StaleFence {
+        presented: fence,
+        highest,
+    }))
+}
+
+/// Reads the balance `id` and the fence of its last accepted write, if the row exists.
+pub async fn balance(pg: &Pg, id: &str) -> Result<Option<(i64, i64)>, tokio_postgres::Error> {
+    let row = pg
+        .query_opt("SELECT cents, fence FROM balance WHERE id = $1", &[&id])
+        .await?;
+    Ok(row.map(|row| (row.get(0), row.get(1))))
+}
+
 /// Reads `qty` for `sku`.
 pub async fn quantity(pg: &Pg, sku: &str) -> Result<i64, tokio_postgres::Error> {
     let row = pg
@@ -67,6 +123,7 @@ pub async fn connect(config: &str) -> Result<Pg, tokio_postgres::Error> {
         }
     });
     pg.batch_execute(SCHEMA).await?;
+    pg.batch_execute(UPSERT_SCHEMA).await?;
     Ok(pg)
 }
 
@@ -100,8 +157,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(()) => println!("fence {stalled_fence} wrote qty 5 (unexpected)"),
         Err(stale) => println!("fence {stalled_fence} rejected: {stale}"),
     }
+    // The same rule for a row that need not exist yet: the upsert.
+    fenced_upsert(&pg, "acct-1", 1_000, next.fence()).await??;
+    match fenced_upsert(&pg, "acct-1", 0, stalled_fence).await? {
+        Ok(()) => println!("fence {stalled_fence} upserted acct-1 (unexpected)"),
+        Err(stale) => println!("fence {stalled_fence} upsert rejected: {stale}"),
+    }
     next.release().await?;
     let _ = stalled.release().await;
     println!("qty is {}", quantity(&pg, "sku-1").await?);
+    println!(
+        "acct-1 is {:?} (cents, fence)",
+        balance(&pg, "acct-1").await?
+    );
     Ok(())
 }

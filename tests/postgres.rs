@@ -1,6 +1,6 @@
-//! Fencing in a real PostgreSQL (started by the harness): the conditional UPDATE from
-//! `examples/postgres.rs` rejects stale holders and reports the current maximum, which repairs
-//! a regressed token as the next acquire's floor.
+//! Fencing in a real PostgreSQL (started by the harness): the conditional UPDATE and the fenced
+//! upsert from `examples/postgres.rs` (both shown in `docs/storage.md`) reject stale holders and
+//! report the current maximum, which repairs a regressed token as the next acquire's floor.
 
 mod common;
 
@@ -11,7 +11,7 @@ mod example;
 use std::time::Duration;
 
 use common::{Postgres, Standalone};
-use fencelock::{Client, FenceMode, LockOptions};
+use fencelock::{Client, FenceMode, FenceToken, LockOptions};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn conditional_update_rejects_a_stalled_holder_and_the_floor_repairs_a_regression() {
@@ -81,4 +81,116 @@ async fn conditional_update_rejects_a_stalled_holder_and_the_floor_repairs_a_reg
         .expect("the repaired token writes");
     assert_eq!(example::quantity(&pg, "sku-1").await.unwrap(), 7);
     repaired.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fenced_upsert_inserts_then_rejects_a_stalled_holder_and_returns_the_maximum() {
+    let redis = Standalone::start();
+    let postgres = Postgres::start();
+    let pg = example::connect(&postgres.config()).await.unwrap();
+    let locks = Client::connect([redis.url()]).await.unwrap();
+
+    let stalled = locks
+        .lock("acct-1", &LockOptions::new().ttl(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    // The row does not exist yet: the first fenced write inserts it, whatever its fence.
+    example::fenced_upsert(&pg, "acct-1", 100, stalled.fence())
+        .await
+        .unwrap()
+        .expect("the first write inserts the row");
+    assert_eq!(
+        example::balance(&pg, "acct-1").await.unwrap(),
+        Some((100, i64::from(stalled.fence())))
+    );
+
+    let successor = locks
+        .lock(
+            "acct-1",
+            &LockOptions::new().timeout(Duration::from_secs(5)),
+        )
+        .await
+        .expect("granted once the stalled lease ran out");
+    assert!(successor.fence() > stalled.fence());
+    example::fenced_upsert(&pg, "acct-1", 90, successor.fence())
+        .await
+        .unwrap()
+        .expect("a higher fence updates the row");
+    example::fenced_upsert(&pg, "acct-1", 80, successor.fence())
+        .await
+        .unwrap()
+        .expect("the same fence writes again (`<=`, not `<`)");
+    let stale = example::fenced_upsert(&pg, "acct-1", 0, stalled.fence())
+        .await
+        .unwrap()
+        .expect_err("the stalled holder is rejected");
+    assert_eq!(
+        (stale.presented, stale.highest),
+        (stalled.fence(), successor.fence())
+    );
+    assert_eq!(
+        example::balance(&pg, "acct-1").await.unwrap(),
+        Some((80, i64::from(successor.fence()))),
+        "the rejected write changed nothing"
+    );
+    successor.release().await.unwrap();
+    let _ = stalled.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fenced_upserts_racing_on_a_missing_row_leave_the_highest_fence() {
+    let postgres = Postgres::start();
+    const WRITERS: i64 = 8;
+    let mut connections = Vec::new();
+    for _ in 0..WRITERS {
+        // One after another: concurrent `CREATE TABLE IF NOT EXISTS` may collide in the catalog.
+        let pg = example::connect(&postgres.config()).await.unwrap();
+        connections.push(std::sync::Arc::new(pg));
+    }
+    for round in 0..20 {
+        let id = format!("race-{round}");
+        let writers = connections.iter().zip(1..=WRITERS).map(|(pg, n)| {
+            let (pg, id) = (pg.clone(), id.clone());
+            async move {
+                let fence = FenceToken::try_from(n).unwrap();
+                let outcome = example::fenced_upsert(&pg, &id, n * 10, fence).await;
+                (n, outcome.unwrap())
+            }
+        });
+        let outcomes = futures_join_all(writers).await;
+        for (n, outcome) in &outcomes {
+            if let Err(stale) = outcome {
+                assert!(
+                    i64::from(stale.highest) > *n,
+                    "round {round}: fence {n} rejected, reported maximum {} is not above it",
+                    stale.highest
+                );
+            }
+        }
+        assert!(
+            outcomes
+                .iter()
+                .any(|(n, outcome)| *n == WRITERS && outcome.is_ok()),
+            "round {round}: the highest fence is never rejected"
+        );
+        assert_eq!(
+            example::balance(&connections[0], &id).await.unwrap(),
+            Some((WRITERS * 10, WRITERS)),
+            "round {round}: the row holds the highest fence's write"
+        );
+    }
+}
+
+/// Runs the futures concurrently on the runtime and collects their outputs in order.
+async fn futures_join_all<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut outputs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        outputs.push(handle.await.expect("writer task"));
+    }
+    outputs
 }
