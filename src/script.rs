@@ -49,6 +49,18 @@ impl LuaScript {
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
 
+    /// A granting script: the `#!lua` line of `file`, then the shared [`PROLOGUE`] and
+    /// [`FENCE_RULE`], then the rest.
+    fn with_fence_rule(name: &'static str, file: &'static str) -> Self {
+        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
+        let source = format!(
+            "{shebang}\n{}{}{body}",
+            without_header(PROLOGUE),
+            without_header(FENCE_RULE)
+        );
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
     fn from_source(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
@@ -239,6 +251,12 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// keep the key for good. See the file's header.
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 
+/// The fence rule every granting script shares, inserted after the prologue:
+/// `next_fence(stored, floor, mode)` returns the next fence (`max(stored + 1, floor + 1, TIME µs
+/// + 1 in clock mode, epoch × 2^32 + 1 in epoch mode)`) and `behind`, or `nil` and an error
+/// reply past 2^53 − 1. See the file's header.
+const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
+
 /// Acquire (`script/lua/acquire.lua`): grant the lock to an owner and advance its fence.
 ///
 /// - `KEYS[1]` the lock key (hash).
@@ -258,7 +276,7 @@ const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 ///
 /// Not flagged `allow-oom`: at `maxmemory` under `noeviction` Redis refuses it with `OOM`.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_prologue("acquire", include_str!("script/lua/acquire.lua")));
+    LazyLock::new(|| LuaScript::with_fence_rule("acquire", include_str!("script/lua/acquire.lua")));
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
 /// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.
