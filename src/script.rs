@@ -211,13 +211,17 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 /// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
 /// assert_eq!(
 ///     names,
-///     ["acquire", "release", "extend", "reenter", "renew", "fenced_set"]
+///     [
+///         "acquire", "release", "extend", "reenter", "renew", "fenced_set",
+///         "latch_set", "latch_count_down", "latch_state",
+///     ]
 /// );
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct ScriptSource {
-    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew` or `fenced_set`.
+    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
+    /// or a primitive's script (`latch_set`, `latch_count_down`, `latch_state`).
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -235,6 +239,9 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*REENTER,
         &*RENEW,
         &*FENCED_SET,
+        &*LATCH_SET,
+        &*LATCH_COUNT_DOWN,
+        &*LATCH_STATE,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -351,3 +358,47 @@ pub(crate) static RENEW: LazyLock<LuaScript> =
 /// Replies: `{1, fence}` written; `{0, highest}` rejected, with the highest fence accepted so far.
 pub(crate) static FENCED_SET: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("fenced_set", include_str!("script/lua/fenced_set.lua")));
+
+/// Latch set (`script/lua/latch_set.lua`): start a new generation of a countdown latch, whose
+/// fence (the generation) follows the fence rule.
+///
+/// - `KEYS[1]` the latch key (hash): `fence` the last generation granted, `gen` the current
+///   one, `count` its remaining count, `set` the set call that started it, `opened` the latest
+///   generation that reached zero, `d:<id>` the ids counted down in `gen`.
+/// - `ARGV[1]` count (0 opens at once), `ARGV[2]` the call's random set id, `ARGV[3]` fence
+///   mode (`clock`, `epoch`, `counter`), `ARGV[4]` announce (`s`, `p`, empty), `ARGV[5]` open
+///   TTL in ms, `ARGV[6]` expiry grace.
+///
+/// Replies: `{1, gen, behind}` started; `{2, gen, 0}` this set call already started the current
+/// generation (a resent script, no write); an error reply past 2^53 − 1. An armed latch is kept
+/// without expiry; an open one expires after the open TTL plus the grace (clock mode only).
+///
+/// Not flagged `allow-oom`.
+pub(crate) static LATCH_SET: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_fence_rule("latch_set", include_str!("script/lua/latch_set.lua"))
+});
+
+/// Latch count-down (`script/lua/latch_count_down.lua`): count an id down once per generation;
+/// the count-down reaching zero sets `opened`, drops the ids, sets the open key's expiry and
+/// publishes the generation on the latch's channel (the latch key).
+///
+/// - `KEYS[1]` the latch key. `ARGV[1]` id, `ARGV[2]` generation (empty: the current one),
+///   `ARGV[3]` announce (`s`, `p`, empty), `ARGV[4]` open TTL in ms, `ARGV[5]` expiry grace.
+///
+/// Replies: `{1, gen, remaining}` counted (or counted before, or already open: then no change);
+/// `{0, 0, 0}` not set; `{-1, gen, 0}` `ARGV[2]` is not the current generation `gen`.
+///
+/// Not flagged `allow-oom` (it adds a field).
+pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_prologue(
+        "latch_count_down",
+        include_str!("script/lua/latch_count_down.lua"),
+    )
+});
+
+/// Latch state (`script/lua/latch_state.lua`, `no-writes`): `{gen, count, opened}`, 0 for each
+/// that is absent.
+///
+/// - `KEYS[1]` the latch key.
+pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("latch_state", include_str!("script/lua/latch_state.lua")));

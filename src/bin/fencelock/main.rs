@@ -12,6 +12,7 @@
 mod duration;
 mod exec;
 mod group;
+mod latch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,6 +77,9 @@ enum Command {
         #[command(flatten)]
         placement: PlacementArgs,
     },
+    /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
+    /// wait NAME [--timeout D]` (exit 75 if not open in time).
+    Latch(latch::LatchArgs),
 }
 
 /// TLS files for rediss:// URLs.
@@ -179,6 +183,8 @@ pub fn fail(error: &Error) -> ExitCode {
             code::USAGE
         }
         Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
+        Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
+        Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,
     })
 }
@@ -246,6 +252,20 @@ fn main() -> ExitCode {
             };
             let client = client_builder(cli.urls, cli.prefix, cli.tls);
             runtime.block_on(exec::run(client, args))
+        }
+        Command::Latch(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("fencelock: cannot start the async runtime: {err}");
+                    return ExitCode::from(code::UNAVAILABLE);
+                }
+            };
+            let client = client_builder(cli.urls, cli.prefix, cli.tls);
+            runtime.block_on(latch::run(client, args))
         }
     }
 }
