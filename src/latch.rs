@@ -408,7 +408,8 @@ impl Latch {
         let name = self.name();
         let call = ScriptCall::new(&LATCH_STATE, &[self.key()], &[]);
         let reply = self.core.transport.run(&call, name, "latch read").await?;
-        let (generation, count, opened) = parse_reply::<(i64, i64, i64)>(name, "latch read", reply)?;
+        let (generation, count, opened) =
+            parse_reply::<(i64, i64, i64)>(name, "latch read", reply)?;
         let token = |value: i64| match value {
             0 => Ok(None),
             value => parse_fence(name, "latch read", "generation", value).map(Some),
@@ -477,15 +478,14 @@ impl Request for Await<'_> {
     async fn attempt(&self, _core: &Arc<Core>) -> Result<Attempt<FenceToken>> {
         let state = self.latch.state().await?;
         let current = state.generation.map_or(0, FenceToken::get);
-        let since = match self.since.compare_exchange(
-            UNREAD,
-            current,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        ) {
-            Ok(_) => current,
-            Err(first) => first,
-        };
+        let since =
+            match self
+                .since
+                .compare_exchange(UNREAD, current, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => current,
+                Err(first) => first,
+            };
         if let Some(opened) = state.opened.filter(|opened| opened.get() >= since) {
             return Ok(Attempt::Granted(opened));
         }

@@ -259,9 +259,9 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 
 /// The fence rule every granting script shares, inserted after the prologue:
-/// `next_fence(stored, floor, mode)` returns the next fence (`max(stored + 1, floor + 1, TIME µs
-/// + 1 in clock mode, epoch × 2^32 + 1 in epoch mode)`) and `behind`, or `nil` and an error
-/// reply past 2^53 − 1. See the file's header.
+/// `next_fence(stored, floor, mode)` returns the next fence, the highest of `stored + 1`,
+/// `floor + 1`, `TIME µs + 1` in clock mode and `epoch × 2^32 + 1` in epoch mode, and `behind`;
+/// or `nil` and an error reply past 2^53 − 1. See the file's header.
 const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
 
 /// Acquire (`script/lua/acquire.lua`): grant the lock to an owner and advance its fence.

@@ -44,8 +44,11 @@ fn set_count_down_and_wait() {
         .spawn()
         .unwrap();
     wait_until("the waiter's subscription", Duration::from_secs(10), || {
-        let reply: Vec<redis::Value> =
-            server.node.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg("fencelock:{job}:latch"));
+        let reply: Vec<redis::Value> = server.node.cmd(
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("fencelock:{job}:latch"),
+        );
         reply.get(1) == Some(&redis::Value::Int(1))
     });
 
@@ -72,10 +75,16 @@ fn wait_exits_75_when_not_open_in_time() {
     assert_eq!(never.status.code(), Some(75), "{}", stderr(&never));
     assert!(stderr(&never).contains("not set"), "{}", stderr(&never));
 
-    assert!(fencelock(&url, &["latch", "set", "closed", "3"]).status.success());
+    assert!(fencelock(&url, &["latch", "set", "closed", "3"])
+        .status
+        .success());
     let closed = fencelock(&url, &["latch", "wait", "closed", "--timeout", "200ms"]);
     assert_eq!(closed.status.code(), Some(75), "{}", stderr(&closed));
-    assert!(stderr(&closed).contains("3 count-downs outstanding"), "{}", stderr(&closed));
+    assert!(
+        stderr(&closed).contains("3 count-downs outstanding"),
+        "{}",
+        stderr(&closed)
+    );
 }
 
 #[test]
@@ -92,7 +101,12 @@ fn bad_input_exits_64_and_unreachable_69() {
         &["latch", "count-down", "not-set", "--id", "a"],
     ] {
         let output = fencelock(&url, args);
-        assert_eq!(output.status.code(), Some(64), "{args:?}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            stderr(&output)
+        );
         assert!(stderr(&output).starts_with("fencelock: ") || stderr(&output).contains("error"));
     }
     let down = fencelock("redis://127.0.0.1:1", &["latch", "set", "x", "1"]);

@@ -114,7 +114,11 @@ async fn an_id_counts_once_also_when_the_script_is_resent() {
     let again = raw_set(&server.node, latch.key(), 2, set_id);
     assert_eq!(started[0], 1);
     assert!(started[1] > generation.get() as i64);
-    assert_eq!(again, vec![2, started[1], 0], "a resent set changes nothing");
+    assert_eq!(
+        again,
+        vec![2, started[1], 0],
+        "a resent set changes nothing"
+    );
     assert_eq!(latch.count_down("worker-1").await.unwrap(), 1);
     assert_eq!(
         latch.count().await.unwrap(),
@@ -272,7 +276,13 @@ async fn a_never_set_latch_is_not_open() {
     let err = latch.wait(Duration::from_millis(300)).await.unwrap_err();
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert!(
-        matches!(err, Error::LatchNotOpen { remaining: None, .. }),
+        matches!(
+            err,
+            Error::LatchNotOpen {
+                remaining: None,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert!(err.to_string().contains("not set"), "{err}");
@@ -281,7 +291,12 @@ async fn a_never_set_latch_is_not_open() {
         matches!(err, Error::CountDownRefused { current: None, .. }),
         "{err:?}"
     );
-    assert_eq!(server.node.cmd::<i64>(redis::cmd("EXISTS").arg(latch.key())), 0);
+    assert_eq!(
+        server
+            .node
+            .cmd::<i64>(redis::cmd("EXISTS").arg(latch.key())),
+        0
+    );
 }
 
 #[tokio::test]
@@ -311,10 +326,17 @@ async fn the_open_state_stays_visible_then_expires() {
             == 0
     })
     .await;
-    assert_eq!(latch.count().await.unwrap(), None, "expired reads as not set");
+    assert_eq!(
+        latch.count().await.unwrap(),
+        None,
+        "expired reads as not set"
+    );
     assert!(matches!(
         latch.wait(Duration::ZERO).await,
-        Err(Error::LatchNotOpen { remaining: None, .. })
+        Err(Error::LatchNotOpen {
+            remaining: None,
+            ..
+        })
     ));
     let g2 = latch.set(1).await.unwrap();
     assert!(g2 > g1, "the next generation is above the expired one");
@@ -328,9 +350,7 @@ async fn the_open_state_stays_visible_then_expires() {
     let kept = counting.latch("kept").unwrap();
     kept.set(0).await.unwrap();
     assert_eq!(
-        server
-            .node
-            .cmd::<i64>(redis::cmd("PTTL").arg(kept.key())),
+        server.node.cmd::<i64>(redis::cmd("PTTL").arg(kept.key())),
         -1
     );
 }
