@@ -53,7 +53,9 @@ cannot be started.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
-forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.";
+forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
+
+latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
