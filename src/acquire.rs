@@ -29,6 +29,18 @@ pub(crate) trait Request {
     /// The channel the releasing script publishes on when the resource frees up.
     fn channel(&self) -> &str;
 
+    /// The error a call returns when the resource stayed busy: after one attempt (`waited`
+    /// zero) or at the timeout; `retry_after` is what the last busy answer reported. The
+    /// default is [`Error::Busy`]; a primitive whose "busy" is no holder's (a closed latch)
+    /// names its own case.
+    fn busy(&self, waited: Duration, retry_after: Duration) -> Error {
+        Error::Busy {
+            name: self.name().to_owned(),
+            waited,
+            retry_after,
+        }
+    }
+
     /// One request to Redis, under a fresh owner token.
     ///
     /// # Cancel safety
@@ -57,11 +69,7 @@ pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R:
             core.counters.waits.record(started.elapsed());
             Ok(granted)
         }
-        Attempt::Busy { retry_after } => Err(Error::Busy {
-            name: request.name().to_owned(),
-            waited: Duration::ZERO,
-            retry_after,
-        }),
+        Attempt::Busy { retry_after } => Err(request.busy(Duration::ZERO, retry_after)),
     }
 }
 
@@ -101,11 +109,7 @@ pub(crate) async fn wait<R: Request>(
             }
             Ok(Attempt::Busy { retry_after }) => {
                 if Instant::now() >= deadline {
-                    return Err(Error::Busy {
-                        name: name.to_owned(),
-                        waited: started.elapsed(),
-                        retry_after,
-                    });
+                    return Err(request.busy(started.elapsed(), retry_after));
                 }
                 if let Listening::NotYet = listening {
                     match subscribe(core, request.channel(), deadline).await {

@@ -12,6 +12,8 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::{FenceMode, FenceToken, StaleFence};
 use crate::keys::LockKeys;
+use crate::keys::Placement;
+use crate::latch::Latch;
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
@@ -464,6 +466,29 @@ impl Client {
         acquire::wait(&self.core, &request, options.timeout)
             .instrument(span)
             .await
+    }
+
+    /// The countdown latch `name` (key `<prefix>:{name}:latch`): a handle, no call to Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty name or one longer than 4096 bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let latch = client.latch("batch:7")?;
+    /// latch.set(1).await?;
+    /// latch.count_down("only-worker").await?;
+    /// latch.wait(Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn latch(&self, name: &str) -> Result<Latch> {
+        let keys = LockKeys::of_kind(&self.core.prefix, name, &Placement::ByName, "latch")?;
+        Ok(Latch::new(&self.core, keys))
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::fence::FenceToken;
+
 /// `Result` with fencelock's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -193,6 +195,55 @@ pub enum Error {
         /// The reply, as far as it helps.
         detail: String,
     },
+
+    /// A latch did not open within the wait's timeout: its count was still above zero, or it
+    /// was not set (never, or its open state expired), which does not read as open.
+    #[error(
+        "latch {name:?} did not open within {waited:?} ({}): wait longer, or check that every \
+         party counts down",
+        latch_state(.remaining)
+    )]
+    LatchNotOpen {
+        /// The latch concerned.
+        name: String,
+        /// How long the call waited.
+        waited: Duration,
+        /// The count still outstanding at the last look; `None` when the latch was not set.
+        remaining: Option<u64>,
+    },
+
+    /// A latch's count-down found no round to count in: the latch is not set (never, or its
+    /// open state expired), or the generation the count-down named is not the current one (the
+    /// latch was set again: the count-down belongs to a round that is over).
+    #[error("count-down on latch {name:?} refused: {}", refused(.generation, .current))]
+    CountDownRefused {
+        /// The latch concerned.
+        name: String,
+        /// The generation the count-down named, if it named one.
+        generation: Option<FenceToken>,
+        /// The latch's current generation; `None` when it is not set.
+        current: Option<FenceToken>,
+    },
+}
+
+/// How a latch that did not open stood.
+fn latch_state(remaining: &Option<u64>) -> String {
+    match remaining {
+        Some(count) => format!("{count} count-downs outstanding"),
+        None => "it is not set, never or no longer, which is not open".into(),
+    }
+}
+
+/// Why a count-down was refused.
+fn refused(generation: &Option<FenceToken>, current: &Option<FenceToken>) -> String {
+    match (generation, current) {
+        (_, None) => "the latch is not set (never, or its open state expired): set it first".into(),
+        (Some(generation), Some(current)) => format!(
+            "generation {generation} is over, the latch was set again (generation {current}): \
+             count down in the current round only if this party belongs to it"
+        ),
+        (None, Some(current)) => format!("the current generation is {current}"),
+    }
 }
 
 impl Error {

@@ -49,6 +49,18 @@ impl LuaScript {
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
 
+    /// A granting script: the `#!lua` line of `file`, then the shared [`PROLOGUE`] and
+    /// [`FENCE_RULE`], then the rest.
+    fn with_fence_rule(name: &'static str, file: &'static str) -> Self {
+        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
+        let source = format!(
+            "{shebang}\n{}{}{body}",
+            without_header(PROLOGUE),
+            without_header(FENCE_RULE)
+        );
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
     fn from_source(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
@@ -199,13 +211,17 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 /// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
 /// assert_eq!(
 ///     names,
-///     ["acquire", "release", "extend", "reenter", "renew", "fenced_set"]
+///     [
+///         "acquire", "release", "extend", "reenter", "renew", "fenced_set",
+///         "latch_set", "latch_count_down", "latch_state",
+///     ]
 /// );
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct ScriptSource {
-    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew` or `fenced_set`.
+    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
+    /// or a primitive's script (`latch_set`, `latch_count_down`, `latch_state`).
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -223,6 +239,9 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*REENTER,
         &*RENEW,
         &*FENCED_SET,
+        &*LATCH_SET,
+        &*LATCH_COUNT_DOWN,
+        &*LATCH_STATE,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -238,6 +257,12 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// `fence`. The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to
 /// keep the key for good. See the file's header.
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
+
+/// The fence rule every granting script shares, inserted after the prologue:
+/// `next_fence(stored, floor, mode)` returns the next fence, the highest of `stored + 1`,
+/// `floor + 1`, `TIME µs + 1` in clock mode and `epoch × 2^32 + 1` in epoch mode, and `behind`;
+/// or `nil` and an error reply past 2^53 − 1. See the file's header.
+const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
 
 /// Acquire (`script/lua/acquire.lua`): grant the lock to an owner and advance its fence.
 ///
@@ -258,7 +283,7 @@ const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 ///
 /// Not flagged `allow-oom`: at `maxmemory` under `noeviction` Redis refuses it with `OOM`.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_prologue("acquire", include_str!("script/lua/acquire.lua")));
+    LazyLock::new(|| LuaScript::with_fence_rule("acquire", include_str!("script/lua/acquire.lua")));
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
 /// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.
@@ -333,3 +358,47 @@ pub(crate) static RENEW: LazyLock<LuaScript> =
 /// Replies: `{1, fence}` written; `{0, highest}` rejected, with the highest fence accepted so far.
 pub(crate) static FENCED_SET: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("fenced_set", include_str!("script/lua/fenced_set.lua")));
+
+/// Latch set (`script/lua/latch_set.lua`): start a new generation of a countdown latch, whose
+/// fence (the generation) follows the fence rule.
+///
+/// - `KEYS[1]` the latch key (hash): `fence` the last generation granted, `gen` the current
+///   one, `count` its remaining count, `set` the set call that started it, `opened` the latest
+///   generation that reached zero, `d:<id>` the ids counted down in `gen`.
+/// - `ARGV[1]` count (0 opens at once), `ARGV[2]` the call's random set id, `ARGV[3]` fence
+///   mode (`clock`, `epoch`, `counter`), `ARGV[4]` announce (`s`, `p`, empty), `ARGV[5]` open
+///   TTL in ms, `ARGV[6]` expiry grace.
+///
+/// Replies: `{1, gen, behind}` started; `{2, gen, 0}` this set call already started the current
+/// generation (a resent script, no write); an error reply past 2^53 − 1. An armed latch is kept
+/// without expiry; an open one expires after the open TTL plus the grace (clock mode only).
+///
+/// Not flagged `allow-oom`.
+pub(crate) static LATCH_SET: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_fence_rule("latch_set", include_str!("script/lua/latch_set.lua"))
+});
+
+/// Latch count-down (`script/lua/latch_count_down.lua`): count an id down once per generation;
+/// the count-down reaching zero sets `opened`, drops the ids, sets the open key's expiry and
+/// publishes the generation on the latch's channel (the latch key).
+///
+/// - `KEYS[1]` the latch key. `ARGV[1]` id, `ARGV[2]` generation (empty: the current one),
+///   `ARGV[3]` announce (`s`, `p`, empty), `ARGV[4]` open TTL in ms, `ARGV[5]` expiry grace.
+///
+/// Replies: `{1, gen, remaining}` counted (or counted before, or already open: then no change);
+/// `{0, 0, 0}` not set; `{-1, gen, 0}` `ARGV[2]` is not the current generation `gen`.
+///
+/// Not flagged `allow-oom` (it adds a field).
+pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_prologue(
+        "latch_count_down",
+        include_str!("script/lua/latch_count_down.lua"),
+    )
+});
+
+/// Latch state (`script/lua/latch_state.lua`, `no-writes`): `{gen, count, opened}`, 0 for each
+/// that is absent.
+///
+/// - `KEYS[1]` the latch key.
+pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("latch_state", include_str!("script/lua/latch_state.lua")));

@@ -12,6 +12,7 @@
 mod duration;
 mod exec;
 mod group;
+mod latch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,7 +53,9 @@ cannot be started.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
-forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.";
+forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
+
+latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -76,6 +79,9 @@ enum Command {
         #[command(flatten)]
         placement: PlacementArgs,
     },
+    /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
+    /// wait NAME [--timeout D]` (exit 75 if not open in time).
+    Latch(latch::LatchArgs),
 }
 
 /// TLS files for rediss:// URLs.
@@ -179,6 +185,8 @@ pub fn fail(error: &Error) -> ExitCode {
             code::USAGE
         }
         Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
+        Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
+        Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,
     })
 }
@@ -246,6 +254,20 @@ fn main() -> ExitCode {
             };
             let client = client_builder(cli.urls, cli.prefix, cli.tls);
             runtime.block_on(exec::run(client, args))
+        }
+        Command::Latch(args) => {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("fencelock: cannot start the async runtime: {err}");
+                    return ExitCode::from(code::UNAVAILABLE);
+                }
+            };
+            let client = client_builder(cli.urls, cli.prefix, cli.tls);
+            runtime.block_on(latch::run(client, args))
         }
     }
 }

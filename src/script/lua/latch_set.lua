@@ -1,0 +1,39 @@
+-- latch_set: start a new generation (round) of a countdown latch (lock prologue and fence rule
+-- first).
+--
+-- KEYS[1] the latch key (hash): `fence` the last generation granted (never removed), `gen` the
+-- current generation, `count` its remaining count, `set` the id of the set call that started
+-- it, `opened` the latest generation that reached zero, `d:<id>` the ids counted down in `gen`
+-- (dropped once it opens).
+-- ARGV[1] count (decimal, 0 to 2^53 - 1; 0 opens at once), ARGV[2] the call's set id (random,
+--   so a resent script starts no second generation), ARGV[3] `clock`, `epoch` or `counter`
+--   (the fence rule), ARGV[4] announce an opening: `s` SPUBLISH, `p` PUBLISH, empty for none
+--   (the channel is the latch key), ARGV[5] open TTL in ms, ARGV[6] expiry grace.
+--
+-- The new generation is the next fence (fence rule: above every earlier generation, also after
+-- a failover lost writes or the key expired, in clock mode). The ids of the previous round are
+-- dropped; `opened` is kept, so waiters of a round that opened still see it. An armed latch is
+-- kept without expiry; an open one expires at max(now + open TTL, generation as ms) + grace in
+-- clock mode, and is kept in counter and epoch modes.
+--
+-- Replies: {1, gen, behind} started (behind: µs the stored fence was ahead of the clock, clock
+-- mode); {2, gen, 0} this set call already started the current generation (a resent script:
+-- no write); an error reply (no write) past 2^53 - 1. Not allow-oom.
+#!lua
+local latch = redis.call('HMGET', KEYS[1], 'gen', 'set', 'opened')
+if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
+local fence, behind = next_fence(tonumber(lock[3]) or 0, 0, ARGV[3])
+if not fence then return behind end
+local gen = string.format('%.0f', fence)
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'fence', gen, 'gen', gen, 'count', ARGV[1], 'set', ARGV[2])
+if latch[3] then redis.call('HSET', KEYS[1], 'opened', latch[3]) end
+if tonumber(ARGV[1]) > 0 then
+  redis.call('PERSIST', KEYS[1])
+  return {1, fence, behind}
+end
+redis.call('HSET', KEYS[1], 'opened', gen)
+keep(KEYS[1], fence, now_ms + tonumber(ARGV[5]))
+if ARGV[4] == 's' then redis.call('SPUBLISH', KEYS[1], gen)
+elseif ARGV[4] == 'p' then redis.call('PUBLISH', KEYS[1], gen) end
+return {1, fence, behind}
