@@ -109,7 +109,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
         .ttl(Duration::from_secs(5))
         .timeout(Duration::from_secs(20));
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for i in 0..8u64 {
         let (client, stop, reads, options) = (
             client.clone(),
             Arc::clone(&stop),
@@ -117,11 +117,14 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
             options.clone(),
         );
         tasks.push(tokio::spawn(async move {
+            // Staggered starts and unequal holds keep the readers out of step, so some reader
+            // holds the lock at every moment: without writer priority no writer gets in.
+            tokio::time::sleep(Duration::from_millis(4 * i)).await;
             while !stop.load(Ordering::Relaxed) {
                 let guard = client.read_lock("feed", &options).await.expect("read");
                 reads.fetch_add(1, Ordering::Relaxed);
-                // The work done under the read hold; the readers overlap all the time.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // The work done under the read hold.
+                tokio::time::sleep(Duration::from_millis(25 + 3 * i)).await;
                 guard.release().await.expect("release");
             }
         }));
@@ -133,7 +136,7 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
     .await;
     let started = Instant::now();
     let write = client
-        .write_lock("feed", &options)
+        .write_lock("feed", &options.clone().timeout(Duration::from_secs(3)))
         .await
         .expect("the writer gets in");
     let waited = started.elapsed();
