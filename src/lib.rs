@@ -46,7 +46,7 @@ pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use lock::{LockGuard, Reentry};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
+pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;
-pub use rwlock::{ReadGuard, RwReentry, WriteGuard};

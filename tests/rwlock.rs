@@ -81,21 +81,36 @@ async fn a_writer_excludes_readers_and_writers_and_fences_order_them() {
     let (a, b) = (client(&server).await, client(&server).await);
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let read = a.try_read_lock("cat", &options).await.unwrap();
-    let retry = busy(b.try_write_lock("cat", &options).await, "write over a reader");
+    let retry = busy(
+        b.try_write_lock("cat", &options).await,
+        "write over a reader",
+    );
     assert!(retry <= Duration::from_secs(10));
-    assert!(!has_intent(&server.node, "cat"), "a single attempt leaves no intent");
+    assert!(
+        !has_intent(&server.node, "cat"),
+        "a single attempt leaves no intent"
+    );
     let read_fence = read.fence();
     read.release().await.unwrap();
 
     let write = b.try_write_lock("cat", &options).await.expect("write");
-    assert!(write.fence() > read_fence, "the writer's fence exceeds earlier readers'");
+    assert!(
+        write.fence() > read_fence,
+        "the writer's fence exceeds earlier readers'"
+    );
     busy(a.try_read_lock("cat", &options).await, "read over a writer");
-    busy(a.try_write_lock("cat", &options).await, "write over a writer");
+    busy(
+        a.try_write_lock("cat", &options).await,
+        "write over a writer",
+    );
     let write_fence = write.fence();
     write.release().await.unwrap();
 
     let read = a.try_read_lock("cat", &options).await.expect("read after");
-    assert!(read.fence() > write_fence, "a later reader's fence exceeds the writer's");
+    assert!(
+        read.fence() > write_fence,
+        "a later reader's fence exceeds the writer's"
+    );
     read.release().await.unwrap();
 }
 
@@ -140,7 +155,11 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
         .await
         .expect("the writer gets in");
     let waited = started.elapsed();
-    assert_eq!(live_readers(&server.node, "feed"), 0, "no reader while writing");
+    assert_eq!(
+        live_readers(&server.node, "feed"),
+        0,
+        "no reader while writing"
+    );
     eprintln!("writer among 8 continuous readers waited {waited:?}");
     assert!(waited < Duration::from_secs(2), "waited {waited:?}");
     write.release().await.unwrap();
@@ -199,9 +218,11 @@ async fn renewing_one_reader_does_not_extend_another() {
         .await
         .unwrap();
     assert_eq!(live_readers(&server.node, "doc"), 2);
-    eventually("the forgotten reader's lease ends", Duration::from_secs(3), || {
-        live_readers(&server.node, "doc") == 1
-    })
+    eventually(
+        "the forgotten reader's lease ends",
+        Duration::from_secs(3),
+        || live_readers(&server.node, "doc") == 1,
+    )
     .await;
     // Several renewal periods and a full lease later the watched reader is still the one live.
     let later = Instant::now() + lease * 2;
@@ -209,7 +230,11 @@ async fn renewing_one_reader_does_not_extend_another() {
         assert!(watched.is_valid());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(live_readers(&server.node, "doc"), 1, "only the watched reader lives");
+    assert_eq!(
+        live_readers(&server.node, "doc"),
+        1,
+        "only the watched reader lives"
+    );
     assert!(client.stats().renewals > 3);
     let retry = busy(
         client.try_write_lock("doc", &LockOptions::new()).await,
@@ -233,12 +258,21 @@ async fn write_downgrades_to_read_and_other_readers_enter() {
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let write = a.try_write_lock("doc", &options).await.unwrap();
     let fence = write.fence();
-    busy(b.try_read_lock("doc", &options).await, "reader over the writer");
+    busy(
+        b.try_read_lock("doc", &options).await,
+        "reader over the writer",
+    );
     let read = write.downgrade().await.expect("downgrade");
     assert_eq!(read.fence(), fence, "the downgraded hold keeps its fence");
-    let other = b.try_read_lock("doc", &options).await.expect("readers enter");
+    let other = b
+        .try_read_lock("doc", &options)
+        .await
+        .expect("readers enter");
     assert!(other.fence() > fence);
-    busy(b.try_write_lock("doc", &options).await, "the downgraded hold is a read hold");
+    busy(
+        b.try_write_lock("doc", &options).await,
+        "the downgraded hold is a read hold",
+    );
     read.release().await.unwrap();
     other.release().await.unwrap();
     b.try_write_lock("doc", &options)
@@ -262,7 +296,10 @@ async fn upgrade_is_refused_and_reentry_adds_holds_with_the_same_fence() {
     let again = read.reentry().read().await.expect("read re-entry");
     assert_eq!(again.fence(), read.fence());
     read.release().await.unwrap();
-    busy(b.try_write_lock("doc", &options).await, "the re-entered read still holds");
+    busy(
+        b.try_write_lock("doc", &options).await,
+        "the re-entered read still holds",
+    );
     again.release().await.unwrap();
 
     let write = a.try_write_lock("doc", &options).await.unwrap();
@@ -273,7 +310,10 @@ async fn upgrade_is_refused_and_reentry_adds_holds_with_the_same_fence() {
     inner_read.release().await.unwrap();
     let err = write.downgrade().await.unwrap_err();
     assert!(matches!(err, Error::RoleRefused { .. }), "{err:?}");
-    busy(b.try_read_lock("doc", &options).await, "the inner write hold keeps it");
+    busy(
+        b.try_read_lock("doc", &options).await,
+        "the inner write hold keeps it",
+    );
     inner.release().await.unwrap();
     b.try_read_lock("doc", &options)
         .await
@@ -300,8 +340,14 @@ async fn a_waiting_writer_withdraws_its_intent_at_once_when_cancelled_or_timed_o
         has_intent(&server.node, "doc")
     })
     .await;
-    let retry = busy(a.try_read_lock("doc", &long).await, "a new reader behind the intent");
-    assert!(retry > Duration::from_secs(5), "the intent's lease: {retry:?}");
+    let retry = busy(
+        a.try_read_lock("doc", &long).await,
+        "a new reader behind the intent",
+    );
+    assert!(
+        retry > Duration::from_secs(5),
+        "the intent's lease: {retry:?}"
+    );
 
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
@@ -310,7 +356,10 @@ async fn a_waiting_writer_withdraws_its_intent_at_once_when_cancelled_or_timed_o
         !has_intent(&server.node, "doc")
     })
     .await;
-    eprintln!("intent withdrawn {:?} after the cancel", cancelled.elapsed());
+    eprintln!(
+        "intent withdrawn {:?} after the cancel",
+        cancelled.elapsed()
+    );
     a.try_read_lock("doc", &long)
         .await
         .expect("readers enter at once")
@@ -319,12 +368,23 @@ async fn a_waiting_writer_withdraws_its_intent_at_once_when_cancelled_or_timed_o
         .unwrap();
 
     let err = b
-        .write_lock("doc", &LockOptions::new().timeout(Duration::from_millis(300)))
+        .write_lock(
+            "doc",
+            &LockOptions::new().timeout(Duration::from_millis(300)),
+        )
         .await
         .unwrap_err();
     assert!(err.is_busy(), "{err:?}");
-    assert!(!has_intent(&server.node, "doc"), "withdrawn before the timeout returned");
-    a.try_read_lock("doc", &long).await.expect("readers enter").release().await.unwrap();
+    assert!(
+        !has_intent(&server.node, "doc"),
+        "withdrawn before the timeout returned"
+    );
+    a.try_read_lock("doc", &long)
+        .await
+        .expect("readers enter")
+        .release()
+        .await
+        .unwrap();
     read.release().await.unwrap();
     assert!(common::alive_tasks() < 50);
 }
@@ -385,7 +445,11 @@ async fn resent_acquire_reenter_and_release_scripts_change_nothing_twice() {
     assert_eq!(count(), 1, "a resent release counts once");
     assert_eq!(call("rw_release", &["ra", "", "", ""]), 1);
     assert_eq!(call("rw_release", &["rb", "", "", ""]), 1);
-    assert_eq!(call("rw_release", &["rb", "", "", ""]), 0, "gone: no second effect");
+    assert_eq!(
+        call("rw_release", &["rb", "", "", ""]),
+        0,
+        "gone: no second effect"
+    );
 
     assert_eq!(acquire("rw_write", "w"), (1, 3));
     assert_eq!(acquire("rw_write", "w"), (2, 3), "resent write: same fence");
@@ -419,7 +483,10 @@ async fn at_maxmemory_holds_are_kept_and_released_and_acquire_says_memory_is_ful
         .extend(Duration::from_secs(20))
         .await
         .expect("extend at maxmemory");
-    let downgraded = to_downgrade.downgrade().await.expect("downgrade at maxmemory");
+    let downgraded = to_downgrade
+        .downgrade()
+        .await
+        .expect("downgrade at maxmemory");
     read.release().await.expect("release a read at maxmemory");
     write.release().await.expect("release a write at maxmemory");
     downgraded.release().await.expect("release at maxmemory");
@@ -476,7 +543,13 @@ async fn fences_stay_monotonic_across_a_forced_loss_failover() {
         .timeout(Duration::from_secs(20));
     let confirmed = options.clone().wait_replicas(1, Duration::from_secs(2));
     for (client, name) in [(&clock, "clock"), (&epoch, "epoch")] {
-        client.write_lock(name, &confirmed).await.unwrap().release().await.unwrap();
+        client
+            .write_lock(name, &confirmed)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     let slot = clock.rwlock_keys("clock", &options).unwrap().slot();
     let master_port = cluster.master_of_slot(slot).port;
@@ -499,7 +572,10 @@ async fn fences_stay_monotonic_across_a_forced_loss_failover() {
 
     cluster.take_over_with_lagging_replica(master_port, replica_port, slot);
 
-    for ((client, name), highest) in [(&clock, "clock"), (&epoch, "epoch")].into_iter().zip(before) {
+    for ((client, name), highest) in [(&clock, "clock"), (&epoch, "epoch")]
+        .into_iter()
+        .zip(before)
+    {
         let write = client
             .write_lock(name, &options)
             .await

@@ -7,7 +7,9 @@ use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
 use crate::keys::LockKeys;
-use crate::script::{parse_reply, Outcome, ScriptCall, RW_DOWNGRADE, RW_EXTEND, RW_RELEASE, RW_RENEW};
+use crate::script::{
+    parse_reply, Outcome, ScriptCall, RW_DOWNGRADE, RW_EXTEND, RW_RELEASE, RW_RENEW,
+};
 
 /// The read-write lock's release, extend and renew scripts: each finds the caller's own entry
 /// (`w` when it writes, else `r:<owner>`) and touches nothing else.

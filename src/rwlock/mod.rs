@@ -21,10 +21,12 @@ use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
-use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE};
+use crate::script::{
+    parse_fence, parse_reply, ttl_millis, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
+};
 
-pub use guard::{ReadGuard, WriteGuard};
 use guard::RW;
+pub use guard::{ReadGuard, WriteGuard};
 pub use reentry::RwReentry;
 
 /// The key kind of a read-write lock: `<prefix>:{NAME}:rw`.
@@ -162,7 +164,12 @@ impl Intent {
     /// intent lapses at the end of its lease, one TTL at most).
     async fn withdraw(mut self, name: &str) {
         if let Some(call) = self.withdraw.take() {
-            if let Err(err) = self.core.transport.run(&call, name, "withdraw intent").await {
+            if let Err(err) = self
+                .core
+                .transport
+                .run(&call, name, "withdraw intent")
+                .await
+            {
                 tracing::debug!(lock = name, error = %err, "withdrawing the writer intent failed");
             }
         }
@@ -232,7 +239,9 @@ impl Client {
                 mode: Mode::Read,
                 intent: "",
             };
-            acquire::once(self.core(), &request).await.map(ReadGuard::new)
+            acquire::once(self.core(), &request)
+                .await
+                .map(ReadGuard::new)
         }
         .instrument(span)
         .await
@@ -320,7 +329,9 @@ impl Client {
                 mode: Mode::Write,
                 intent: "",
             };
-            acquire::once(self.core(), &request).await.map(WriteGuard::new)
+            acquire::once(self.core(), &request)
+                .await
+                .map(WriteGuard::new)
         }
         .instrument(span)
         .await

@@ -164,7 +164,12 @@ impl RwReentry {
                     ttl: Duration::from_millis(remaining),
                     replicas_acked: None,
                 };
-                Ok(Held::following(&self.core, &RW, grant, self.watched.clone()))
+                Ok(Held::following(
+                    &self.core,
+                    &RW,
+                    grant,
+                    self.watched.clone(),
+                ))
             }
             -2 => Err(Error::RoleRefused {
                 name: name.to_owned(),

@@ -224,7 +224,11 @@ enum Hold {
 }
 
 impl Hold {
-    async fn acquire(client: &Client, args: &ExecArgs, options: &LockOptions) -> Result<Self, Error> {
+    async fn acquire(
+        client: &Client,
+        args: &ExecArgs,
+        options: &LockOptions,
+    ) -> Result<Self, Error> {
         let name = &args.name;
         Ok(if args.read {
             Hold::Read(client.read_lock(name, options).await?)
