@@ -286,6 +286,14 @@ pub struct Client {
     core: Arc<Core>,
 }
 
+impl Client {
+    /// What the client shares with its guards, for the primitives' constructors in their own
+    /// modules (`impl Client` blocks there).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+}
+
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")

@@ -224,6 +224,17 @@ pub enum Error {
         /// The latch's current generation; `None` when it is not set.
         current: Option<FenceToken>,
     },
+
+    /// A read-write lock refused to change a hold's kind: a read hold asked for a write hold
+    /// (an upgrade, which could deadlock two readers), or a write hold with re-entered holds
+    /// asked to downgrade.
+    #[error("read-write lock {name:?}: {reason}")]
+    RoleRefused {
+        /// The lock concerned.
+        name: String,
+        /// What was refused and what to do instead.
+        reason: String,
+    },
 }
 
 /// How a latch that did not open stood.

@@ -36,6 +36,7 @@ mod latch;
 mod lock;
 mod options;
 mod runtime;
+mod rwlock;
 mod script;
 mod stats;
 mod transport;
@@ -47,6 +48,7 @@ pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_CO
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};
 pub use lock::{LockGuard, Reentry};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
+pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;

@@ -49,16 +49,23 @@ impl LuaScript {
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
 
+    /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, the
+    /// shared [`PROLOGUE`], then each of `snippets` (the primitive's own prologue, shared rules
+    /// such as [`FENCE_RULE`]) without their headers, then the rest of `file`.
+    fn with_snippets(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
+        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
+        let mut source = format!("{shebang}\n{}", without_header(PROLOGUE));
+        for snippet in snippets {
+            source.push_str(without_header(snippet));
+        }
+        source.push_str(body);
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
     /// A granting script: the `#!lua` line of `file`, then the shared [`PROLOGUE`] and
     /// [`FENCE_RULE`], then the rest.
     fn with_fence_rule(name: &'static str, file: &'static str) -> Self {
-        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
-        let source = format!(
-            "{shebang}\n{}{}{body}",
-            without_header(PROLOGUE),
-            without_header(FENCE_RULE)
-        );
-        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+        Self::with_snippets(name, &[FENCE_RULE], file)
     }
 
     fn from_source(name: &'static str, source: String) -> Self {
@@ -214,6 +221,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 ///     [
 ///         "acquire", "release", "extend", "reenter", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
+///         "rw_read", "rw_write", "rw_release", "rw_extend", "rw_renew", "rw_reenter",
+///         "rw_downgrade", "rw_withdraw",
 ///     ]
 /// );
 /// ```
@@ -221,7 +230,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
-    /// or a primitive's script (`latch_set`, `latch_count_down`, `latch_state`).
+    /// or a primitive's script: the read-write lock's start with `rw_`, the countdown latch's
+    /// with `latch_`.
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -242,6 +252,14 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*LATCH_SET,
         &*LATCH_COUNT_DOWN,
         &*LATCH_STATE,
+        &*RW_READ,
+        &*RW_WRITE,
+        &*RW_RELEASE,
+        &*RW_EXTEND,
+        &*RW_RENEW,
+        &*RW_REENTER,
+        &*RW_DOWNGRADE,
+        &*RW_WITHDRAW,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -402,3 +420,71 @@ pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
 /// - `KEYS[1]` the latch key.
 pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::new("latch_state", include_str!("script/lua/latch_state.lua")));
+
+/// The read-write lock's prologue (`script/lua/rw_prologue.lua`): its fields and helpers.
+const RW_PROLOGUE: &str = include_str!("script/lua/rw_prologue.lua");
+
+/// A read-write lock script: the lock prologue, the fence rule, the rw prologue, then `file`.
+fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, RW_PROLOGUE], file)
+}
+
+/// Read acquire of the read-write lock (`script/lua/rw_read.lua`).
+///
+/// - `KEYS[1]` the lock's hash `fencelock:{NAME}:rw`.
+/// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor, `ARGV[4]` fence mode,
+///   `ARGV[5]` expiry grace.
+///
+/// Replies: `{1, fence, behind}` granted (`r:<owner>` = `<lease end>:<fence>`, a new fence);
+/// `{2, fence, 0}` this owner already reads (resent: no write); `{0, ms, 0}` a live writer or a
+/// live writer intent, with the ms until it ends; an error reply per the fence rule. Not
+/// `allow-oom`.
+pub(crate) static RW_READ: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_read", include_str!("script/lua/rw_read.lua")));
+
+/// Write acquire of the read-write lock (`script/lua/rw_write.lua`).
+///
+/// - `KEYS[1]` the lock's hash. `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor,
+///   `ARGV[4]` fence mode, `ARGV[5]` the waiting call's intent id (empty: none), `ARGV[6]` expiry
+///   grace.
+///
+/// Replies: `{1, fence, behind}` granted (no live writer, reader or other call's intent; this
+/// call's intent removed); `{2, fence, 0}` resent; `{0, ms, 0}` refused, the intent set or
+/// refreshed unless another call's is first, `ms` capped at TTL / 3 while this call keeps the
+/// intent; an error reply per the fence rule. Not `allow-oom`.
+pub(crate) static RW_WRITE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_write", include_str!("script/lua/rw_write.lua")));
+
+/// Release of a read or write hold (`script/lua/rw_release.lua`), the [`Kind`](crate::held::Kind)
+/// contract: `ARGV` owner, hold id, announce, expiry grace; replies an [`Outcome`] code. Only
+/// the owner's fields change. `allow-oom`.
+pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_release", include_str!("script/lua/rw_release.lua")));
+
+/// Extend of a read or write hold (`script/lua/rw_extend.lua`): `ARGV` owner, TTL ms, expiry
+/// grace; replies `{code, remaining ms}`. `allow-oom`.
+pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_extend", include_str!("script/lua/rw_extend.lua")));
+
+/// The watchdog's batch renewal of read-write holds (`script/lua/rw_renew.lua`): `ARGV` triples
+/// key, owner, TTL ms, then the expiry grace; one [`Outcome`] code per triple. Each triple moves
+/// only its owner's entry (`w`/`wu` or `r:<owner>`). `allow-oom`, `allow-cross-slot-keys`.
+pub(crate) static RW_RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("rw_renew", include_str!("script/lua/rw_renew.lua")));
+
+/// Re-entry of a read or write hold (`script/lua/rw_reenter.lua`): `ARGV` owner, hold id, TTL
+/// ms, `r`|`w`, expiry grace. Replies `{1, fence, remaining ms}`, `{0, 0, 0}` no live entry,
+/// `{-1, 0, 0}` another owner writes, `{-2, 0, 0}` a reader asked to write (upgrade refused).
+pub(crate) static RW_REENTER: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_reenter", include_str!("script/lua/rw_reenter.lua")));
+
+/// Write → read downgrade (`script/lua/rw_downgrade.lua`): `ARGV` owner, announce, expiry
+/// grace. Replies `{1, remaining ms}`, `{0, 0}` expired, `{-1, 0}` another owner writes,
+/// `{-2, 0}` the owner has re-entered holds. `allow-oom`.
+pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_downgrade", include_str!("script/lua/rw_downgrade.lua")));
+
+/// Withdraws a waiting writer's intent (`script/lua/rw_withdraw.lua`): `ARGV` intent id,
+/// announce, expiry grace. Replies `1` withdrawn, `0` not this call's. `allow-oom`.
+pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_withdraw", include_str!("script/lua/rw_withdraw.lua")));

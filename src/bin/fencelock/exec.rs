@@ -11,7 +11,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions, MIN_TTL};
+use fencelock::{
+    Client, ClientBuilder, Error, FenceMode, FenceToken, LockGuard, LockOptions, ReadGuard,
+    WriteGuard, MIN_TTL,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -43,6 +46,15 @@ pub struct ExecArgs {
     fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
+    /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
+    /// mutex NAME.
+    // TODO(lead): also conflicts with `--fair` and `--permits` once those branches are merged.
+    #[arg(long, conflicts_with = "write")]
+    read: bool,
+    /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
+    /// instead of the mutex NAME.
+    #[arg(long)]
+    write: bool,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -119,7 +131,7 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         eprintln!("fencelock: no command given: write it after --");
         return ExitCode::from(code::USAGE);
     };
-    let guard = match client.lock(&args.name, &options).await {
+    let guard = match Hold::acquire(&client, &args, &options).await {
         Ok(guard) => guard,
         Err(err) => return fail(&err),
     };
@@ -204,6 +216,54 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     }
 }
 
+/// The hold the command runs under: the mutex, or a read or write hold of a read-write lock.
+enum Hold {
+    Mutex(LockGuard),
+    Read(ReadGuard),
+    Write(WriteGuard),
+}
+
+impl Hold {
+    async fn acquire(
+        client: &Client,
+        args: &ExecArgs,
+        options: &LockOptions,
+    ) -> Result<Self, Error> {
+        let name = &args.name;
+        Ok(if args.read {
+            Hold::Read(client.read_lock(name, options).await?)
+        } else if args.write {
+            Hold::Write(client.write_lock(name, options).await?)
+        } else {
+            Hold::Mutex(client.lock(name, options).await?)
+        })
+    }
+
+    fn fence(&self) -> FenceToken {
+        match self {
+            Hold::Mutex(guard) => guard.fence(),
+            Hold::Read(guard) => guard.fence(),
+            Hold::Write(guard) => guard.fence(),
+        }
+    }
+
+    async fn lost(&self) -> Error {
+        match self {
+            Hold::Mutex(guard) => guard.lost().await,
+            Hold::Read(guard) => guard.lost().await,
+            Hold::Write(guard) => guard.lost().await,
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        match self {
+            Hold::Mutex(guard) => guard.release().await,
+            Hold::Read(guard) => guard.release().await,
+            Hold::Write(guard) => guard.release().await,
+        }
+    }
+}
+
 enum Supervised {
     Exited(u8),
     Lost(String),
@@ -213,7 +273,7 @@ enum Supervised {
 async fn supervise(
     child: &mut Child,
     group: &Group,
-    guard: &LockGuard,
+    guard: &Hold,
     signals: &mut [(Signal, libc::c_int)],
 ) -> Supervised {
     let lost = guard.lost();

@@ -9,6 +9,7 @@
 -- 2^53 - 1 or the epoch cannot be read.
 local function next_fence(stored, floor, mode)
   local fence = stored + 1
+  floor = tonumber(floor) or 0
   local behind = 0
   if mode == 'clock' then
     if now_us > floor then floor = now_us end

@@ -1,0 +1,399 @@
+//! The read-write lock: many readers or one writer, every hold fenced from one counter. This file
+//! is its two acquire [`Request`]s, the waiting writer's intent and the constructors on
+//! [`Client`]; `guard.rs` its guards over [`Held`] and its [`Kind`](crate::held::Kind);
+//! `reentry.rs` the re-entry handle.
+//!
+//! One hash per lock, `<prefix>:{NAME}:rw` (see `script/lua/rw_prologue.lua` for its fields).
+
+mod guard;
+mod reentry;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::acquire::{self, replicas, Attempt, InFlight, Request};
+use crate::client::Client;
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::held::{Grant, Held};
+use crate::keys::LockKeys;
+use crate::options::LockOptions;
+use crate::script::{
+    parse_fence, parse_reply, ttl_millis, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
+};
+
+use guard::RW;
+pub use guard::{ReadGuard, WriteGuard};
+pub use reentry::RwReentry;
+
+/// The key kind of a read-write lock: `<prefix>:{NAME}:rw`.
+const KIND: &str = "rw";
+
+/// Which hold an acquisition asks for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Read,
+    Write,
+}
+
+impl Mode {
+    fn operation(self) -> &'static str {
+        match self {
+            Mode::Read => "read lock",
+            Mode::Write => "write lock",
+        }
+    }
+}
+
+/// One acquisition of a read or write hold.
+struct Acquire<'a> {
+    keys: &'a LockKeys,
+    options: &'a LockOptions,
+    mode: Mode,
+    /// The waiting writer's intent id (empty for a reader or a single attempt).
+    intent: &'a str,
+}
+
+impl Request for Acquire<'_> {
+    type Granted = Held;
+
+    fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    fn channel(&self) -> &str {
+        self.keys.lock_key()
+    }
+
+    /// One request under a fresh owner token (never reused after a failed request, whose
+    /// background release could otherwise hit a later grant).
+    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Held>> {
+        let (keys, options) = (self.keys, self.options);
+        let operation = self.mode.operation();
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let started = Instant::now();
+        let lease = options.first_lease();
+        let ttl_ms = ttl_millis(lease);
+        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let key = [keys.lock_key()];
+        let call = match self.mode {
+            Mode::Read => ScriptCall::new(
+                &RW_READ,
+                &key,
+                &[&owner, &ttl_ms, &floor, core.fence_arg(), core.expiry()],
+            ),
+            Mode::Write => ScriptCall::new(
+                &RW_WRITE,
+                &key,
+                &[
+                    &owner,
+                    &ttl_ms,
+                    &floor,
+                    core.fence_arg(),
+                    self.intent,
+                    core.expiry(),
+                ],
+            ),
+        };
+        let undo = RW.release_call(core, keys.lock_key(), &owner, "");
+        let in_flight = InFlight::arm(&core.transport, undo.clone());
+        let (reply, acks) =
+            replicas::run_granting(core, &call, keys.name(), operation, options.wait).await?;
+        let (status, value, behind) =
+            parse_reply::<(i64, i64, i64)>(keys.name(), operation, reply)?;
+        match status {
+            1 | 2 => {
+                if behind > 0 {
+                    core.clock_behind(keys.name(), behind);
+                }
+                let fence = parse_fence(keys.name(), operation, "fence", value)?;
+                in_flight.disarm();
+                let replicas_acked = replicas::confirm(core, keys.name(), acks, &undo).await?;
+                tracing::debug!(lock = keys.name(), kind = KIND, %fence, operation, "acquired");
+                let grant = Grant {
+                    keys: keys.clone(),
+                    owner,
+                    hold: String::new(),
+                    fence,
+                    sent: started,
+                    ttl: lease,
+                    replicas_acked,
+                };
+                Ok(Attempt::Granted(Held::new(core, &RW, grant, options)))
+            }
+            0 => {
+                in_flight.disarm();
+                Ok(Attempt::Busy {
+                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
+                })
+            }
+            other => Err(Error::UnexpectedReply {
+                name: keys.name().to_owned(),
+                operation,
+                detail: format!("status {other}"),
+            }),
+        }
+    }
+}
+
+/// A waiting writer's intent in the lock's hash: while it lives, new readers are refused.
+/// Dropping it armed (the wait timed out, failed or was cancelled) withdraws it in the
+/// background, and announces that, so readers queued behind it enter at once.
+struct Intent {
+    core: Arc<Core>,
+    withdraw: Option<ScriptCall>,
+}
+
+impl Intent {
+    fn new(core: &Arc<Core>, keys: &LockKeys, id: &str) -> Self {
+        let withdraw = ScriptCall::new(
+            &RW_WITHDRAW,
+            &[keys.lock_key()],
+            &[id, core.transport.announce(), core.expiry()],
+        );
+        Self {
+            core: Arc::clone(core),
+            withdraw: Some(withdraw),
+        }
+    }
+
+    /// Withdraws the intent now and waits for Redis to confirm it (best effort: on failure the
+    /// intent lapses at the end of its lease, one TTL at most).
+    async fn withdraw(mut self, name: &str) {
+        if let Some(call) = self.withdraw.take() {
+            if let Err(err) = self
+                .core
+                .transport
+                .run(&call, name, "withdraw intent")
+                .await
+            {
+                tracing::debug!(lock = name, error = %err, "withdrawing the writer intent failed");
+            }
+        }
+    }
+
+    /// The grant removed the intent: nothing to withdraw.
+    fn disarm(mut self) {
+        self.withdraw = None;
+    }
+}
+
+impl Drop for Intent {
+    fn drop(&mut self) {
+        if let Some(call) = self.withdraw.take() {
+            self.core.transport.run_detached(call, "withdraw intent");
+        }
+    }
+}
+
+impl Client {
+    /// The keys of read-write lock `name`: one hash, `<prefix>:{NAME}:rw` (in the slot of the
+    /// name, or where `options` pin it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as for [`LockKeys::new`].
+    pub fn rwlock_keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
+        LockKeys::of_kind(&self.core().prefix, name, &options.placement, KIND)
+    }
+
+    /// Takes a read hold of read-write lock `name` if no writer holds it and none waits; does
+    /// not wait. Readers share the lock; each read hold has its own lease, its own fence (above
+    /// every fence granted before it, writers' included) and, with `options.watchdog(true)`,
+    /// its own renewal, which moves no other reader's lease.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let read = client.try_read_lock("catalog", &LockOptions::new()).await?;
+    /// println!("reading under fence {}", read.fence());
+    /// read.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when a writer holds the lock or waits for it (`retry_after`: the end of
+    /// its lease or intent); [`Error::InvalidName`] / [`Error::InvalidOptions`] for bad input;
+    /// [`Error::OutOfMemory`], [`Error::Timeout`], [`Error::Redis`] from Redis;
+    /// [`Error::ReplicasNotConfirmed`] with `wait_replicas`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing (a hold it may have taken is released in the
+    /// background).
+    pub async fn try_read_lock(&self, name: &str, options: &LockOptions) -> Result<ReadGuard> {
+        let span = tracing::debug_span!("fencelock.try_read_lock", lock = name, kind = KIND);
+        async {
+            let keys = self.rwlock_keys(name, options)?;
+            options.validate(name)?;
+            let request = Acquire {
+                keys: &keys,
+                options,
+                mode: Mode::Read,
+                intent: "",
+            };
+            acquire::once(self.core(), &request)
+                .await
+                .map(ReadGuard::new)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Takes a read hold of read-write lock `name`, waiting up to `options`' timeout while a
+    /// writer holds it or waits for it (writers are not starved: once a writer waits, new
+    /// readers wait behind it). Woken by releases. See [`try_read_lock`](Self::try_read_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().timeout(Duration::from_secs(5)).watchdog(true);
+    /// let read = client.read_lock("catalog", &options).await?;
+    /// // ... read, presenting read.fence() where storage checks it ...
+    /// read.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the timeout passed; otherwise as
+    /// [`try_read_lock`](Self::try_read_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing and leaves no subscription behind.
+    pub async fn read_lock(&self, name: &str, options: &LockOptions) -> Result<ReadGuard> {
+        let span = tracing::debug_span!("fencelock.read_lock", lock = name, kind = KIND);
+        async {
+            let keys = self.rwlock_keys(name, options)?;
+            options.validate(name)?;
+            let request = Acquire {
+                keys: &keys,
+                options,
+                mode: Mode::Read,
+                intent: "",
+            };
+            acquire::wait(self.core(), &request, options.timeout)
+                .await
+                .map(ReadGuard::new)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Takes the write hold of read-write lock `name` if no reader or writer holds it and no
+    /// other writer waits; does not wait (and leaves no intent). The fence is above every fence
+    /// granted before it, readers' included.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// match client.try_write_lock("catalog", &LockOptions::new()).await {
+    ///     Ok(write) => write.release().await?,
+    ///     Err(err) if err.is_busy() => println!("in use: {err}"),
+    ///     Err(err) => return Err(err),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_read_lock`](Self::try_read_lock); [`Error::Busy`] when any live hold or another
+    /// waiting writer is in the way.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing.
+    pub async fn try_write_lock(&self, name: &str, options: &LockOptions) -> Result<WriteGuard> {
+        let span = tracing::debug_span!("fencelock.try_write_lock", lock = name, kind = KIND);
+        async {
+            let keys = self.rwlock_keys(name, options)?;
+            options.validate(name)?;
+            let request = Acquire {
+                keys: &keys,
+                options,
+                mode: Mode::Write,
+                intent: "",
+            };
+            acquire::once(self.core(), &request)
+                .await
+                .map(WriteGuard::new)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Takes the write hold of read-write lock `name`, waiting up to `options`' timeout. The
+    /// first refused attempt records this call's intent in the lock (refreshed by every
+    /// attempt, lasting one TTL): while it lives, new readers are refused, so a stream of readers
+    /// cannot starve the writer. The intent is removed by the grant, and withdrawn (with a
+    /// wake-up for the readers behind it) when the call times out or is dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let write = client
+    ///     .write_lock("catalog", &LockOptions::new().timeout(Duration::from_secs(10)))
+    ///     .await?;
+    /// let fence: i64 = write.fence().into();
+    /// // ... write under `fence` ...
+    /// let read = write.downgrade().await?; // keep reading, let other readers in
+    /// read.release().await?;
+    /// # let _ = fence; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the timeout passed; otherwise as
+    /// [`try_write_lock`](Self::try_write_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing, and its intent is withdrawn in the background
+    /// at once (readers get in without waiting for the intent's lease to end).
+    pub async fn write_lock(&self, name: &str, options: &LockOptions) -> Result<WriteGuard> {
+        let span = tracing::debug_span!("fencelock.write_lock", lock = name, kind = KIND);
+        async {
+            let keys = self.rwlock_keys(name, options)?;
+            options.validate(name)?;
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let intent = Intent::new(self.core(), &keys, &id);
+            let request = Acquire {
+                keys: &keys,
+                options,
+                mode: Mode::Write,
+                intent: &id,
+            };
+            match acquire::wait(self.core(), &request, options.timeout).await {
+                Ok(held) => {
+                    intent.disarm();
+                    Ok(WriteGuard::new(held))
+                }
+                Err(err) => {
+                    intent.withdraw(name).await;
+                    Err(err)
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}

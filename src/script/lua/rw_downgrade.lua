@@ -1,0 +1,24 @@
+-- rw_downgrade: turn this owner's write hold into a read hold with the same fence and lease, and
+-- announce it (waiting readers may enter) (lock prologue, fence rule, rw prologue first).
+--
+-- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] announce (`s`/`p`/empty), ARGV[3]
+-- expiry grace.
+--
+-- Replies: {1, remaining ms} downgraded (also for a resent script: the owner already reads);
+-- {0, 0} no live entry of this owner; {-1, 0} another owner writes; {-2, 0} refused: the
+-- owner has re-entered holds (release them first). allow-oom: it only rewrites this owner's
+-- fields.
+#!lua flags=allow-oom
+local role, expires = role_of(ARGV[1])
+if not role then
+  if writer_live then return {-1, 0} end
+  return {0, 0}
+end
+if expires <= now_ms then return {0, 0} end
+if role == 'r' then return {1, expires - now_ms} end
+if redis.call('HEXISTS', KEYS[1], 'c:' .. ARGV[1]) == 1 then return {-2, 0} end
+redis.call('HDEL', KEYS[1], 'w', 'wu')
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[1],
+  string.format('%.0f', expires) .. ':' .. string.format('%.0f', tonumber(lock[3])))
+announce(ARGV[2])
+return {1, expires - now_ms}

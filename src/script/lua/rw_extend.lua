@@ -1,0 +1,19 @@
+-- rw_extend: move this owner's lease (its read entry or its write hold) to now + TTL, never
+-- shortening it while the owner has several holds (lock prologue, fence rule, rw prologue first).
+--
+-- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
+--
+-- Replies: {1, remaining ms} extended; {0, 0} no live entry of this owner; {-1, 0} it is gone
+-- and another owner writes. Touches only this owner's entry. allow-oom.
+#!lua flags=allow-oom
+local role, expires, value = role_of(ARGV[1])
+if not role then
+  if writer_live then return {-1, 0} end
+  return {0, 0}
+end
+if expires <= now_ms then return {0, 0} end
+local ends = now_ms + tonumber(ARGV[2])
+if redis.call('HEXISTS', KEYS[1], 'c:' .. ARGV[1]) == 1 and expires > ends then ends = expires end
+set_until(ARGV[1], role, ends, value)
+raise(lock[3], ends)
+return {1, ends - now_ms}

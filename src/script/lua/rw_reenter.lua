@@ -1,0 +1,32 @@
+-- rw_reenter: add a hold to this owner's read entry or write hold (lock prologue, fence rule,
+-- rw prologue first). A writer may add read or write holds; a reader only read holds.
+--
+-- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] a fresh hold id (hex), ARGV[3] TTL in
+-- ms (the lease moves to now + TTL unless it ends later), ARGV[4] `r` or `w` (the hold asked
+-- for), ARGV[5] expiry grace. Holds: `c:<owner>` (count) and `h:<owner>:<id>` per hold (`<id>`
+-- empty for the first); a resent script adds no second hold.
+--
+-- Replies: {1, fence, remaining ms} entered (fence: the owner's); {0, 0, 0} no live entry of
+-- this owner; {-1, 0, 0} it is gone and another owner writes; {-2, 0, 0} a reader asked for a
+-- write hold (upgrade refused, nothing written). Not allow-oom.
+#!lua
+local role, expires, value = role_of(ARGV[1])
+if not role then
+  if writer_live then return {-1, 0, 0} end
+  return {0, 0, 0}
+end
+if expires <= now_ms then return {0, 0, 0} end
+if role == 'r' and ARGV[4] == 'w' then return {-2, 0, 0} end
+local count = tonumber(redis.call('HGET', KEYS[1], 'c:' .. ARGV[1]))
+local prefix = 'h:' .. ARGV[1] .. ':'
+if not count then
+  redis.call('HSET', KEYS[1], prefix, 1, prefix .. ARGV[2], 1, 'c:' .. ARGV[1], 2)
+elseif redis.call('HSETNX', KEYS[1], prefix .. ARGV[2], 1) == 1 then
+  redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], count + 1)
+end
+local ends = now_ms + tonumber(ARGV[3])
+if ends > expires then set_until(ARGV[1], role, ends, value) else ends = expires end
+raise(lock[3], ends)
+local fence = tonumber(lock[3])
+if role == 'r' then fence = fence_of(value) end
+return {1, fence, ends - now_ms}

@@ -1,0 +1,54 @@
+-- rw_write: grant the write hold of a read-write lock, or record this waiting writer's intent
+-- (lock prologue, fence rule, rw prologue first).
+--
+-- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor, ARGV[4]
+-- `clock` | `epoch` | `counter`, ARGV[5] the waiting call's intent id (empty: a single attempt,
+-- which records no intent), ARGV[6] expiry grace.
+--
+-- Granted when no live writer, no live reader and no live intent of another waiting call:
+-- `w` = owner, `wu` = now + TTL, `fence` advanced, this call's intent removed → {1, fence,
+-- behind}. {2, fence, 0}: this owner already writes (a resent script; no write). Refused →
+-- {0, ms, 0} with the ms until the longest blocking lease ends, at most TTL / 3 when this call
+-- keeps an intent (so the intent is refreshed before it lapses); the intent `i`/`iu` is set (or
+-- refreshed) to this call's id and now + TTL unless another call's live intent is first. Dead
+-- reader entries seen are deleted. An error reply (no write) as the fence rule says. Not allow-oom.
+#!lua
+if writer_live then
+  if writer == ARGV[1] then return {2, tonumber(lock[3]), 0} end
+end
+local ttl = tonumber(ARGV[2])
+local blocked = 0
+if writer_live then blocked = writer_until - now_ms end
+local theirs = intent_live and intent ~= ARGV[5]
+if theirs and intent_until - now_ms > blocked then blocked = intent_until - now_ms end
+local fields = redis.call('HGETALL', KEYS[1])
+for n = 1, #fields, 2 do
+  local field = fields[n]
+  if string.sub(field, 1, 2) == 'r:' then
+    local ends = until_of(fields[n + 1]) or 0
+    if ends > now_ms then
+      if ends - now_ms > blocked then blocked = ends - now_ms end
+    else
+      forget(string.sub(field, 3), 'r')
+    end
+  end
+end
+if blocked > 0 then
+  if ARGV[5] ~= '' and not theirs then
+    local ends = now_ms + ttl
+    redis.call('HSET', KEYS[1], 'i', ARGV[5], 'iu', string.format('%.0f', ends))
+    raise(lock[3], ends)
+    local third = math.max(1, math.floor(ttl / 3))
+    if blocked > third then blocked = third end
+  end
+  return {0, blocked, 0}
+end
+local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+if not fence then return behind end
+if intent then redis.call('HDEL', KEYS[1], 'i', 'iu') end
+if writer then forget(writer, 'w') end
+local ends = now_ms + ttl
+redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wu', string.format('%.0f', ends),
+  'fence', string.format('%.0f', fence))
+raise(fence, ends)
+return {1, fence, behind}
