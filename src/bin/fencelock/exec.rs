@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions, MIN_TTL};
+use fencelock::{
+    ClientBuilder, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions, MIN_TTL,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -43,6 +45,9 @@ pub struct ExecArgs {
     fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
+    /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
+    #[arg(long)]
+    fair: bool,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -119,7 +124,12 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         eprintln!("fencelock: no command given: write it after --");
         return ExitCode::from(code::USAGE);
     };
-    let guard = match client.lock(&args.name, &options).await {
+    let acquired = if args.fair {
+        client.fair_lock(&args.name, &options).await.map(Guard::Fair)
+    } else {
+        client.lock(&args.name, &options).await.map(Guard::Mutex)
+    };
+    let guard = match acquired {
         Ok(guard) => guard,
         Err(err) => return fail(&err),
     };
@@ -204,6 +214,35 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     }
 }
 
+/// The guard of the lock `exec` holds: the mutex's, or the fair lock's with `--fair`.
+enum Guard {
+    Mutex(LockGuard),
+    Fair(FairLockGuard),
+}
+
+impl Guard {
+    fn fence(&self) -> FenceToken {
+        match self {
+            Guard::Mutex(guard) => guard.fence(),
+            Guard::Fair(guard) => guard.fence(),
+        }
+    }
+
+    async fn lost(&self) -> fencelock::Error {
+        match self {
+            Guard::Mutex(guard) => guard.lost().await,
+            Guard::Fair(guard) => guard.lost().await,
+        }
+    }
+
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            Guard::Mutex(guard) => guard.release().await,
+            Guard::Fair(guard) => guard.release().await,
+        }
+    }
+}
+
 enum Supervised {
     Exited(u8),
     Lost(String),
@@ -213,7 +252,7 @@ enum Supervised {
 async fn supervise(
     child: &mut Child,
     group: &Group,
-    guard: &LockGuard,
+    guard: &Guard,
     signals: &mut [(Signal, libc::c_int)],
 ) -> Supervised {
     let lost = guard.lost();
