@@ -511,7 +511,13 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, false);
-        acquire::once(&self.core, &request).instrument(span).await
+        let outcome = acquire::once(&self.core, &request)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            request.withdraw().instrument(span).await;
+        }
+        outcome
     }
 
     /// Acquires the fair lock `name` in arrival order, waiting for up to `options.timeout`.
@@ -542,8 +548,9 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::Busy`] when the lock was not granted before the timeout (the place is given up);
-    /// otherwise as [`lock`](Self::lock).
+    /// [`Error::Busy`] when the lock was not granted before the timeout; otherwise as
+    /// [`lock`](Self::lock). Before an error is returned the place is given up (one more
+    /// request, bounded by the request timeout; if that fails too, in the background).
     ///
     /// # Cancel safety
     ///
@@ -561,9 +568,13 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, true);
-        acquire::wait(&self.core, &request, options.timeout)
-            .instrument(span)
-            .await
+        let outcome = acquire::wait(&self.core, &request, options.timeout)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            request.withdraw().instrument(span).await;
+        }
+        outcome
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).

@@ -97,6 +97,26 @@ impl<'a> Acquire<'a> {
         )
     }
 
+    /// Gives up this call's place (and a grant it did not see) now, when the call ends with an
+    /// error: so a caller that exits right after (the CLI) leaves no place behind. When this
+    /// fails too, the drop tries again in the background.
+    pub(crate) async fn withdraw(&self) {
+        self.unwatch_place();
+        if !self.dirty.load(Ordering::Relaxed) || self.granted.load(Ordering::Relaxed) {
+            return;
+        }
+        let call = self.withdraw_call();
+        if self
+            .core
+            .transport
+            .run(&call, self.keys.name(), "withdraw")
+            .await
+            .is_ok()
+        {
+            self.dirty.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Hands the (new) place to the watchdog, which renews its lease in its per-node batch.
     fn watch_place(&self, sent: Instant) {
         let watch = Watch {
