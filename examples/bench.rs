@@ -100,11 +100,25 @@ async fn main() {
     match args.bench {
         Bench::Handoff { handoffs, hold_ms } => {
             for wake in [true, false] {
-                handoff(&args.urls, wake, false, handoffs, Duration::from_millis(hold_ms)).await;
+                handoff(
+                    &args.urls,
+                    wake,
+                    false,
+                    handoffs,
+                    Duration::from_millis(hold_ms),
+                )
+                .await;
             }
         }
         Bench::FairHandoff { handoffs, hold_ms } => {
-            handoff(&args.urls, true, true, handoffs, Duration::from_millis(hold_ms)).await;
+            handoff(
+                &args.urls,
+                true,
+                true,
+                handoffs,
+                Duration::from_millis(hold_ms),
+            )
+            .await;
         }
         Bench::Throughput { tasks, seconds } => throughput(&args.urls, tasks, seconds).await,
         Bench::Renewal {

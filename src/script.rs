@@ -284,10 +284,9 @@ const FENCE: &str = include_str!("script/lua/fence.lua");
 ///   read.
 ///
 /// Not flagged `allow-oom`: at `maxmemory` under `noeviction` Redis refuses it with `OOM`.
-pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| {
-        LuaScript::with_snippets("acquire", include_str!("script/lua/acquire.lua"), &[FENCE])
-    });
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets("acquire", include_str!("script/lua/acquire.lua"), &[FENCE])
+});
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
 /// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.
@@ -420,8 +419,12 @@ pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
 /// Wakes the new head when the withdrawal freed the lock or removed the head's place of a free
 /// lock. Replies: `1` something was removed; `0` nothing of this owner was there (a resent
 /// call). Flagged `allow-oom`.
-pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_script("fair_withdraw", include_str!("script/lua/fair_withdraw.lua")));
+pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
+    fair_script(
+        "fair_withdraw",
+        include_str!("script/lua/fair_withdraw.lua"),
+    )
+});
 
 /// Fair extend (`script/lua/fair_extend.lua`): as [`EXTEND`] for the fair lock (no re-entry);
 /// the key's expiry is only raised, since it may cover a waiting place. Replies `{code,

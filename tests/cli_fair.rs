@@ -40,7 +40,15 @@ async fn exec_fair_takes_the_fair_lock_in_arrival_order_with_the_mutex_exit_code
     // The token and name are exported; the fair key is used, the mutex key is not.
     let output = fencelock(
         &url,
-        &["exec", "--fair", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7"],
+        &[
+            "exec",
+            "--fair",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7",
+        ],
     );
     assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -49,13 +57,21 @@ async fn exec_fair_takes_the_fair_lock_in_arrival_order_with_the_mutex_exit_code
     assert_eq!(token.parse::<i64>().unwrap(), fence);
     assert_eq!(name, "job");
     assert!(!server.node.held(key), "released after exit");
-    let mutex: bool = server.node.cmd(redis::cmd("EXISTS").arg("fencelock:{job}:lock"));
+    let mutex: bool = server
+        .node
+        .cmd(redis::cmd("EXISTS").arg("fencelock:{job}:lock"));
     assert!(!mutex, "the mutex key is not touched");
 
     // Held by a library client: 75 after the timeout, and the place is given up.
     let client = Client::connect([url.clone()]).await.unwrap();
-    let holder = client.try_fair_lock("job", &LockOptions::new()).await.unwrap();
-    let output = fencelock(&url, &["exec", "--fair", "--timeout", "200ms", "job", "--", "true"]);
+    let holder = client
+        .try_fair_lock("job", &LockOptions::new())
+        .await
+        .unwrap();
+    let output = fencelock(
+        &url,
+        &["exec", "--fair", "--timeout", "200ms", "job", "--", "true"],
+    );
     assert_eq!(output.status.code(), Some(75), "{}", stderr(&output));
     assert_eq!(places(&server.node, key), 0);
     // The mutex of the same name is free meanwhile.
@@ -68,16 +84,28 @@ async fn exec_fair_takes_the_fair_lock_in_arrival_order_with_the_mutex_exit_code
     let spawn = |tag: &str| {
         fencelock_cmd(
             &url,
-            &["exec", "--fair", "job", "--", "sh", "-c", &format!("echo {tag} >> {}", log.display())],
+            &[
+                "exec",
+                "--fair",
+                "job",
+                "--",
+                "sh",
+                "-c",
+                &format!("echo {tag} >> {}", log.display()),
+            ],
         )
         .stdout(Stdio::null())
         .spawn()
         .unwrap()
     };
     let mut first = spawn("first");
-    wait_until("first queued", Duration::from_secs(10), || places(&server.node, key) == 1);
+    wait_until("first queued", Duration::from_secs(10), || {
+        places(&server.node, key) == 1
+    });
     let mut second = spawn("second");
-    wait_until("second queued", Duration::from_secs(10), || places(&server.node, key) == 2);
+    wait_until("second queued", Duration::from_secs(10), || {
+        places(&server.node, key) == 2
+    });
     holder.release().await.unwrap();
     assert!(first.wait().unwrap().success());
     assert!(second.wait().unwrap().success());

@@ -28,7 +28,12 @@ fn script(name: &str) -> fencelock::ScriptSource {
 }
 
 /// Runs the fair script `name` on `node` with `args` (the fair lock's key first).
-fn run_script<T: redis::FromRedisValue>(node: &common::Node, name: &str, key: &str, args: &[&str]) -> T {
+fn run_script<T: redis::FromRedisValue>(
+    node: &common::Node,
+    name: &str,
+    key: &str,
+    args: &[&str],
+) -> T {
     node.cmd(
         redis::cmd("EVAL")
             .arg(script(name).source)
@@ -47,7 +52,10 @@ async fn grants_follow_arrival_order_across_five_clients_and_a_release_wakes_onl
     let server = Standalone::start();
     let name = "order";
     let holder = connect(&server.url()).await;
-    let guard = holder.try_fair_lock(name, &LockOptions::new()).await.unwrap();
+    let guard = holder
+        .try_fair_lock(name, &LockOptions::new())
+        .await
+        .unwrap();
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut clients = Vec::new();
     let mut tasks = Vec::new();
@@ -69,11 +77,16 @@ async fn grants_follow_arrival_order_across_five_clients_and_a_release_wakes_onl
     }
     for owner in places(&server.node, name) {
         let channel = format!("{}:w:{owner}", fair_key(name));
-        eventually("every waiter to subscribe to its own channel", Duration::from_secs(5), || {
-            let reply: Vec<redis::Value> =
-                server.node.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
-            reply.get(1) == Some(&redis::Value::Int(1))
-        })
+        eventually(
+            "every waiter to subscribe to its own channel",
+            Duration::from_secs(5),
+            || {
+                let reply: Vec<redis::Value> = server
+                    .node
+                    .cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+                reply.get(1) == Some(&redis::Value::Int(1))
+            },
+        )
         .await;
     }
     let try_busy = holder.try_fair_lock(name, &LockOptions::new()).await;
@@ -84,7 +97,11 @@ async fn grants_follow_arrival_order_across_five_clients_and_a_release_wakes_onl
         let guard = task.await.unwrap();
         // Only this waiter has been woken; the ones behind it have not.
         for (j, client) in clients.iter().enumerate().skip(i + 1) {
-            assert_eq!(client.stats().wakeups, 0, "waiter {j} was woken by release {i}");
+            assert_eq!(
+                client.stats().wakeups,
+                0,
+                "waiter {j} was woken by release {i}"
+            );
         }
         assert_eq!(clients[i].stats().wakeups, 1, "waiter {i} woken once");
         assert!(previous.is_none_or(|p| guard.fence() > p));
@@ -101,7 +118,10 @@ async fn a_crashed_waiter_drops_out_after_its_place_lease_and_does_not_stall_the
     let server = Standalone::start();
     let name = "crash";
     let client = connect(&server.url()).await;
-    let holder = client.try_fair_lock(name, &LockOptions::new()).await.unwrap();
+    let holder = client
+        .try_fair_lock(name, &LockOptions::new())
+        .await
+        .unwrap();
     // A waiter that crashed: a place nobody renews, first in the queue, lease 800 ms.
     let now_ms = {
         let time: (u64, u64) = server.node.cmd(&mut redis::cmd("TIME"));
@@ -123,9 +143,11 @@ async fn a_crashed_waiter_drops_out_after_its_place_lease_and_does_not_stall_the
         let guard = waiter.fair_lock(name, &options).await.unwrap();
         (Instant::now(), guard)
     });
-    eventually("the live waiter to be queued", Duration::from_secs(5), || {
-        places(&server.node, name).len() == 2
-    })
+    eventually(
+        "the live waiter to be queued",
+        Duration::from_secs(5),
+        || places(&server.node, name).len() == 2,
+    )
     .await;
     let released = Instant::now();
     holder.release().await.unwrap();
@@ -134,11 +156,23 @@ async fn a_crashed_waiter_drops_out_after_its_place_lease_and_does_not_stall_the
     let waited = granted_at - released;
     assert!(waited < Duration::from_millis(2000), "stalled {waited:?}");
     let time: (u64, u64) = server.node.cmd(&mut redis::cmd("TIME"));
-    assert!(time.0 * 1000 + time.1 / 1000 >= dead_until, "granted before the dead place's lease ended");
-    assert!(places(&server.node, name).is_empty(), "the dead place was deleted");
+    assert!(
+        time.0 * 1000 + time.1 / 1000 >= dead_until,
+        "granted before the dead place's lease ended"
+    );
+    assert!(
+        places(&server.node, name).is_empty(),
+        "the dead place was deleted"
+    );
     guard.release().await.unwrap();
     // A free lock with no live place is granted to a one-shot try at once.
-    client.try_fair_lock(name, &LockOptions::new()).await.unwrap().release().await.unwrap();
+    client
+        .try_fair_lock(name, &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -166,16 +200,26 @@ async fn a_live_waiter_is_never_evicted_while_it_waits_longer_than_its_place_lea
         })
     };
     let a = spawn(first.clone(), "first");
-    eventually("first queued", Duration::from_secs(5), || places(&server.node, name).len() == 1).await;
+    eventually("first queued", Duration::from_secs(5), || {
+        places(&server.node, name).len() == 1
+    })
+    .await;
     let b = spawn(second.clone(), "second");
-    eventually("second queued", Duration::from_secs(5), || places(&server.node, name).len() == 2).await;
+    eventually("second queued", Duration::from_secs(5), || {
+        places(&server.node, name).len() == 2
+    })
+    .await;
     let queued = places(&server.node, name);
     // Six place renewals each: two full place leases and more have passed.
     eventually("places renewed six times", Duration::from_secs(10), || {
         first.stats().renewals >= 6 && second.stats().renewals >= 6
     })
     .await;
-    assert_eq!(places(&server.node, name), queued, "no live place was evicted");
+    assert_eq!(
+        places(&server.node, name),
+        queued,
+        "no live place was evicted"
+    );
     assert_eq!(first.stats().lost + second.stats().lost, 0);
     guard.release().await.unwrap();
     a.await.unwrap();
@@ -203,48 +247,85 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
     .await;
     let owner = places(&server.node, name).remove(0);
     let channel = format!("{}:w:{owner}", fair_key(name));
-    eventually("the waiter to subscribe to its own channel", Duration::from_secs(5), || {
-        let reply: Vec<redis::Value> = server.node.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
-        reply.get(1) == Some(&redis::Value::Int(1))
-    })
+    eventually(
+        "the waiter to subscribe to its own channel",
+        Duration::from_secs(5),
+        || {
+            let reply: Vec<redis::Value> = server
+                .node
+                .cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+            reply.get(1) == Some(&redis::Value::Int(1))
+        },
+    )
     .await;
     task.abort();
     let aborted = Instant::now();
     // The place lease is 3 s: "at once" means well before it.
-    eventually("the place to be withdrawn", Duration::from_millis(500), || {
-        let exists: bool = server
-            .node
-            .cmd(redis::cmd("HEXISTS").arg(fair_key(name)).arg(format!("q:{owner}")));
-        !exists
-    })
+    eventually(
+        "the place to be withdrawn",
+        Duration::from_millis(500),
+        || {
+            let exists: bool = server.node.cmd(
+                redis::cmd("HEXISTS")
+                    .arg(fair_key(name))
+                    .arg(format!("q:{owner}")),
+            );
+            !exists
+        },
+    )
     .await;
     eprintln!("place withdrawn {:?} after the abort", aborted.elapsed());
     eventually("the subscription to end", Duration::from_secs(2), || {
-        let reply: Vec<redis::Value> = server.node.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+        let reply: Vec<redis::Value> = server
+            .node
+            .cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
         reply.get(1) == Some(&redis::Value::Int(0))
     })
     .await;
 
     // A wait that times out gives its place up too.
     let err = waiter
-        .fair_lock(name, &LockOptions::new().timeout(Duration::from_millis(200)))
+        .fair_lock(
+            name,
+            &LockOptions::new().timeout(Duration::from_millis(200)),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err:?}");
-    eventually("the timed-out place to be withdrawn", Duration::from_millis(500), || {
-        places(&server.node, name).is_empty()
-    })
+    eventually(
+        "the timed-out place to be withdrawn",
+        Duration::from_millis(500),
+        || places(&server.node, name).is_empty(),
+    )
     .await;
 
     // The head that withdraws from a free lock wakes the next: a hand-made head of a free lock
     // (never renewed, 30 s lease) is removed by its withdrawal and the waiter behind is granted.
     guard.release().await.unwrap();
-    let blocker = run_script::<Vec<i64>>(&server.node, "fair_acquire", &fair_key(name), &["blocker", "1000", "0", "clock", "30000", "10000"]);
+    let blocker = run_script::<Vec<i64>>(
+        &server.node,
+        "fair_acquire",
+        &fair_key(name),
+        &["blocker", "1000", "0", "clock", "30000", "10000"],
+    );
     assert_eq!(blocker[0], 1, "free: granted to the hand-made owner");
-    let queued: Vec<i64> = run_script(&server.node, "fair_acquire", &fair_key(name), &["head", "1000", "0", "clock", "30000", "10000"]);
+    let queued: Vec<i64> = run_script(
+        &server.node,
+        "fair_acquire",
+        &fair_key(name),
+        &["head", "1000", "0", "clock", "30000", "10000"],
+    );
     assert_eq!((queued[0], queued[3]), (0, 1));
-    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &fair_key(name), &["blocker", "p", "10000"]);
-    assert_eq!(withdrawn, 1, "the grant of the withdrawn owner is given back");
+    let withdrawn: i64 = run_script(
+        &server.node,
+        "fair_withdraw",
+        &fair_key(name),
+        &["blocker", "p", "10000"],
+    );
+    assert_eq!(
+        withdrawn, 1,
+        "the grant of the withdrawn owner is given back"
+    );
     let task = {
         let waiter = waiter.clone();
         tokio::spawn(async move {
@@ -258,10 +339,19 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
     })
     .await;
     let started = Instant::now();
-    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &fair_key(name), &["head", "p", "10000"]);
+    let withdrawn: i64 = run_script(
+        &server.node,
+        "fair_withdraw",
+        &fair_key(name),
+        &["head", "p", "10000"],
+    );
     assert_eq!(withdrawn, 1);
     let guard = task.await.unwrap().unwrap();
-    assert!(started.elapsed() < Duration::from_secs(2), "woken, not timed out: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "woken, not timed out: {:?}",
+        started.elapsed()
+    );
     guard.release().await.unwrap();
 }
 
@@ -271,14 +361,25 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
     let name = "resend";
     let key = fair_key(name);
     let client = connect(&server.url()).await;
-    let guard = client.try_fair_lock(name, &LockOptions::new()).await.unwrap();
+    let guard = client
+        .try_fair_lock(name, &LockOptions::new())
+        .await
+        .unwrap();
     let args = ["me", "5000", "0", "clock", "30000", "10000"];
     let first: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let place: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("q:me"));
     let again: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let place_again: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("q:me"));
-    assert_eq!((first[0], first[2], first[3]), (0, 0, 1), "queued first, nobody ahead");
-    assert_eq!((again[0], again[2], again[3]), (0, 0, 0), "the same place, not a second one");
+    assert_eq!(
+        (first[0], first[2], first[3]),
+        (0, 0, 1),
+        "queued first, nobody ahead"
+    );
+    assert_eq!(
+        (again[0], again[2], again[3]),
+        (0, 0, 0),
+        "the same place, not a second one"
+    );
     assert_eq!(
         place.split(' ').next(),
         place_again.split(' ').next(),
@@ -290,10 +391,17 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
     let granted: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let resent: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     assert_eq!(granted[0], 1);
-    assert_eq!((resent[0], resent[1]), (2, granted[1]), "the same fence, not a new one");
+    assert_eq!(
+        (resent[0], resent[1]),
+        (2, granted[1]),
+        "the same fence, not a new one"
+    );
     let stored: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
     assert_eq!(stored, granted[1]);
-    assert!(places(&server.node, name).is_empty(), "the place went with the grant");
+    assert!(
+        places(&server.node, name).is_empty(),
+        "the place went with the grant"
+    );
     let w1: i64 = run_script(&server.node, "fair_withdraw", &key, &["me", "", "10000"]);
     let w2: i64 = run_script(&server.node, "fair_withdraw", &key, &["me", "", "10000"]);
     assert_eq!((w1, w2), (1, 0));
@@ -328,16 +436,24 @@ async fn at_maxmemory_a_fair_lock_is_extended_and_released_and_a_waiter_gives_up
             .node
             .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg(key).arg(value));
     }
-    let err = client.try_fair_lock("other", &LockOptions::new()).await.unwrap_err();
+    let err = client
+        .try_fair_lock("other", &LockOptions::new())
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
-    guard.extend(Duration::from_secs(20)).await.expect("extend at maxmemory");
+    guard
+        .extend(Duration::from_secs(20))
+        .await
+        .expect("extend at maxmemory");
     guard.release().await.expect("release at maxmemory");
     // The head is woken, its acquire is refused (OOM), and its place is withdrawn.
     let err = task.await.unwrap().unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
-    eventually("the place to be withdrawn at maxmemory", Duration::from_secs(2), || {
-        places(&server.node, name).is_empty()
-    })
+    eventually(
+        "the place to be withdrawn at maxmemory",
+        Duration::from_secs(2),
+        || places(&server.node, name).is_empty(),
+    )
     .await;
 }
 
@@ -351,7 +467,10 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
     // The mutex of the same name is another key: both are held at once.
     let mutex = client.try_lock(name, &options).await.unwrap();
     let guard = client
-        .try_fair_lock(name, &options.clone().wait_replicas(1, Duration::from_secs(2)))
+        .try_fair_lock(
+            name,
+            &options.clone().wait_replicas(1, Duration::from_secs(2)),
+        )
         .await
         .unwrap();
     assert_ne!(guard.keys().lock_key(), mutex.keys().lock_key());
@@ -369,17 +488,25 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
     })
     .await;
     let channel = format!("{}:w:{}", fair_key(name), places(master, name)[0]);
-    eventually("the waiter to subscribe to its own channel", Duration::from_secs(5), || {
-        let reply: Vec<redis::Value> =
-            master.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(&channel));
-        reply.get(1) == Some(&redis::Value::Int(1))
-    })
+    eventually(
+        "the waiter to subscribe to its own channel",
+        Duration::from_secs(5),
+        || {
+            let reply: Vec<redis::Value> =
+                master.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(&channel));
+            reply.get(1) == Some(&redis::Value::Int(1))
+        },
+    )
     .await;
     let released = Instant::now();
     guard.release().await.unwrap();
     let handed = task.await.unwrap().unwrap();
     eprintln!("cluster handoff {:?}", released.elapsed());
-    assert_eq!(waiter.stats().wakeups, 1, "woken by SPUBLISH on its own channel");
+    assert_eq!(
+        waiter.stats().wakeups,
+        1,
+        "woken by SPUBLISH on its own channel"
+    );
     let mut before = handed.fence();
     handed.release().await.unwrap();
 

@@ -21,8 +21,7 @@ use crate::options::LockOptions;
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
-    parse_fence, parse_reply, ttl_millis, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE,
-    FAIR_WITHDRAW,
+    parse_fence, parse_reply, ttl_millis, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE, FAIR_WITHDRAW,
 };
 
 pub use guard::FairLockGuard;

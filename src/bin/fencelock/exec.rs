@@ -125,7 +125,10 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         return ExitCode::from(code::USAGE);
     };
     let acquired = if args.fair {
-        client.fair_lock(&args.name, &options).await.map(Guard::Fair)
+        client
+            .fair_lock(&args.name, &options)
+            .await
+            .map(Guard::Fair)
     } else {
         client.lock(&args.name, &options).await.map(Guard::Mutex)
     };
