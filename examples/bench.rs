@@ -2,6 +2,7 @@
 //!
 //! - `handoff`: from the moment a holder releases to the moment the next waiter holds the lock,
 //!   with wake-ups on release and with polling only;
+//! - `fair-handoff`: the same for the fair lock (wake-ups only: a release wakes the head);
 //! - `throughput`: uncontended acquire + release pairs per second from 64 tasks;
 //! - `renewal`: the watchdog's calls per node per renewal period and the client memory per held
 //!   lock, for 10,000 held locks.
@@ -64,6 +65,15 @@ enum Bench {
         #[arg(long, default_value_t = 1)]
         hold_ms: u64,
     },
+    /// Release-to-next-holder latency of the fair lock with 4 contending clients.
+    FairHandoff {
+        /// Handoffs to measure.
+        #[arg(long, default_value_t = 2000)]
+        handoffs: usize,
+        /// How long each holder keeps the lock, in ms.
+        #[arg(long, default_value_t = 1)]
+        hold_ms: u64,
+    },
     /// Uncontended acquire + release pairs per second.
     Throughput {
         #[arg(long, default_value_t = 64)]
@@ -90,8 +100,25 @@ async fn main() {
     match args.bench {
         Bench::Handoff { handoffs, hold_ms } => {
             for wake in [true, false] {
-                handoff(&args.urls, wake, handoffs, Duration::from_millis(hold_ms)).await;
+                handoff(
+                    &args.urls,
+                    wake,
+                    false,
+                    handoffs,
+                    Duration::from_millis(hold_ms),
+                )
+                .await;
             }
+        }
+        Bench::FairHandoff { handoffs, hold_ms } => {
+            handoff(
+                &args.urls,
+                true,
+                true,
+                handoffs,
+                Duration::from_millis(hold_ms),
+            )
+            .await;
         }
         Bench::Throughput { tasks, seconds } => throughput(&args.urls, tasks, seconds).await,
         Bench::Renewal {
@@ -102,6 +129,12 @@ async fn main() {
     }
 }
 
+/// A mutex or fair-lock guard, for the handoff benchmark.
+enum Guard {
+    Mutex(fencelock::LockGuard),
+    Fair(fencelock::FairLockGuard),
+}
+
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[index.min(sorted.len() - 1)]
@@ -109,7 +142,8 @@ fn percentile(sorted: &[Duration], q: f64) -> Duration {
 
 /// Four clients (as four processes would be) take turns on one lock; each holds it for `hold`.
 /// A holder notes the time just before it sends the release; the next holder measures from it.
-async fn handoff(urls: &[String], wake: bool, handoffs: usize, hold: Duration) {
+/// With `fair`, the contenders take the fair lock of that name instead.
+async fn handoff(urls: &[String], wake: bool, fair: bool, handoffs: usize, hold: Duration) {
     const CONTENDERS: usize = 4;
     let options = LockOptions::new()
         .ttl(Duration::from_secs(10))
@@ -117,6 +151,11 @@ async fn handoff(urls: &[String], wake: bool, handoffs: usize, hold: Duration) {
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     let samples = Arc::new(Mutex::new(Vec::with_capacity(handoffs)));
     let name = format!("bench:handoff:{wake}");
+    let mode = match (fair, wake) {
+        (true, _) => "fair",
+        (false, true) => "wake-up",
+        (false, false) => "polling",
+    };
     let (granted_tx, granted_rx) = tokio::sync::watch::channel(0u64);
     let granted_tx = Arc::new(granted_tx);
     let mut tasks = Vec::new();
@@ -135,7 +174,11 @@ async fn handoff(urls: &[String], wake: bool, handoffs: usize, hold: Duration) {
         let (granted_tx, mut granted_rx) = (Arc::clone(&granted_tx), granted_rx.clone());
         tasks.push(tokio::spawn(async move {
             loop {
-                let guard = client.lock(&name, &options).await.expect("lock");
+                let guard = if fair {
+                    Guard::Fair(client.fair_lock(&name, &options).await.expect("fair lock"))
+                } else {
+                    Guard::Mutex(client.lock(&name, &options).await.expect("lock"))
+                };
                 let granted = Instant::now();
                 granted_tx.send_modify(|n| *n += 1);
                 granted_rx.borrow_and_update();
@@ -154,7 +197,10 @@ async fn handoff(urls: &[String], wake: bool, handoffs: usize, hold: Duration) {
                 }
                 tokio::time::sleep(hold).await;
                 *released_at.lock().unwrap() = Some(Instant::now());
-                guard.release().await.expect("release");
+                match guard {
+                    Guard::Mutex(guard) => guard.release().await.expect("release"),
+                    Guard::Fair(guard) => guard.release().await.expect("release"),
+                }
                 // Contend again only once another waiter holds it: every sample is a handoff
                 // to a waiter that was already waiting.
                 if granted_rx.changed().await.is_err() || samples.lock().unwrap().len() >= handoffs
@@ -171,7 +217,7 @@ async fn handoff(urls: &[String], wake: bool, handoffs: usize, hold: Duration) {
     samples.sort();
     println!(
         "handoff {:<8} hold={hold:?} n={} p50={:.2?} p90={:.2?} p99={:.2?} max={:.2?}",
-        if wake { "wake-up" } else { "polling" },
+        mode,
         samples.len(),
         percentile(&samples, 0.5),
         percentile(&samples, 0.9),

@@ -20,6 +20,9 @@ echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores"
 echo "== handoff: release -> next waiter holds the lock (4 clients, one lock)"
 $bench --url "$url" handoff --handoffs "${HANDOFFS:-2000}" --hold-ms 5
 
+echo "== fair handoff: release -> head of the queue holds the fair lock (4 clients, one lock)"
+$bench --url "$url" fair-handoff --handoffs "${HANDOFFS:-2000}" --hold-ms 5
+
 echo "== 10 contenders x 0.3 s through fencelock exec (target <= 3.45 s)"
 start=$(date +%s.%N)
 pids=()

@@ -10,6 +10,7 @@ use tracing::Instrument;
 use crate::acquire;
 use crate::core::Core;
 use crate::error::{Error, Result};
+use crate::fair::{self, FairLockGuard};
 use crate::fence::{FenceMode, FenceToken, StaleFence};
 use crate::keys::LockKeys;
 use crate::keys::Placement;
@@ -497,6 +498,116 @@ impl Client {
     pub fn latch(&self, name: &str) -> Result<Latch> {
         let keys = LockKeys::of_kind(&self.core.prefix, name, &Placement::ByName, "latch")?;
         Ok(Latch::new(&self.core, keys))
+    }
+
+    /// The Redis key and slot of the fair lock `name` with `options`' placement:
+    /// `<prefix>:{<name>}:fair`, a different key from the mutex `name` (same slot).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
+    pub fn fair_keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
+        LockKeys::of_kind(&self.core.prefix, name, &options.placement, fair::KIND)
+    }
+
+    /// Makes one attempt to acquire the fair lock `name`: granted only when it is free and no
+    /// live caller waits in its queue. Never takes a place in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// match client.try_fair_lock("printer", &fencelock::LockOptions::new()).await {
+    ///     Ok(guard) => guard.release().await?,
+    ///     Err(fencelock::Error::Busy { .. }) => println!("held, or others are queued"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when another owner holds it or others wait for it; otherwise as
+    /// [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, a background task
+    /// releases whatever the request may have acquired.
+    pub async fn try_fair_lock(&self, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        let keys = self.fair_keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.try_fair_lock",
+            lock = name,
+            kind = fair::KIND,
+            slot = keys.slot()
+        );
+        let request = fair::Acquire::new(&self.core, &keys, options, false);
+        let outcome = acquire::once(&self.core, &request)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            request.withdraw().instrument(span).await;
+        }
+        outcome
+    }
+
+    /// Acquires the fair lock `name` in arrival order, waiting for up to `options.timeout`.
+    ///
+    /// The first request that finds the lock held (or others queued) takes a place in the
+    /// lock's queue: its arrival is the moment that request reached Redis, and the lock is
+    /// granted to the live place that arrived first. While the call waits, the client's
+    /// watchdog renews its place (in the same per-node batch as held locks; a place's lease is
+    /// the lock's TTL, at most 3 s), so a crashed waiter drops out of the queue when its place's
+    /// lease ends and a live one is never evicted. A release wakes only the head of the queue,
+    /// on the head's own channel; the others sleep on. A fair lock is a different key from the
+    /// mutex of the same name (`<prefix>:{<name>}:fair`). There is no re-entry: a second call of
+    /// the same task queues behind the first.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().timeout(Duration::from_secs(60));
+    /// let guard = client.fair_lock("printer", &options).await?; // first come, first served
+    /// println!("printing under fence {}", guard.fence());
+    /// guard.release().await?; // wakes the next in line
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the lock was not granted before the timeout; otherwise as
+    /// [`lock`](Self::lock). Before an error is returned the place is given up (one more
+    /// request, bounded by the request timeout; if that fails too, in the background).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds no lock and leaves no place: its place (and a grant
+    /// whose reply it did not read) is withdrawn at once in the background, waking the next
+    /// waiter if it was the head; its watch and its subscription end with it. No task is left
+    /// behind for it.
+    pub async fn fair_lock(&self, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        let keys = self.fair_keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.fair_lock",
+            lock = name,
+            kind = fair::KIND,
+            slot = keys.slot()
+        );
+        let request = fair::Acquire::new(&self.core, &keys, options, true);
+        let outcome = acquire::wait(&self.core, &request, options.timeout)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            request.withdraw().instrument(span).await;
+        }
+        outcome
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).

@@ -29,6 +29,7 @@ mod acquire;
 mod client;
 mod core;
 mod error;
+mod fair;
 mod fence;
 mod held;
 mod keys;
@@ -43,6 +44,7 @@ mod transport;
 
 pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use error::{Error, Result};
+pub use fair::FairLockGuard;
 pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};

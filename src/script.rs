@@ -44,9 +44,7 @@ impl LuaScript {
 
     /// A lock script: the `#!lua` line of `file`, then the shared [`PROLOGUE`], then the rest.
     fn with_prologue(name: &'static str, file: &'static str) -> Self {
-        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
-        let source = format!("{shebang}\n{}{body}", without_header(PROLOGUE));
-        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+        Self::with_snippets(name, &[], file)
     }
 
     /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, the
@@ -223,6 +221,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 ///         "latch_set", "latch_count_down", "latch_state",
 ///         "rw_read", "rw_write", "rw_release", "rw_extend", "rw_renew", "rw_reenter",
 ///         "rw_downgrade", "rw_withdraw",
+///         "fair_acquire", "fair_release", "fair_withdraw", "fair_extend", "fair_renew",
+///         "fair_renew_place",
 ///     ]
 /// );
 /// ```
@@ -231,7 +231,7 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
     /// or a primitive's script: the read-write lock's start with `rw_`, the countdown latch's
-    /// with `latch_`.
+    /// with `latch_`, the fair lock's with `fair_`.
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -260,6 +260,12 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*RW_REENTER,
         &*RW_DOWNGRADE,
         &*RW_WITHDRAW,
+        &*FAIR_ACQUIRE,
+        &*FAIR_RELEASE,
+        &*FAIR_WITHDRAW,
+        &*FAIR_EXTEND,
+        &*FAIR_RENEW,
+        &*FAIR_RENEW_PLACE,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -488,3 +494,90 @@ pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
 /// announce, expiry grace. Replies `1` withdrawn, `0` not this call's. `allow-oom`.
 pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
     LazyLock::new(|| rw_script("rw_withdraw", include_str!("script/lua/rw_withdraw.lua")));
+/// The fair lock's queue snippet (`script/lua/fair.lua`), inserted after the prologue and the
+/// fence snippet: `scan(me)` (the live places, the head, dead places deleted), `raise(fence,
+/// ends)` (an expiry that is only ever raised) and `wake(owner, how)` (announce on one waiter's
+/// own channel `<key>:w:<owner>`). See the file's header.
+const FAIR: &str = include_str!("script/lua/fair.lua");
+
+/// A fair lock script: prologue, fence snippet and fair snippet, then `file`.
+fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, FAIR], file)
+}
+
+/// Fair acquire (`script/lua/fair_acquire.lua`): grant the fair lock in arrival order, or keep
+/// the caller's place in its queue.
+///
+/// - `KEYS[1]` the fair lock key (hash: `owner`, `until`, `fence`, `qseq`, `q:<owner>` =
+///   `"<seq> <place lease end ms>"` per waiting place).
+/// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor, `ARGV[4]` fence mode (as
+///   [`ACQUIRE`]), `ARGV[5]` place lease in ms (`0`: do not queue, a one-shot try), `ARGV[6]`
+///   expiry grace.
+///
+/// Granted when the lock is free and no live place is queued, or the caller's place is the
+/// head (the live place with the lowest seq). Otherwise the caller is queued if it was not
+/// (`seq = ++qseq`, its arrival) and its place's lease moves to now + `ARGV[5]`. Dead places
+/// are deleted when seen.
+///
+/// Replies:
+/// - `{1, fence, behind, 0}` granted (fence by the rule of [`ACQUIRE`]);
+/// - `{2, fence, 0, 0}` this owner holds it already (a resent script, no write);
+/// - `{0, wait ms, places ahead, queued}` busy: `wait ms` is when the answer may change without
+///   an announcement (the holder's lease end, or the head place's lease end when the head is
+///   another's, whichever comes first); `queued` is 1 when this call created the place;
+/// - an error reply (no write) as [`ACQUIRE`]'s.
+///
+/// Not flagged `allow-oom`.
+pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_script("fair_acquire", include_str!("script/lua/fair_acquire.lua")));
+
+/// Fair release (`script/lua/fair_release.lua`): free the fair lock and wake only the head of
+/// its queue, on the head's own channel (`<key>:w:<owner>`).
+///
+/// - `KEYS[1]` fair lock key. `ARGV[1]` owner token, `ARGV[2]` hold id (always empty),
+///   `ARGV[3]` announce (`s`, `p` or empty, as [`RELEASE`]), `ARGV[4]` expiry grace.
+///
+/// Replies ([`Outcome`]): `1` released; `0` no live lease (expired: this owner's leftovers are
+/// cleared and the head woken); `-1` held by another owner (left alone). Flagged `allow-oom`.
+pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_script("fair_release", include_str!("script/lua/fair_release.lua")));
+
+/// Fair withdraw (`script/lua/fair_withdraw.lua`): a waiting call that ends without the lock
+/// gives up its place at once, and frees the lock if its last request was granted unseen.
+///
+/// - `KEYS[1]` fair lock key. `ARGV[1]` owner token, `ARGV[2]` announce, `ARGV[3]` expiry
+///   grace.
+///
+/// Wakes the new head when the withdrawal freed the lock or removed the head's place of a free
+/// lock. Replies: `1` something was removed; `0` nothing of this owner was there (a resent
+/// call). Flagged `allow-oom`.
+pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
+    fair_script(
+        "fair_withdraw",
+        include_str!("script/lua/fair_withdraw.lua"),
+    )
+});
+
+/// Fair extend (`script/lua/fair_extend.lua`): as [`EXTEND`] for the fair lock (no re-entry);
+/// the key's expiry is only raised, since it may cover a waiting place. Replies `{code,
+/// remaining lease ms}`. Flagged `allow-oom`.
+pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_script("fair_extend", include_str!("script/lua/fair_extend.lua")));
+
+/// Fair renew (`script/lua/fair_renew.lua`): the watchdog's batch for held fair locks, as
+/// [`RENEW`] (triples key, owner, TTL ms, then the grace; one [`Outcome`] code per triple), with
+/// the key's expiry only raised. Flagged `allow-oom`.
+pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("fair_renew", include_str!("script/lua/fair_renew.lua")));
+
+/// Fair place renew (`script/lua/fair_renew_place.lua`): the watchdog's batch for waiting
+/// places. Touches only `q:<owner>` of each triple (key, owner, place lease ms; then the grace):
+/// a live place's lease moves to now + lease, keeping its seq. Replies one code per triple: `1`
+/// renewed (or its owner was granted the lock meanwhile), `0` the place is gone. Flagged
+/// `allow-oom`.
+pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::new(
+        "fair_renew_place",
+        include_str!("script/lua/fair_renew_place.lua"),
+    )
+});

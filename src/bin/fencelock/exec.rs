@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use clap::Args;
 use fencelock::{
-    Client, ClientBuilder, Error, FenceMode, FenceToken, LockGuard, LockOptions, ReadGuard,
-    WriteGuard, MIN_TTL,
+    Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
+    ReadGuard, WriteGuard, MIN_TTL,
 };
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -48,13 +48,15 @@ pub struct ExecArgs {
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
     /// mutex NAME.
-    // TODO(lead): also conflicts with `--fair` and `--permits` once those branches are merged.
-    #[arg(long, conflicts_with = "write")]
+    #[arg(long, conflicts_with_all = ["write", "fair"])]
     read: bool,
     /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
     /// instead of the mutex NAME.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "fair")]
     write: bool,
+    /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
+    #[arg(long)]
+    fair: bool,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -216,11 +218,13 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     }
 }
 
-/// The hold the command runs under: the mutex, or a read or write hold of a read-write lock.
+/// The hold the command runs under: the mutex, a read or write hold of a read-write lock, or
+/// the fair lock.
 enum Hold {
     Mutex(LockGuard),
     Read(ReadGuard),
     Write(WriteGuard),
+    Fair(FairLockGuard),
 }
 
 impl Hold {
@@ -234,6 +238,8 @@ impl Hold {
             Hold::Read(client.read_lock(name, options).await?)
         } else if args.write {
             Hold::Write(client.write_lock(name, options).await?)
+        } else if args.fair {
+            Hold::Fair(client.fair_lock(name, options).await?)
         } else {
             Hold::Mutex(client.lock(name, options).await?)
         })
@@ -244,6 +250,7 @@ impl Hold {
             Hold::Mutex(guard) => guard.fence(),
             Hold::Read(guard) => guard.fence(),
             Hold::Write(guard) => guard.fence(),
+            Hold::Fair(guard) => guard.fence(),
         }
     }
 
@@ -252,6 +259,7 @@ impl Hold {
             Hold::Mutex(guard) => guard.lost().await,
             Hold::Read(guard) => guard.lost().await,
             Hold::Write(guard) => guard.lost().await,
+            Hold::Fair(guard) => guard.lost().await,
         }
     }
 
@@ -260,6 +268,7 @@ impl Hold {
             Hold::Mutex(guard) => guard.release().await,
             Hold::Read(guard) => guard.release().await,
             Hold::Write(guard) => guard.release().await,
+            Hold::Fair(guard) => guard.release().await,
         }
     }
 }

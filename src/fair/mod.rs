@@ -1,0 +1,241 @@
+//! The fair lock: grants in arrival order. This file is its acquire [`Request`] (one place in
+//! the queue per waiting call, kept alive by the watchdog, withdrawn when the call ends without
+//! the lock); `guard.rs` its guard, a thin wrapper around [`Held`].
+//!
+//! Re-entry is not supported: a second `fair_lock` call of the same task queues behind the
+//! first like any other caller.
+
+mod guard;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::acquire::{replicas, Attempt, Request};
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::held::{Grant, Held};
+use crate::keys::LockKeys;
+use crate::options::LockOptions;
+use crate::runtime::lease::lease_end;
+use crate::runtime::watchdog::Watch;
+use crate::script::{
+    parse_fence, parse_reply, ttl_millis, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE, FAIR_WITHDRAW,
+};
+
+pub use guard::FairLockGuard;
+use guard::FAIR;
+
+/// The key kind of a fair lock: `<prefix>:{<name>}:fair`.
+pub(crate) const KIND: &str = "fair";
+
+/// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
+/// long once it is at the head. Shorter when the lock's TTL is shorter.
+pub(crate) const PLACE_LEASE: Duration = Duration::from_secs(3);
+
+/// One acquisition of a fair lock: its keys, options and the owner token that names its place
+/// in the queue for the whole wait.
+pub(crate) struct Acquire<'a> {
+    core: Arc<Core>,
+    keys: &'a LockKeys,
+    options: &'a LockOptions,
+    owner: String,
+    /// `<key>:w:<owner>`: the channel a release announces on when this call's place is the head.
+    channel: String,
+    /// Place lease in ms; `"0"` for a one-shot try, which never queues.
+    place: String,
+    place_lease: Duration,
+    /// The watchdog's id of this call's place, while it watches it.
+    watch: Mutex<Option<u64>>,
+    /// Redis may hold something of this owner (a place, or a grant whose reply was not read).
+    dirty: AtomicBool,
+    /// Granted: the guard owns what this owner holds.
+    granted: AtomicBool,
+}
+
+impl<'a> Acquire<'a> {
+    /// A request for the fair lock `keys`; `queue` false makes it a one-shot try that never
+    /// takes a place.
+    pub(crate) fn new(
+        core: &Arc<Core>,
+        keys: &'a LockKeys,
+        options: &'a LockOptions,
+        queue: bool,
+    ) -> Self {
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let place_lease = options.get_ttl().min(PLACE_LEASE);
+        Self {
+            core: Arc::clone(core),
+            channel: format!("{}:w:{owner}", keys.lock_key()),
+            keys,
+            options,
+            owner,
+            place: if queue {
+                ttl_millis(place_lease)
+            } else {
+                "0".into()
+            },
+            place_lease,
+            watch: Mutex::new(None),
+            dirty: AtomicBool::new(false),
+            granted: AtomicBool::new(false),
+        }
+    }
+
+    /// The call that gives up this owner's place (and a grant it may not have seen).
+    fn withdraw_call(&self) -> ScriptCall {
+        ScriptCall::new(
+            &FAIR_WITHDRAW,
+            &[self.keys.lock_key()],
+            &[
+                &self.owner,
+                self.core.transport.announce(),
+                self.core.expiry(),
+            ],
+        )
+    }
+
+    /// Gives up this call's place (and a grant it did not see) now, when the call ends with an
+    /// error: so a caller that exits right after (the CLI) leaves no place behind. When this
+    /// fails too, the drop tries again in the background.
+    pub(crate) async fn withdraw(&self) {
+        self.unwatch_place();
+        if !self.dirty.load(Ordering::Relaxed) || self.granted.load(Ordering::Relaxed) {
+            return;
+        }
+        let call = self.withdraw_call();
+        if self
+            .core
+            .transport
+            .run(&call, self.keys.name(), "withdraw")
+            .await
+            .is_ok()
+        {
+            self.dirty.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands the (new) place to the watchdog, which renews its lease in its per-node batch.
+    fn watch_place(&self, sent: Instant) {
+        let watch = Watch {
+            lock_key: self.keys.lock_key(),
+            owner: &self.owner,
+            slot: self.keys.slot(),
+            renew: LazyLock::force(&FAIR_RENEW_PLACE),
+            ttl: self.place_lease,
+            every: self.place_lease / 3,
+            hold_until: None,
+            valid_until: lease_end(sent, self.place_lease).into(),
+        };
+        let id = self.core.watchdog.watch(watch).map(|(id, _)| id);
+        let old = std::mem::replace(&mut *self.lock_watch(), id);
+        if let Some(old) = old {
+            self.core.watchdog.unwatch(old);
+        }
+    }
+
+    fn unwatch_place(&self) {
+        if let Some(id) = self.lock_watch().take() {
+            self.core.watchdog.unwatch(id);
+        }
+    }
+
+    fn lock_watch(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
+        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for Acquire<'_> {
+    /// A call that ends without the lock (timed out, failed, dropped) gives up its place at
+    /// once, in the background.
+    fn drop(&mut self) {
+        self.unwatch_place();
+        if self.dirty.load(Ordering::Relaxed) && !self.granted.load(Ordering::Relaxed) {
+            self.core
+                .transport
+                .run_detached(self.withdraw_call(), "withdraw");
+        }
+    }
+}
+
+impl Request for Acquire<'_> {
+    type Granted = FairLockGuard;
+
+    fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// One `fair_acquire` under this call's owner token. The token stays the same for the
+    /// whole wait (it names the place); what a failed attempt may have taken is given back by
+    /// the withdrawal when the call ends, and a resent or repeated attempt of the same owner is
+    /// answered with the same grant or the same place.
+    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<FairLockGuard>> {
+        let (keys, options) = (self.keys, self.options);
+        let started = Instant::now();
+        let lease = options.first_lease();
+        let ttl_ms = ttl_millis(lease);
+        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let call = ScriptCall::new(
+            &FAIR_ACQUIRE,
+            &[keys.lock_key()],
+            &[
+                &self.owner,
+                &ttl_ms,
+                &floor,
+                core.fence_arg(),
+                &self.place,
+                core.expiry(),
+            ],
+        );
+        self.dirty.store(true, Ordering::Relaxed);
+        let (reply, acks) =
+            replicas::run_granting(core, &call, keys.name(), "fair acquire", options.wait).await?;
+        let (status, value, third, queued) =
+            parse_reply::<(i64, i64, i64, i64)>(keys.name(), "fair acquire", reply)?;
+        match status {
+            1 | 2 => {
+                if third > 0 {
+                    core.clock_behind(keys.name(), third);
+                }
+                let fence = parse_fence(keys.name(), "fair acquire", "fence", value)?;
+                self.unwatch_place();
+                let replicas_acked =
+                    replicas::confirm(core, keys.name(), acks, &self.withdraw_call()).await?;
+                self.granted.store(true, Ordering::Relaxed);
+                tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
+                let grant = Grant {
+                    keys: keys.clone(),
+                    owner: self.owner.clone(),
+                    hold: String::new(),
+                    fence,
+                    sent: started,
+                    ttl: lease,
+                    replicas_acked,
+                };
+                let held = Held::new(core, &FAIR, grant, options);
+                Ok(Attempt::Granted(FairLockGuard::new(held)))
+            }
+            0 => {
+                if self.place == "0" {
+                    self.dirty.store(false, Ordering::Relaxed);
+                } else if queued == 1 {
+                    tracing::debug!(lock = keys.name(), kind = KIND, ahead = third, "queued");
+                    self.watch_place(started);
+                }
+                Ok(Attempt::Busy {
+                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
+                })
+            }
+            other => Err(Error::UnexpectedReply {
+                name: keys.name().to_owned(),
+                operation: "fair acquire",
+                detail: format!("status {other}"),
+            }),
+        }
+    }
+}

@@ -1,0 +1,60 @@
+-- fair_acquire: grant the fair lock in arrival order, or keep the caller's place in the queue
+-- (lock prologue, fence snippet and fair snippet first).
+--
+-- KEYS[1] the fair lock key (hash). ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor
+-- (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter` (as acquire), ARGV[5] place
+-- lease in ms (0: do not queue, a one-shot try), ARGV[6] expiry grace.
+--
+-- Granted when the lock is free and no live place is queued, or the caller's place is the
+-- head (its place is removed). Otherwise the caller is queued if it was not (seq = ++qseq:
+-- the arrival moment) and its place's lease is moved to now + ARGV[5].
+--
+-- Replies: {1, fence, behind, 0} granted; {2, fence, 0, 0} this owner holds it already (a
+-- resent script, no write); {0, wait ms, places ahead, queued} busy: wait ms is when the
+-- answer may change without an announcement (the holder's lease end, or the head place's
+-- lease end while that place is not the caller's, whichever is first), queued 1 when this
+-- call created the caller's place; an error reply (no write) as acquire's. Not allow-oom.
+#!lua
+if live and owner == ARGV[1] then return {2, tonumber(lock[3]), 0, 0} end
+local fence, behind
+if not live then
+  fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+  if not fence then return behind end
+end
+local me = ARGV[1]
+local q = scan(me)
+if not live and (not q.head or q.head == me) then
+  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me) end
+  local ends = now_ms + tonumber(ARGV[2])
+  redis.call('HSET', KEYS[1], 'owner', me,
+    'until', string.format('%.0f', ends),
+    'fence', string.format('%.0f', fence))
+  local latest = q.latest
+  if ends > latest then latest = ends end
+  keep(KEYS[1], fence, latest)
+  return {1, fence, behind, 0}
+end
+local wait = 0
+if live then wait = expires - now_ms end
+if q.head and q.head ~= me and (wait == 0 or q.head_end - now_ms < wait) then
+  wait = q.head_end - now_ms
+end
+local place = tonumber(ARGV[5])
+if place <= 0 then
+  if q.mine then return {0, wait, q.ahead, 0} end
+  return {0, wait, q.count, 0}
+end
+local queued = 0
+local seq = q.mine
+if not seq then
+  seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
+  queued = 1
+  q.ahead = q.count
+end
+local ends = now_ms + place
+redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %.0f', seq, ends))
+local latest = q.latest
+if ends > latest then latest = ends end
+if live and expires > latest then latest = expires end
+keep(KEYS[1], lock[3], latest)
+return {0, wait, q.ahead, queued}

@@ -1,0 +1,16 @@
+-- fair_extend: move this owner's lease end on the fair lock to now + TTL (lock prologue,
+-- fence snippet and fair snippet first).
+--
+-- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] new TTL in ms, ARGV[3] expiry grace.
+--
+-- The key's expiry is only raised, never lowered: it may cover a waiting place's lease.
+--
+-- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
+-- another owner (left alone). allow-oom.
+#!lua flags=allow-oom
+if not live then return {0, 0} end
+if owner ~= ARGV[1] then return {-1, 0} end
+local ends = now_ms + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+raise(lock[3], ends)
+return {1, ends - now_ms}

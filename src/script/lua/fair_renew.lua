@@ -1,0 +1,38 @@
+-- fair_renew: extend many fair-lock leases on one node in one call (the watchdog's batch).
+--
+-- KEYS[1] one of the fair lock keys (routes the call to the node serving its slot).
+-- ARGV triples: fair lock key, owner token, TTL in ms (keys of any slots this node serves,
+-- allow-cross-slot-keys), then the expiry grace as the last ARGV. As renew, but the key's
+-- expiry is only raised (PEXPIRETIME), never lowered below what a waiting place needs.
+--
+-- Replies: one code per triple: 1 extended, 0 expired, -1 other owner. allow-oom.
+#!lua flags=allow-oom,allow-cross-slot-keys
+local now = redis.call('TIME')
+local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
+local grace = tonumber(ARGV[#ARGV])
+local codes = {}
+for i = 1, #ARGV - 1, 3 do
+  local key = ARGV[i]
+  local lock = redis.call('HMGET', key, 'owner', 'until', 'fence')
+  local expires = tonumber(lock[2])
+  if not (lock[1] and expires and expires > now_ms) then
+    codes[#codes + 1] = 0
+  elseif lock[1] ~= ARGV[i + 1] then
+    codes[#codes + 1] = -1
+  else
+    local ends = now_ms + tonumber(ARGV[i + 2])
+    redis.call('HSET', key, 'until', string.format('%.0f', ends))
+    if grace then
+      local fence_ms = math.ceil((tonumber(lock[3]) or 0) / 1000)
+      if fence_ms > ends then ends = fence_ms end
+      local current = redis.call('PEXPIRETIME', key)
+      if current < 0 or current < ends + grace then
+        redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+      end
+    else
+      redis.call('PERSIST', key)
+    end
+    codes[#codes + 1] = 1
+  end
+end
+return codes

@@ -1,0 +1,27 @@
+-- fair_withdraw: a waiting call that ends without the lock (dropped, timed out, failed) gives
+-- up its place at once, and whatever its last request may have been granted (lock prologue,
+-- fence snippet and fair snippet first).
+--
+-- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] announce (`s`, `p` or empty, as
+-- fair_release), ARGV[3] expiry grace.
+--
+-- Deletes `q:<owner>`; if this owner holds the lock (a grant whose reply was never read), frees
+-- it too. When that freed the lock or removed the head's place, the new head is woken.
+--
+-- Replies: 1 something was removed; 0 nothing of this owner was there (a resent call).
+-- allow-oom.
+#!lua flags=allow-oom
+local me = ARGV[1]
+local before = scan(me)
+local was_head = before.mine and before.ahead == 0
+if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me) end
+local freed = owner == me
+if freed then redis.call('HDEL', KEYS[1], 'owner', 'until') end
+if not before.mine and not freed then return 0 end
+local q = scan(me)
+local latest = now_ms
+if q.latest > latest then latest = q.latest end
+if live and not freed and expires > latest then latest = expires end
+keep(KEYS[1], lock[3], latest)
+if q.head and (freed or (was_head and not live)) then wake(q.head, ARGV[2]) end
+return 1
