@@ -36,6 +36,7 @@ mod lock;
 mod options;
 mod runtime;
 mod script;
+mod semaphore;
 mod stats;
 mod transport;
 
@@ -46,5 +47,6 @@ pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_CO
 pub use lock::{LockGuard, Reentry};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use script::{lua_scripts, ScriptSource};
+pub use semaphore::{Permit, PermitGuard, Semaphore};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;

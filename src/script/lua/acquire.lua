@@ -14,28 +14,8 @@ if live then
   if owner == ARGV[1] then return {2, tonumber(lock[3]), 0} end
   return {0, expires - now_ms, 0}
 end
-local stored = tonumber(lock[3]) or 0
-local fence = stored + 1
-local floor = tonumber(ARGV[3])
-local behind = 0
-if ARGV[4] == 'clock' then
-  if now_us > floor then floor = now_us end
-  if stored > now_us then behind = stored - now_us end
-elseif ARGV[4] == 'epoch' then
-  local ok, info = pcall(redis.call, 'CLUSTER', 'INFO')
-  local epoch = ok and tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
-  if not epoch then
-    return redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
-  end
-  if epoch >= 2097152 then
-    return redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
-  end
-  if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
-end
-if fence <= floor then fence = floor + 1 end
-if fence > 9007199254740991 then
-  return redis.error_reply('ERR fencelock: the next fence would pass 2^53 - 1 (stored ' .. string.format('%.0f', stored) .. '): lower the floor')
-end
+local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4], 1)
+if not fence then return redis.error_reply(behind) end
 if lock[4] then clear() end
 local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
