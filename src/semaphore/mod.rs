@@ -103,7 +103,7 @@ impl Semaphore {
         &self.keys
     }
 
-    /// The number of permits this handle asks for (as last given or set).
+    /// The number of permits this handle (and its clones) asks for, as given or last set.
     pub fn limit(&self) -> u32 {
         self.limit.load(Ordering::Relaxed)
     }
@@ -255,9 +255,10 @@ impl Semaphore {
         Ok(limit.saturating_sub(live))
     }
 
-    /// Changes the semaphore's limit to `limit` in one call, for every user; this handle asks
-    /// for the new limit from now on (other handles get [`Error::LimitMismatch`] until they use
-    /// the new one). Raising it lets waiters in at once. Permits held above a lowered limit stay
+    /// Changes the semaphore's limit to `limit` in one call, for every user; this handle and
+    /// its clones ask for the new limit from now on, including their calls already waiting
+    /// (other handles get [`Error::LimitMismatch`] until they use the new one). Raising it
+    /// wakes waiters, so they are let in at once. Permits held above a lowered limit stay
     /// valid until released or expired and count against the new limit meanwhile. Returns the
     /// limit stored before (`None` when none was).
     ///
@@ -312,7 +313,7 @@ impl Semaphore {
             keys: &self.keys,
             options,
             count,
-            limit,
+            limit: &self.limit,
             waiter,
         })
     }
@@ -344,7 +345,9 @@ struct Acquire<'a> {
     keys: &'a LockKeys,
     options: &'a LockOptions,
     count: u32,
-    limit: u32,
+    /// The handle's limit, read at every attempt: a waiting call follows `set_limit` of its
+    /// handle (and the handle's clones).
+    limit: &'a AtomicU32,
     /// The waiting call's id, which may hold a reservation; empty for none.
     waiter: String,
 }
@@ -368,7 +371,8 @@ impl Request for Acquire<'_> {
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
         let floor = options.floor.map_or(0, FenceToken::get).to_string();
-        let (count, limit) = (self.count.to_string(), self.limit.to_string());
+        let requested = self.limit.load(Ordering::Relaxed);
+        let (count, limit) = (self.count.to_string(), requested.to_string());
         let call = ScriptCall::new(
             &SEMAPHORE_ACQUIRE,
             &[keys.lock_key()],
@@ -427,7 +431,7 @@ impl Request for Acquire<'_> {
             [-1, stored] => Err(Error::LimitMismatch {
                 name: name.to_owned(),
                 stored: u32::try_from(*stored).map_err(|_| unexpected())?,
-                requested: self.limit,
+                requested,
             }),
             _ => Err(unexpected()),
         }
