@@ -156,17 +156,31 @@ async fn a_many_permit_waiter_is_not_starved_by_single_permit_takers() {
     let stop = Arc::new(AtomicBool::new(false));
     let taken = Arc::new(AtomicUsize::new(0));
     let mut singles = Vec::new();
-    for _ in 0..LIMIT {
+    // Two relays of single permits: each takes its next permit before it lets go of the one
+    // it holds, so without a reservation at least two permits are held at every moment and
+    // all four are never free at once. A relay refused its next permit lets go and waits.
+    for _ in 0..2 {
         let (semaphore, stop, taken) = (semaphore.clone(), Arc::clone(&stop), Arc::clone(&taken));
         singles.push(tokio::spawn(async move {
             let options = LockOptions::new().timeout(Duration::from_secs(30));
+            let mut held = semaphore.acquire(&options).await.unwrap();
             while !stop.load(Ordering::SeqCst) {
-                let permit = semaphore.acquire(&options).await.unwrap();
+                // Work under the permit.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                match semaphore.try_acquire(&options).await {
+                    Ok(next) => {
+                        held.release().await.unwrap();
+                        held = next;
+                    }
+                    Err(err) => {
+                        assert!(err.is_busy(), "{err:?}");
+                        held.release().await.unwrap();
+                        held = semaphore.acquire(&options).await.unwrap();
+                    }
+                }
                 taken.fetch_add(1, Ordering::SeqCst);
-                // Work under the permit; the next take follows at once.
-                tokio::time::sleep(Duration::from_millis(15)).await;
-                permit.release().await.unwrap();
             }
+            held.release().await.unwrap();
         }));
     }
     common::eventually("the single takers to run", Duration::from_secs(5), || {
@@ -179,7 +193,7 @@ async fn a_many_permit_waiter_is_not_starved_by_single_permit_takers() {
             LIMIT,
             &LockOptions::new()
                 .ttl(Duration::from_secs(2))
-                .timeout(Duration::from_secs(8)),
+                .timeout(Duration::from_secs(5)),
         )
         .await
         .expect("the many-permit waiter is not starved");
