@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use fencelock::{ClientBuilder, FenceMode, LockGuard, LockOptions, MIN_TTL};
+use fencelock::{
+    ClientBuilder, Error, FenceMode, FenceToken, LockGuard, LockOptions, PermitGuard, MIN_TTL,
+};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -43,6 +45,11 @@ pub struct ExecArgs {
     fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
+    /// Hold one permit of semaphore NAME with N permits instead of the lock NAME (the first use
+    /// sets the size; another N than the stored one fails with exit 64). Exports
+    /// FENCELOCK_PERMIT, the permit's number.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -119,7 +126,17 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         eprintln!("fencelock: no command given: write it after --");
         return ExitCode::from(code::USAGE);
     };
-    let guard = match client.lock(&args.name, &options).await {
+    let acquired = match args.permits {
+        None => client.lock(&args.name, &options).await.map(Hold::Lock),
+        Some(permits) => match client.semaphore(&args.name, permits) {
+            Ok(semaphore) => match semaphore.with_placement(&args.placement.placement()) {
+                Ok(semaphore) => semaphore.acquire(&options).await.map(Hold::Permit),
+                Err(err) => Err(err),
+            },
+            Err(err) => Err(err),
+        },
+    };
+    let guard = match acquired {
         Ok(guard) => guard,
         Err(err) => return fail(&err),
     };
@@ -141,6 +158,9 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         .args(rest)
         .env("FENCELOCK_TOKEN", guard.fence().to_string())
         .env("FENCELOCK_NAME", &args.name);
+    if let Hold::Permit(permit) = &guard {
+        command.env("FENCELOCK_PERMIT", permit.permits()[0].number.to_string());
+    }
     group.enter(&mut command);
     let spawned = command.spawn();
     drop(command);
@@ -204,6 +224,35 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     }
 }
 
+/// What the command runs under: the lock, or one permit of a semaphore (`--permits`).
+enum Hold {
+    Lock(LockGuard),
+    Permit(PermitGuard),
+}
+
+impl Hold {
+    fn fence(&self) -> FenceToken {
+        match self {
+            Hold::Lock(guard) => guard.fence(),
+            Hold::Permit(guard) => guard.fence(),
+        }
+    }
+
+    async fn lost(&self) -> Error {
+        match self {
+            Hold::Lock(guard) => guard.lost().await,
+            Hold::Permit(guard) => guard.lost().await,
+        }
+    }
+
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            Hold::Lock(guard) => guard.release().await,
+            Hold::Permit(guard) => guard.release().await,
+        }
+    }
+}
+
 enum Supervised {
     Exited(u8),
     Lost(String),
@@ -213,7 +262,7 @@ enum Supervised {
 async fn supervise(
     child: &mut Child,
     group: &Group,
-    guard: &LockGuard,
+    guard: &Hold,
     signals: &mut [(Signal, libc::c_int)],
 ) -> Supervised {
     let lost = guard.lost();
