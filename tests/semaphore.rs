@@ -532,3 +532,25 @@ async fn fences_stay_monotonic_across_a_forced_loss_failover() {
     }
     after.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fences_that_would_pass_2_pow_53_are_refused_without_a_write() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let semaphore = client.semaphore("near-max", 3).unwrap();
+    let key = semaphore.keys().lock_key().to_owned();
+    let top = fencelock::FenceToken::MAX.get();
+    server
+        .node
+        .cmd::<()>(redis::cmd("HSET").arg(&key).arg("fence").arg(top - 1));
+    let err = semaphore
+        .try_acquire_many(2, &LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("2^53"), "{err}");
+    let fields: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(&key));
+    assert_eq!(fields, ["fence"], "nothing written");
+    let last = semaphore.try_acquire(&LockOptions::new()).await.unwrap();
+    assert_eq!(last.fence().get(), top, "one permit still fits");
+    last.release().await.unwrap();
+}

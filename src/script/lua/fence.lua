@@ -25,7 +25,7 @@ local function next_fence(stored, floor, mode, count)
     if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
   end
   if fence <= floor then fence = floor + 1 end
-  if fence + (count or 1) - 1 > 9007199254740991 then
+  if fence > 9007199254740991 - ((count or 1) - 1) then
     return nil, 'ERR fencelock: the next fence would pass 2^53 - 1 (stored ' .. string.format('%.0f', stored) .. '): lower the floor'
   end
   return fence, behind
