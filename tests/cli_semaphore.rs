@@ -53,10 +53,17 @@ async fn exec_permits_exports_the_permit_and_releases_it() {
     let fields: Vec<&str> = stdout.split_whitespace().collect();
     assert_eq!(fields.len(), 3, "{stdout}");
     let token: u64 = fields[0].parse().unwrap();
-    assert!(token > first.fence().get(), "a later grant has a higher fence");
+    assert!(
+        token > first.fence().get(),
+        "a later grant has a higher fence"
+    );
     assert_eq!(fields[1], "pool");
     assert_eq!(fields[2], "1", "the free permit's number");
-    assert_eq!(semaphore.available().await.unwrap(), 1, "released after exit");
+    assert_eq!(
+        semaphore.available().await.unwrap(),
+        1,
+        "released after exit"
+    );
     first.release().await.unwrap();
 }
 
@@ -67,12 +74,30 @@ fn exec_permits_with_another_size_exits_64_naming_the_stored_size() {
     // Counter mode keeps the key (and its stored size) for good.
     let ok = fencelock(
         &url,
-        &["exec", "--fence-mode", "counter", "--permits", "2", "sized", "--", "true"],
+        &[
+            "exec",
+            "--fence-mode",
+            "counter",
+            "--permits",
+            "2",
+            "sized",
+            "--",
+            "true",
+        ],
     );
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
     let other = fencelock(
         &url,
-        &["exec", "--fence-mode", "counter", "--permits", "3", "sized", "--", "true"],
+        &[
+            "exec",
+            "--fence-mode",
+            "counter",
+            "--permits",
+            "3",
+            "sized",
+            "--",
+            "true",
+        ],
     );
     assert_eq!(other.status.code(), Some(64), "{}", stderr(&other));
     assert!(
@@ -92,7 +117,17 @@ async fn a_sigkilled_exec_permit_comes_back_after_its_lease() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .env_remove("FENCELOCK_URL")
         .args(["--url", &server.url()])
-        .args(["exec", "--permits", "2", "--ttl", "600ms", "killed", "--", "sleep", "30"])
+        .args([
+            "exec",
+            "--permits",
+            "2",
+            "--ttl",
+            "600ms",
+            "killed",
+            "--",
+            "sleep",
+            "30",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -111,5 +146,8 @@ async fn a_sigkilled_exec_permit_comes_back_after_its_lease() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     eprintln!("permit back {:?} after SIGKILL", killed.elapsed());
-    assert!(killed.elapsed() < Duration::from_secs(2), "within about one lease");
+    assert!(
+        killed.elapsed() < Duration::from_secs(2),
+        "within about one lease"
+    );
 }

@@ -22,7 +22,10 @@ where
 {
     let deadline = Instant::now() + limit;
     while !condition().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?}: {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -232,13 +235,18 @@ async fn a_dropped_many_permit_wait_withdraws_its_reservation() {
         reservation.is_some()
     };
     common::eventually("the waiter to reserve", Duration::from_secs(5), reserved).await;
-    let err = semaphore.try_acquire(&LockOptions::new()).await.unwrap_err();
+    let err = semaphore
+        .try_acquire(&LockOptions::new())
+        .await
+        .unwrap_err();
     assert!(err.is_busy(), "the last free permit is reserved: {err:?}");
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
-    common::eventually("the reservation to be withdrawn", Duration::from_secs(5), || {
-        !reserved()
-    })
+    common::eventually(
+        "the reservation to be withdrawn",
+        Duration::from_secs(5),
+        || !reserved(),
+    )
     .await;
     let second = semaphore
         .try_acquire(&LockOptions::new())
@@ -271,7 +279,11 @@ async fn releasing_unknown_or_expired_permits_changes_nothing_and_says_so() {
     assert_eq!(taker.permits()[0].number, lost.permits()[0].number);
     let err = lost.release().await.unwrap_err();
     assert!(matches!(err, Error::NotOwner { .. }), "{err:?}");
-    assert_eq!(semaphore.available().await.unwrap(), 0, "the new holder kept it");
+    assert_eq!(
+        semaphore.available().await.unwrap(),
+        0,
+        "the new holder kept it"
+    );
 
     // An owner that never held anything: 0 for a number never granted, -1 for one another owner
     // holds, and nothing written either way.
@@ -316,7 +328,10 @@ async fn a_different_limit_is_refused_with_the_stored_one() {
     );
     assert!(err.to_string().contains("has 3 permits"), "{err}");
     let err = five.available().await.unwrap_err();
-    assert!(matches!(err, Error::LimitMismatch { stored: 3, .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::LimitMismatch { stored: 3, .. }),
+        "{err:?}"
+    );
     assert!(matches!(
         client.semaphore("sized", 0),
         Err(Error::InvalidOptions { .. })
@@ -344,7 +359,10 @@ async fn set_limit_changes_the_limit_in_one_call() {
     };
     assert_eq!(semaphore.set_limit(3).await.unwrap(), Some(2));
     let started = Instant::now();
-    let third = waiter.await.unwrap().expect("a raised limit lets the waiter in");
+    let third = waiter
+        .await
+        .unwrap()
+        .expect("a raised limit lets the waiter in");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "woken by set_limit"
@@ -352,19 +370,36 @@ async fn set_limit_changes_the_limit_in_one_call() {
     assert_eq!(third.permits()[0].number, 2);
     assert_eq!(semaphore.limit(), 3);
     let err = old.try_acquire(&LockOptions::new()).await.unwrap_err();
-    assert!(matches!(err, Error::LimitMismatch { stored: 3, requested: 2, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::LimitMismatch {
+                stored: 3,
+                requested: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     // Lowered below what is held: the held permits stay valid and count against it.
     assert_eq!(semaphore.set_limit(1).await.unwrap(), Some(3));
     assert_eq!(semaphore.available().await.unwrap(), 0);
     let mut third = third;
-    third.extend(Duration::from_secs(5)).await.expect("still held");
+    third
+        .extend(Duration::from_secs(5))
+        .await
+        .expect("still held");
     third.release().await.unwrap();
     two.release().await.unwrap();
     assert_eq!(semaphore.available().await.unwrap(), 1);
     let only = semaphore.try_acquire(&LockOptions::new()).await.unwrap();
     assert_eq!(only.permits()[0].number, 0);
-    assert!(semaphore.try_acquire(&LockOptions::new()).await.unwrap_err().is_busy());
+    assert!(semaphore
+        .try_acquire(&LockOptions::new())
+        .await
+        .unwrap_err()
+        .is_busy());
     only.release().await.unwrap();
 }
 
@@ -443,7 +478,10 @@ async fn at_maxmemory_permits_are_kept_and_released_and_acquire_says_memory_is_f
     };
     config("maxmemory-policy", "noeviction");
     config("maxmemory", "1");
-    let err = semaphore.try_acquire(&LockOptions::new()).await.unwrap_err();
+    let err = semaphore
+        .try_acquire(&LockOptions::new())
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
     plain
         .extend(Duration::from_secs(20))
@@ -456,7 +494,10 @@ async fn at_maxmemory_permits_are_kept_and_released_and_acquire_says_memory_is_f
     .await;
     assert!(watched.is_valid());
     plain.release().await.expect("release at maxmemory");
-    watched.release().await.expect("release watched at maxmemory");
+    watched
+        .release()
+        .await
+        .expect("release watched at maxmemory");
     assert_eq!(semaphore.available().await.unwrap(), 3);
     config("maxmemory", "0");
 }
@@ -481,7 +522,10 @@ async fn the_watchdog_renews_all_permits_and_lost_reports_their_loss() {
         client.stats().renewals >= 6
     })
     .await;
-    assert!(started.elapsed() > Duration::from_millis(300), "past the first lease");
+    assert!(
+        started.elapsed() > Duration::from_millis(300),
+        "past the first lease"
+    );
     assert_eq!(semaphore.available().await.unwrap(), 1, "both permits kept");
     // Someone deletes the key: the next renewal finds the permits gone.
     server

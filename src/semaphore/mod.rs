@@ -27,8 +27,8 @@ use crate::script::{
     SEMAPHORE_SET_LIMIT,
 };
 
-pub use guard::{Permit, PermitGuard};
 use guard::SEMAPHORE;
+pub use guard::{Permit, PermitGuard};
 
 /// The kind part of a semaphore's key: `<prefix>:{NAME}:sem`.
 const KIND: &str = "sem";
@@ -201,12 +201,8 @@ impl Semaphore {
         let request = self.request(count, options, waiter)?;
         // A many-permit waiter may leave a reservation: withdrawn unless the grant consumed it.
         let withdraw = (!request.waiter.is_empty()).then(|| {
-            let call = SEMAPHORE.release_call(
-                &self.core,
-                self.keys.lock_key(),
-                &request.waiter,
-                "",
-            );
+            let call =
+                SEMAPHORE.release_call(&self.core, self.keys.lock_key(), &request.waiter, "");
             InFlight::arm(&self.core.transport, call)
         });
         let span = self.span("acquire", count);
@@ -277,7 +273,11 @@ impl Semaphore {
         let call = ScriptCall::new(
             &SEMAPHORE_SET_LIMIT,
             &[self.keys.lock_key()],
-            &[&limit_arg, self.core.transport.announce(), self.core.expiry()],
+            &[
+                &limit_arg,
+                self.core.transport.announce(),
+                self.core.expiry(),
+            ],
         );
         let span = self.span("set_limit", limit);
         let reply = self
