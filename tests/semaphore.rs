@@ -598,3 +598,50 @@ async fn fences_that_would_pass_2_pow_53_are_refused_without_a_write() {
     assert_eq!(last.fence().get(), top, "one permit still fits");
     last.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_key_outlives_every_live_permit_and_is_kept_for_good_in_counter_mode() {
+    let server = Standalone::start();
+    let grace = Duration::from_secs(10);
+    let client = Client::builder([server.url()])
+        .expiry_grace(grace)
+        .connect()
+        .await
+        .unwrap();
+    let semaphore = client.semaphore("lifetime", 3).unwrap();
+    let key = semaphore.keys().lock_key().to_owned();
+    let long = semaphore
+        .try_acquire(&LockOptions::new().ttl(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let short = semaphore
+        .try_acquire(&LockOptions::new().ttl(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    let pttl: i64 = server.node.cmd(redis::cmd("PTTL").arg(&key));
+    assert!(
+        pttl > 60_000 + 9_000,
+        "a later short grant keeps the long permit's expiry: {pttl} ms"
+    );
+    short.release().await.unwrap();
+    let pttl: i64 = server.node.cmd(redis::cmd("PTTL").arg(&key));
+    assert!(pttl > 60_000, "a release never shortens it: {pttl} ms");
+    long.release().await.unwrap();
+
+    let counter = Client::builder([server.url()])
+        .fence_mode(fencelock::FenceMode::Counter)
+        .connect()
+        .await
+        .unwrap();
+    let kept = counter.semaphore("kept", 1).unwrap();
+    kept.try_acquire(&LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let ttl: i64 = server
+        .node
+        .cmd(redis::cmd("PTTL").arg(kept.keys().lock_key()));
+    assert_eq!(ttl, -1, "counter mode keeps the key");
+}

@@ -7,8 +7,21 @@
 -- of the first waiting many-permit requester.
 --
 -- `sem_read(key)` returns {limit, fence, permits = list of {n, owner, ends, fence, live},
--- res = {owner, count, ends, live} or nil}; `sem_end(s)` the latest end a live entry needs
--- (at least now).
+-- res = {owner, count, ends, live} or nil} (`sem_parse_permit(n, value)` and
+-- `sem_parse_res(value)` parse one entry); `sem_end(s)` the latest end a live entry needs (at
+-- least now); `sem_permit(owner, ends, fence)` formats a permit entry.
+local function sem_parse_permit(n, value)
+  local o, e, f = string.match(value or '', '^(%S+) (%d+) (%d+)$')
+  if not o then return nil end
+  local p = {n = n, owner = o, ends = tonumber(e), fence = f}
+  p.live = p.ends > now_ms
+  return p
+end
+local function sem_parse_res(value)
+  local o, c, e = string.match(value or '', '^(%S+) (%d+) (%d+)$')
+  if not o then return nil end
+  return {owner = o, count = tonumber(c), ends = tonumber(e), live = tonumber(e) > now_ms}
+end
 local function sem_read(key)
   local s = {fence = 0, permits = {}}
   local flat = redis.call('HGETALL', key)
@@ -19,18 +32,11 @@ local function sem_read(key)
     elseif field == 'fence' then
       s.fence = tonumber(value) or 0
     elseif field == 'r' then
-      local o, c, e = string.match(value, '^(%S+) (%d+) (%d+)$')
-      if o then
-        s.res = {owner = o, count = tonumber(c), ends = tonumber(e), live = tonumber(e) > now_ms}
-      end
+      s.res = sem_parse_res(value)
     else
       local n = string.match(field, '^p:(%d+)$')
-      local o, e, f = string.match(value, '^(%S+) (%d+) (%d+)$')
-      if n and o then
-        local p = {n = tonumber(n), owner = o, ends = tonumber(e), fence = f}
-        p.live = p.ends > now_ms
-        s.permits[#s.permits + 1] = p
-      end
+      local p = n and sem_parse_permit(tonumber(n), value)
+      if p then s.permits[#s.permits + 1] = p end
     end
   end
   return s
