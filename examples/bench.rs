@@ -5,7 +5,9 @@
 //! - `fair-handoff`: the same for the fair lock (wake-ups only: a release wakes the head);
 //! - `throughput`: uncontended acquire + release pairs per second from 64 tasks;
 //! - `renewal`: the watchdog's calls per node per renewal period and the client memory per held
-//!   lock, for 10,000 held locks.
+//!   lock, for 10,000 held locks;
+//! - `semaphore`: acquire + release pairs per second of one semaphore (limit 64) from 64 tasks,
+//!   after the mutex's uncontended pairs in the same run.
 //!
 //! ```text
 //! cargo run --release --example bench -- --url redis://127.0.0.1:7400 handoff
@@ -92,6 +94,16 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         periods: u32,
     },
+    /// Semaphore acquire + release pairs per second, against the mutex's in the same run.
+    Semaphore {
+        #[arg(long, default_value_t = 64)]
+        tasks: usize,
+        /// The semaphore's permits.
+        #[arg(long, default_value_t = 64)]
+        limit: u32,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 #[tokio::main]
@@ -126,6 +138,14 @@ async fn main() {
             ttl_ms,
             periods,
         } => renewal(&args.urls, locks, Duration::from_millis(ttl_ms), periods).await,
+        Bench::Semaphore {
+            tasks,
+            limit,
+            seconds,
+        } => {
+            throughput(&args.urls, tasks, seconds).await;
+            semaphore(&args.urls, tasks, limit, seconds).await;
+        }
     }
 }
 
@@ -264,6 +284,47 @@ async fn throughput(urls: &[String], tasks: usize, seconds: u64) {
         "throughput tasks={tasks} pairs={pairs} seconds={elapsed:.2} pairs/s={:.0} calls/s={:.0}",
         pairs as f64 / elapsed,
         2.0 * pairs as f64 / elapsed
+    );
+}
+
+/// `tasks` tasks take one permit of one semaphore with `limit` permits and release it, as fast
+/// as they can (waiting when all permits are held).
+async fn semaphore(urls: &[String], tasks: usize, limit: u32, seconds: u64) {
+    let client = Client::connect(urls.to_vec()).await.expect("connect");
+    let semaphore = client.semaphore("bench:sem", limit).expect("semaphore");
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30));
+    for _ in 0..1000 {
+        let permit = semaphore.acquire(&options).await.expect("warm-up permit");
+        permit.release().await.expect("release");
+    }
+    let busy_before = client.stats().busy;
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let (semaphore, options) = (semaphore.clone(), options.clone());
+        handles.push(tokio::spawn(async move {
+            let mut pairs = 0u64;
+            while Instant::now() < until {
+                let permit = semaphore.acquire(&options).await.expect("permit");
+                permit.release().await.expect("release");
+                pairs += 1;
+            }
+            pairs
+        }));
+    }
+    let mut pairs = 0;
+    for handle in handles {
+        pairs += handle.await.expect("task");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "semaphore limit={limit} tasks={tasks} pairs={pairs} seconds={elapsed:.2} pairs/s={:.0} \
+         busy={}",
+        pairs as f64 / elapsed,
+        client.stats().busy - busy_before
     );
 }
 

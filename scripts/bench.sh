@@ -55,5 +55,8 @@ ra=$(cat /tmp/fencelock-bench-a) rr=$(cat /tmp/fencelock-bench-r)
 echo "redis-benchmark acquire=${ra} calls/s release=${rr} calls/s total=$(echo "$ra + $rr" | bc) calls/s (64 clients)"
 rm -f /tmp/fencelock-bench-a /tmp/fencelock-bench-r
 
+echo "== semaphore (limit 64, 64 tasks, one key) vs the mutex uncontended, same run"
+$bench --url "$url" semaphore --tasks 64 --limit 64 --seconds "$seconds"
+
 echo "== watchdog: 10,000 held locks"
 $bench --url "$url" renewal --locks 10000 --ttl-ms 3000 --periods 5

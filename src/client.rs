@@ -18,6 +18,7 @@ use crate::latch::Latch;
 use crate::lock::{self, LockGuard};
 use crate::options::LockOptions;
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
+use crate::semaphore::Semaphore;
 use crate::stats::Stats;
 use crate::transport::{Endpoint, Timeouts, TlsFiles, Topology, Transport};
 
@@ -608,6 +609,26 @@ impl Client {
             request.withdraw().instrument(span).await;
         }
         outcome
+    }
+
+    /// A handle on semaphore `name` with `limit` numbered permits, each granted with its own
+    /// fence and lease (see [`Semaphore`]). Makes no request: the first acquisition stores the
+    /// limit, and every user must give the same one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// let pool = client.semaphore("renderers", 8)?;
+    /// println!("{} of {} permits free", pool.available().await?, pool.limit());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidOptions`] for a limit of 0.
+    pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
+        Semaphore::new(&self.core, name, limit)
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).

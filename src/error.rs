@@ -235,6 +235,21 @@ pub enum Error {
         /// What was refused and what to do instead.
         reason: String,
     },
+
+    /// The semaphore already exists with another number of permits: every user of a semaphore
+    /// must give the same limit (change it with [`Semaphore::set_limit`](crate::Semaphore::set_limit)).
+    #[error(
+        "semaphore {name:?} has {stored} permits, not {requested}: use the same number of \
+         permits everywhere, or change it with set_limit"
+    )]
+    LimitMismatch {
+        /// The semaphore concerned.
+        name: String,
+        /// The limit stored in Redis.
+        stored: u32,
+        /// The limit this call gave.
+        requested: u32,
+    },
 }
 
 /// How a latch that did not open stood.

@@ -39,6 +39,7 @@ mod options;
 mod runtime;
 mod rwlock;
 mod script;
+mod semaphore;
 mod stats;
 mod transport;
 
@@ -52,5 +53,6 @@ pub use lock::{LockGuard, Reentry};
 pub use options::{LockOptions, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};
+pub use semaphore::{Permit, PermitGuard, Semaphore};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;

@@ -223,6 +223,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 ///         "rw_downgrade", "rw_withdraw",
 ///         "fair_acquire", "fair_release", "fair_withdraw", "fair_extend", "fair_renew",
 ///         "fair_renew_place",
+///         "semaphore_acquire", "semaphore_release", "semaphore_extend", "semaphore_renew",
+///         "semaphore_available", "semaphore_set_limit",
 ///     ]
 /// );
 /// ```
@@ -230,8 +232,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
-    /// or a primitive's script: the read-write lock's start with `rw_`, the countdown latch's
-    /// with `latch_`, the fair lock's with `fair_`.
+    /// or a primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock),
+    /// `fair_*`, `semaphore_*`, `latch_*`.
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -266,6 +268,12 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*FAIR_EXTEND,
         &*FAIR_RENEW,
         &*FAIR_RENEW_PLACE,
+        &*SEMAPHORE_ACQUIRE,
+        &*SEMAPHORE_RELEASE,
+        &*SEMAPHORE_EXTEND,
+        &*SEMAPHORE_RENEW,
+        &*SEMAPHORE_AVAILABLE,
+        &*SEMAPHORE_SET_LIMIT,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -282,10 +290,11 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// keep the key for good. See the file's header.
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 
-/// The fence rule every granting script shares, inserted after the prologue:
-/// `next_fence(stored, floor, mode)` returns the next fence, the highest of `stored + 1`,
-/// `floor + 1`, `TIME µs + 1` in clock mode and `epoch × 2^32 + 1` in epoch mode, and `behind`;
-/// or `nil` and an error reply past 2^53 − 1. See the file's header.
+/// The fence rule every granting script shares, inserted after the [`PROLOGUE`]:
+/// `next_fence(stored, floor, mode, count)` returns the first of `count` (default 1)
+/// consecutive fences, the highest of `stored + 1`, `floor + 1`, `TIME µs + 1` in clock mode
+/// and `epoch × 2^32 + 1` in epoch mode, and `behind`; or `nil` and an error reply when the
+/// last would pass 2^53 − 1. See the file's header.
 const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
 
 /// Acquire (`script/lua/acquire.lua`): grant the lock to an owner and advance its fence.
@@ -579,5 +588,115 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "fair_renew_place",
         include_str!("script/lua/fair_renew_place.lua"),
+    )
+});
+
+/// The semaphore's state, shared by its scripts after the prologue and fence rule
+/// (`script/lua/semaphore.lua`): `sem_read(key)` parses the hash, `sem_end(s)` is the latest
+/// end a live entry needs, `sem_permit(owner, ends, fence)` formats a permit entry.
+const SEMAPHORE: &str = include_str!("script/lua/semaphore.lua");
+
+/// A semaphore script: prologue, fence rule, [`SEMAPHORE`] state, then `file`.
+fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, SEMAPHORE], file)
+}
+
+/// Semaphore acquire (`script/lua/semaphore_acquire.lua`): take `count` permits for one owner,
+/// all or none, each with its own fence (consecutive from the one `fence` counter, first by the
+/// mutex's rule).
+///
+/// - `KEYS[1]` the semaphore key (hash `<prefix>:{NAME}:sem`).
+/// - `ARGV[1]` owner token, `ARGV[2]` count, `ARGV[3]` limit (stored on first use), `ARGV[4]`
+///   TTL in ms, `ARGV[5]` floor, `ARGV[6]` fence mode, `ARGV[7]` waiter id (may reserve; empty
+///   for none), `ARGV[8]` expiry grace.
+///
+/// Replies: `{1, behind, lease ms, n1, fence1, ...}` granted; `{2, 0, remaining ms, n1, fence1,
+/// ...}` this owner already holds permits (a resent script; no write); `{0, retry after ms,
+/// available}` not enough free permits, or they are reserved for another waiter; `{-1, stored
+/// limit}` another limit is stored (no write); an error reply as for [`ACQUIRE`]'s fence rule.
+///
+/// Not flagged `allow-oom`.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_acquire",
+        include_str!("script/lua/semaphore_acquire.lua"),
+    )
+});
+
+/// Semaphore release (`script/lua/semaphore_release.lua`): release an owner's permits (the
+/// release of the [`Kind`](crate::held::Kind) contract; the hold id is the permit numbers), or
+/// withdraw a waiter's reservation.
+///
+/// - `KEYS[1]` the semaphore key. `ARGV[1]` owner token or waiter id, `ARGV[2]` permit numbers
+///   space separated (empty: all live permits of the owner), `ARGV[3]` announce (`s`, `p`,
+///   empty), `ARGV[4]` expiry grace.
+///
+/// Replies ([`Outcome`]): `1` released (also when resent: a released entry keeps its owner with
+/// lease end 0), or a reservation withdrawn; `0` unknown or expired permits, nothing changed;
+/// `-1` a permit is now held by another owner.
+///
+/// Flagged `allow-oom`.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_release",
+        include_str!("script/lua/semaphore_release.lua"),
+    )
+});
+
+/// Semaphore extend (`script/lua/semaphore_extend.lua`): move the lease end of an owner's live
+/// permits to now + TTL.
+///
+/// - `KEYS[1]` the semaphore key. `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` expiry
+///   grace.
+///
+/// Replies: `{1, TTL ms}` extended; `{0, 0}` no live permit of this owner.
+///
+/// Flagged `allow-oom`.
+pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_extend",
+        include_str!("script/lua/semaphore_extend.lua"),
+    )
+});
+
+/// Semaphore renew (`script/lua/semaphore_renew.lua`): the watchdog's batch for semaphores, as
+/// [`RENEW`] (`ARGV` triples key, owner, TTL in ms, then the expiry grace); each owner's live
+/// permits are set as [`SEMAPHORE_EXTEND`] sets them, touching no other entry.
+///
+/// Replies: one code per triple, `1` extended or `0` no live permit.
+///
+/// Flagged `allow-oom`.
+pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_renew",
+        include_str!("script/lua/semaphore_renew.lua"),
+    )
+});
+
+/// Semaphore available (`script/lua/semaphore_available.lua`): read-only (`no-writes`).
+///
+/// - `KEYS[1]` the semaphore key. `ARGV[1]` expiry grace (unused).
+///
+/// Replies: `{stored limit or 0, live permits}`.
+pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_available",
+        include_str!("script/lua/semaphore_available.lua"),
+    )
+});
+
+/// Semaphore set limit (`script/lua/semaphore_set_limit.lua`): store a new limit and announce
+/// it; permits held above a lowered limit stay until released or expired.
+///
+/// - `KEYS[1]` the semaphore key. `ARGV[1]` new limit, `ARGV[2]` announce, `ARGV[3]` expiry
+///   grace.
+///
+/// Replies: the limit stored before, `0` when none was.
+///
+/// Not flagged `allow-oom`.
+pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_set_limit",
+        include_str!("script/lua/semaphore_set_limit.lua"),
     )
 });

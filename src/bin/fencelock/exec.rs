@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::Args;
 use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    ReadGuard, WriteGuard, MIN_TTL,
+    PermitGuard, ReadGuard, WriteGuard, MIN_TTL,
 };
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -48,15 +48,20 @@ pub struct ExecArgs {
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
     /// mutex NAME.
-    #[arg(long, conflicts_with_all = ["write", "fair"])]
+    #[arg(long, conflicts_with_all = ["write", "fair", "permits"])]
     read: bool,
     /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
     /// instead of the mutex NAME.
-    #[arg(long, conflicts_with = "fair")]
+    #[arg(long, conflicts_with_all = ["fair", "permits"])]
     write: bool,
     /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "permits")]
     fair: bool,
+    /// Hold one permit of semaphore NAME with N permits instead of the lock NAME (the first use
+    /// sets the size; another N than the stored one fails with exit 64). Exports
+    /// FENCELOCK_PERMIT, the permit's number.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -155,6 +160,9 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         .args(rest)
         .env("FENCELOCK_TOKEN", guard.fence().to_string())
         .env("FENCELOCK_NAME", &args.name);
+    if let Hold::Permit(permit) = &guard {
+        command.env("FENCELOCK_PERMIT", permit.permits()[0].number.to_string());
+    }
     group.enter(&mut command);
     let spawned = command.spawn();
     drop(command);
@@ -225,6 +233,7 @@ enum Hold {
     Read(ReadGuard),
     Write(WriteGuard),
     Fair(FairLockGuard),
+    Permit(PermitGuard),
 }
 
 impl Hold {
@@ -240,6 +249,11 @@ impl Hold {
             Hold::Write(client.write_lock(name, options).await?)
         } else if args.fair {
             Hold::Fair(client.fair_lock(name, options).await?)
+        } else if let Some(permits) = args.permits {
+            let semaphore = client
+                .semaphore(name, permits)?
+                .with_placement(&args.placement.placement())?;
+            Hold::Permit(semaphore.acquire(options).await?)
         } else {
             Hold::Mutex(client.lock(name, options).await?)
         })
@@ -251,6 +265,7 @@ impl Hold {
             Hold::Read(guard) => guard.fence(),
             Hold::Write(guard) => guard.fence(),
             Hold::Fair(guard) => guard.fence(),
+            Hold::Permit(guard) => guard.fence(),
         }
     }
 
@@ -260,6 +275,7 @@ impl Hold {
             Hold::Read(guard) => guard.lost().await,
             Hold::Write(guard) => guard.lost().await,
             Hold::Fair(guard) => guard.lost().await,
+            Hold::Permit(guard) => guard.lost().await,
         }
     }
 
@@ -269,6 +285,7 @@ impl Hold {
             Hold::Read(guard) => guard.release().await,
             Hold::Write(guard) => guard.release().await,
             Hold::Fair(guard) => guard.release().await,
+            Hold::Permit(guard) => guard.release().await,
         }
     }
 }

@@ -59,11 +59,12 @@ latch wait exits 0 once the latch is open, 75 if it is not open within --timeout
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run CMD while holding lock NAME; CMD gets FENCELOCK_TOKEN and FENCELOCK_NAME and runs in
-    /// its own process group, which dies with fencelock.
+    /// Run CMD while holding lock NAME (with --permits N: one permit of semaphore NAME); CMD
+    /// gets FENCELOCK_TOKEN and FENCELOCK_NAME (and FENCELOCK_PERMIT) and runs in its own
+    /// process group, which dies with fencelock.
     Exec(exec::ExecArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
-    /// renew, fenced_set), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
+    /// renew, fenced_set, semaphore_acquire, ...), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
     /// it; the text without its final newline has the SHA1 fencelock sends with EVALSHA.
     Script {
         /// Print the script's SHA1 (as `SCRIPT LOAD` returns it) instead of its source.
@@ -181,9 +182,10 @@ pub fn fail(error: &Error) -> ExitCode {
     ExitCode::from(match error {
         Error::Busy { .. } | Error::Timeout { .. } => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
-        Error::InvalidName { .. } | Error::InvalidOptions { .. } | Error::InvalidConfig { .. } => {
-            code::USAGE
-        }
+        Error::InvalidName { .. }
+        | Error::InvalidOptions { .. }
+        | Error::InvalidConfig { .. }
+        | Error::LimitMismatch { .. } => code::USAGE,
         Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
         Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
         Error::CountDownRefused { .. } => code::USAGE,

@@ -1,13 +1,14 @@
 -- The fence rule every granting script shares (inserted after the prologue, which defines
 -- `now_us`): `next_fence(stored, floor, mode)` is the next fence above `stored`, the last fence
--- granted (0 for none).
+-- granted (0 for none); `count` (default 1) fences are taken from it at once (a semaphore's
+-- many permits: `fence` .. `fence + count - 1`), all of which must stay below 2^53.
 --
 -- The fence is max(stored + 1, floor + 1, TIME µs + 1 in mode `clock`, cluster_my_epoch ×
 -- 2^32 + 1 in mode `epoch` (cluster only)); mode `counter` is a plain counter. Returns
 -- `fence, behind` (behind: µs the stored fence was ahead of the clock in clock mode, else 0),
 -- or `nil, error reply` (the caller returns it, before any write) when the fence would pass
 -- 2^53 - 1 or the epoch cannot be read.
-local function next_fence(stored, floor, mode)
+local function next_fence(stored, floor, mode, count)
   local fence = stored + 1
   floor = tonumber(floor) or 0
   local behind = 0
@@ -26,7 +27,7 @@ local function next_fence(stored, floor, mode)
     if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
   end
   if fence <= floor then fence = floor + 1 end
-  if fence > 9007199254740991 then
+  if fence > 9007199254740991 - ((count or 1) - 1) then
     return nil, redis.error_reply('ERR fencelock: the next fence would pass 2^53 - 1 (stored ' .. string.format('%.0f', stored) .. '): lower the floor')
   end
   return fence, behind

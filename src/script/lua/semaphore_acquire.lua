@@ -1,0 +1,91 @@
+-- semaphore_acquire: take `count` permits of a semaphore for one owner, all or none (prologue,
+-- fence rule and semaphore state first).
+--
+-- KEYS[1] the semaphore key (hash). ARGV[1] owner token, ARGV[2] count, ARGV[3] limit (the
+-- caller's; the first use stores it), ARGV[4] TTL in ms, ARGV[5] floor (decimal, 0 for none),
+-- ARGV[6] fence mode (`clock`, `epoch`, `counter`), ARGV[7] waiter id: a waiting call's id that
+-- may reserve the permits it waits for (empty: no reservation), ARGV[8] expiry grace.
+--
+-- Takes the `count` lowest numbers below the limit that are free (absent, expired or released)
+-- and grants each its own fence, consecutive from the `fence` counter. While another waiter's
+-- live reservation exists, a request is granted only if the reservation can still be met
+-- after it. A refused request of a waiter for more than one permit reserves them (`r`) unless
+-- another waiter's live reservation exists; granting the reserving waiter removes it.
+--
+-- Replies:
+-- - {1, behind, lease ms, n1, fence1, n2, fence2, ...} granted (behind as for acquire);
+-- - {2, 0, remaining lease ms, n1, fence1, ...} this owner already holds permits (a resent
+--   script): the permits granted then, nothing changed;
+-- - {0, retry after ms, available} not enough free permits (or they are reserved);
+-- - {-1, stored limit} the semaphore has another limit (no write);
+-- - an error reply (no write) as for acquire's fence rule.
+-- Not allow-oom: refused with OOM at maxmemory.
+#!lua
+local key, owner, waiter = KEYS[1], ARGV[1], ARGV[7]
+local count, limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local s = sem_read(key)
+if s.limit and s.limit ~= limit then return {-1, s.limit} end
+local mine, used, taken, earliest = {}, {}, 0, nil
+for _, p in ipairs(s.permits) do
+  if p.live then
+    used[p.n] = true
+    taken = taken + 1
+    if p.owner == owner then mine[#mine + 1] = p end
+    if not earliest or p.ends < earliest then earliest = p.ends end
+  elseif p.n >= limit then
+    redis.call('HDEL', key, 'p:' .. p.n)
+  end
+end
+if #mine > 0 then
+  table.sort(mine, function(a, b) return a.n < b.n end)
+  local reply = {2, 0, mine[1].ends - now_ms}
+  for _, p in ipairs(mine) do
+    reply[#reply + 1] = p.n
+    reply[#reply + 1] = tonumber(p.fence)
+  end
+  return reply
+end
+local free = limit - taken
+local res = s.res
+local blocked = res and res.live and res.owner ~= waiter
+local need = count
+if blocked then need = count + res.count end
+if free >= need then
+  local fence, behind = next_fence(s.fence, ARGV[5], ARGV[6], count)
+  if not fence then return behind end
+  local ends = now_ms + ttl
+  local last = fence + count - 1
+  local reply = {1, behind, ttl}
+  local fields = {'limit', limit, 'fence', string.format('%.0f', last)}
+  local n = 0
+  for i = 1, count do
+    while used[n] do n = n + 1 end
+    fields[#fields + 1] = 'p:' .. n
+    fields[#fields + 1] = sem_permit(owner, ends, fence + i - 1)
+    reply[#reply + 1] = n
+    reply[#reply + 1] = fence + i - 1
+    n = n + 1
+  end
+  redis.call('HSET', key, unpack(fields))
+  if res and res.owner == waiter then
+    redis.call('HDEL', key, 'r')
+    s.res = nil
+  end
+  local keep_until = sem_end(s)
+  if ends > keep_until then keep_until = ends end
+  keep(key, last, keep_until)
+  return reply
+end
+local wake = earliest
+if blocked and (not wake or res.ends < wake) then wake = res.ends end
+local retry = (wake or now_ms) - now_ms
+if waiter ~= '' and count > 1 and not blocked then
+  local ends = now_ms + ttl
+  redis.call('HSET', key, 'limit', limit, 'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
+  s.res = {owner = waiter, count = count, ends = ends, live = true}
+  keep(key, s.fence, sem_end(s))
+  local half = math.ceil(ttl / 2)
+  if retry > half then retry = half end
+end
+if free < 0 then free = 0 end
+return {0, retry, free}

@@ -1,0 +1,13 @@
+-- semaphore_available: the stored limit and how many permits are live (prologue, fence rule
+-- and semaphore state first). Writes nothing.
+--
+-- KEYS[1] the semaphore key. ARGV[1] expiry grace (unused; every script's last ARGV).
+--
+-- Replies: {stored limit or 0 when none is stored, live permits}.
+#!lua flags=no-writes
+local s = sem_read(KEYS[1])
+local live = 0
+for _, p in ipairs(s.permits) do
+  if p.live then live = live + 1 end
+end
+return {s.limit or 0, live}

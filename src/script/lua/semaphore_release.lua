@@ -1,0 +1,60 @@
+-- semaphore_release: release this owner's permits, or withdraw this waiter's reservation
+-- (prologue, fence rule and semaphore state first).
+--
+-- KEYS[1] the semaphore key. ARGV[1] owner token (or waiter id), ARGV[2] the permit numbers,
+-- space separated (empty: every permit this owner holds), ARGV[3] announce: `s` SPUBLISH, `p`
+-- PUBLISH, empty for none (the channel is the semaphore key), ARGV[4] expiry grace.
+--
+-- A released permit's entry keeps its owner and fence with lease end 0, so a resent release
+-- answers 1 again; a reservation of ARGV[1] is removed. Anything freed is announced. With
+-- permit numbers it reads only their entries (O(count)); it never changes the key's expiry
+-- (it only frees, so the expiry the last grant or renewal set still covers every live entry).
+--
+-- Replies: 1 released (or released before, or a reservation withdrawn); 0 unknown or expired
+-- permits (nothing changed); -1 a permit is now held by another owner (left alone). allow-oom.
+#!lua flags=allow-oom
+local key, owner = KEYS[1], ARGV[1]
+local targets, found, res = {}, {}, nil
+if ARGV[2] == '' then
+  local s = sem_read(key)
+  for _, p in ipairs(s.permits) do
+    if p.owner == owner and p.live then
+      targets[#targets + 1] = p.n
+      found[p.n] = p
+    end
+  end
+  res = s.res
+else
+  local fields = {'r'}
+  for n in string.gmatch(ARGV[2], '%d+') do
+    targets[#targets + 1] = tonumber(n)
+    fields[#fields + 1] = 'p:' .. n
+  end
+  local values = redis.call('HMGET', key, unpack(fields))
+  res = sem_parse_res(values[1])
+  for i, n in ipairs(targets) do found[n] = sem_parse_permit(n, values[i + 1]) end
+end
+local released, before, expired, other = 0, 0, 0, 0
+for _, n in ipairs(targets) do
+  local p = found[n]
+  if p and p.owner == owner and p.live then
+    redis.call('HSET', key, 'p:' .. n, sem_permit(owner, 0, p.fence))
+    released = released + 1
+  elseif p and p.owner == owner and p.ends == 0 then
+    before = before + 1
+  elseif p and p.live then
+    other = other + 1
+  else
+    expired = expired + 1
+  end
+end
+local withdrawn = res ~= nil and res.owner == owner
+if withdrawn then redis.call('HDEL', key, 'r') end
+if released > 0 or withdrawn then
+  if ARGV[3] == 's' then redis.call('SPUBLISH', key, '')
+  elseif ARGV[3] == 'p' then redis.call('PUBLISH', key, '') end
+end
+if released > 0 or (withdrawn and #targets == 0) then return 1 end
+if before > 0 and expired == 0 and other == 0 then return 1 end
+if other > 0 then return -1 end
+return 0

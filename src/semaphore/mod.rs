@@ -1,0 +1,439 @@
+//! The semaphore with expiring permits: `limit` numbered permits, each granted with its own
+//! fence and lease. This file is the [`Semaphore`] handle and its acquire [`Request`];
+//! `guard.rs` the [`PermitGuard`], a thin wrapper around [`Held`].
+//!
+//! The state is one hash, `<prefix>:{NAME}:sem` (see `docs/primitives.md`): the limit, the
+//! fence counter, one entry per permit number (`p:<n>` = owner, lease end, fence) and the
+//! reservation of the first waiting many-permit requester (`r`). Available permits are derived
+//! from the live entries, never counted separately.
+
+mod guard;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::acquire::{self, replicas, Attempt, InFlight, Request};
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::held::{Grant, Held};
+use crate::keys::{LockKeys, Placement};
+use crate::options::LockOptions;
+use crate::script::{
+    parse_fence, parse_reply, ttl_millis, ScriptCall, SEMAPHORE_ACQUIRE, SEMAPHORE_AVAILABLE,
+    SEMAPHORE_SET_LIMIT,
+};
+
+use guard::SEMAPHORE;
+pub use guard::{Permit, PermitGuard};
+
+/// The kind part of a semaphore's key: `<prefix>:{NAME}:sem`.
+const KIND: &str = "sem";
+
+/// A handle on the semaphore `NAME` with `limit` permits (from
+/// [`Client::semaphore`](crate::Client::semaphore)). Cheap to clone; holds no permit itself.
+///
+/// Each grant is one or more numbered permits (`0..limit`), each with its own fence token and
+/// lease: a crashed holder's permits come back when their lease ends. Every user of a semaphore
+/// gives the same limit; the first use stores it, and [`set_limit`](Self::set_limit) changes it.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+/// use fencelock::LockOptions;
+///
+/// let pool = client.semaphore("gpu-pool", 4)?;
+/// let permit = pool.acquire(&LockOptions::new()).await?;
+/// println!("permit {} fence {}", permit.permits()[0].number, permit.fence());
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    core: Arc<Core>,
+    keys: LockKeys,
+    limit: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.keys.name())
+            .field("key", &self.keys.lock_key())
+            .field("limit", &self.limit())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Semaphore {
+    /// The handle for `name` with `limit` permits, its key placed by the name.
+    pub(crate) fn new(core: &Arc<Core>, name: &str, limit: u32) -> Result<Self> {
+        let keys = LockKeys::of_kind(&core.prefix, name, &Placement::ByName, KIND)?;
+        validate_limit(name, limit)?;
+        Ok(Self {
+            core: Arc::clone(core),
+            keys,
+            limit: Arc::new(AtomicU32::new(limit)),
+        })
+    }
+
+    /// The same semaphore with its key placed by `placement` (a slot or a hash tag) instead of
+    /// by its name. The handle's placement is the one used: [`LockOptions::slot`] and
+    /// [`LockOptions::tag`] given to its calls are not.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a slot beyond 16383 or an empty tag.
+    pub fn with_placement(self, placement: &Placement) -> Result<Self> {
+        let keys = LockKeys::of_kind(&self.core.prefix, self.keys.name(), placement, KIND)?;
+        Ok(Self { keys, ..self })
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// The Redis key and slot of the semaphore.
+    pub fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    /// The number of permits this handle (and its clones) asks for, as given or last set.
+    pub fn limit(&self) -> u32 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// One attempt to take one permit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when every permit is held (or the free ones are reserved for a waiting
+    /// many-permit requester); [`Error::LimitMismatch`] when the semaphore has another limit;
+    /// otherwise as [`Client::try_lock`](crate::Client::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, a background task
+    /// releases whatever the request may have taken.
+    pub async fn try_acquire(&self, options: &LockOptions) -> Result<PermitGuard> {
+        self.try_acquire_many(1, options).await
+    }
+
+    /// One attempt to take `count` permits at once: all of them or none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] when `count` is 0 or above the limit; otherwise as
+    /// [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn try_acquire_many(&self, count: u32, options: &LockOptions) -> Result<PermitGuard> {
+        let request = self.request(count, options, String::new())?;
+        let span = self.span("try_acquire", count);
+        acquire::once(&self.core, &request).instrument(span).await
+    }
+
+    /// Takes one permit, waiting for up to `options.timeout` while all are held.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire_many`](Self::acquire_many).
+    pub async fn acquire(&self, options: &LockOptions) -> Result<PermitGuard> {
+        self.acquire_many(1, options).await
+    }
+
+    /// Takes `count` permits at once (all or none), waiting for up to `options.timeout`: woken
+    /// when permits are released, else when the first held permit's lease ends.
+    ///
+    /// A waiter for more than one permit that finds too few free reserves them: while its
+    /// reservation lives, others are granted only permits that leave enough for it, so a
+    /// stream of single-permit takers cannot starve it. The reservation is refreshed by the
+    /// waiter's attempts, removed when it is granted, withdrawn when the call ends without a
+    /// grant (timeout, error, dropped), and expires one TTL after the last attempt if the
+    /// waiter dies.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let pool = client.semaphore("db-connections", 16)?;
+    /// let options = LockOptions::new().timeout(Duration::from_secs(5));
+    /// let batch = pool.acquire_many(4, &options).await?;
+    /// for permit in batch.permits() {
+    ///     println!("permit {} fence {}", permit.number, permit.fence);
+    /// }
+    /// batch.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when not enough permits freed up in time; [`Error::LimitMismatch`] when
+    /// the semaphore has another limit; [`Error::InvalidOptions`] when `count` is 0 or above
+    /// the limit; [`Error::Timeout`] or [`Error::Redis`] when Redis kept failing;
+    /// [`Error::ReplicasNotConfirmed`] as for [`Client::lock`](crate::Client::lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds no permit (an attempt in flight is released in the
+    /// background), its reservation is withdrawn in the background, and its registration on
+    /// the semaphore's channel is dropped with it. No task is left behind for it.
+    pub async fn acquire_many(&self, count: u32, options: &LockOptions) -> Result<PermitGuard> {
+        let waiter = if count > 1 {
+            uuid::Uuid::new_v4().simple().to_string()
+        } else {
+            String::new()
+        };
+        let request = self.request(count, options, waiter)?;
+        // A many-permit waiter may leave a reservation: withdrawn unless the grant consumed it.
+        let withdraw = (!request.waiter.is_empty()).then(|| {
+            let call =
+                SEMAPHORE.release_call(&self.core, self.keys.lock_key(), &request.waiter, "");
+            InFlight::arm(&self.core.transport, call)
+        });
+        let span = self.span("acquire", count);
+        let result = acquire::wait(&self.core, &request, options.timeout)
+            .instrument(span)
+            .await;
+        if let (Ok(_), Some(withdraw)) = (&result, withdraw) {
+            withdraw.disarm();
+        }
+        result
+    }
+
+    /// How many permits are free now: the limit minus the live permits (never below 0).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LimitMismatch`] when the semaphore has another limit; [`Error::Timeout`] or
+    /// [`Error::Redis`] when Redis does not answer in time or fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn available(&self) -> Result<u32> {
+        let name = self.name();
+        let call = ScriptCall::new(
+            &SEMAPHORE_AVAILABLE,
+            &[self.keys.lock_key()],
+            &[self.core.expiry()],
+        );
+        let span = self.span("available", 0);
+        let reply = self
+            .core
+            .transport
+            .run(&call, name, "available")
+            .instrument(span)
+            .await?;
+        let (stored, live) = parse_reply::<(u32, u32)>(name, "available", reply)?;
+        let limit = self.limit();
+        if stored != 0 && stored != limit {
+            return Err(Error::LimitMismatch {
+                name: name.to_owned(),
+                stored,
+                requested: limit,
+            });
+        }
+        Ok(limit.saturating_sub(live))
+    }
+
+    /// Changes the semaphore's limit to `limit` in one call, for every user; this handle and
+    /// its clones ask for the new limit from now on, including their calls already waiting
+    /// (other handles get [`Error::LimitMismatch`] until they use the new one). Raising it
+    /// wakes waiters, so they are let in at once. Permits held above a lowered limit stay
+    /// valid until released or expired and count against the new limit meanwhile. Returns the
+    /// limit stored before (`None` when none was).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for a limit of 0; [`Error::OutOfMemory`], [`Error::Timeout`]
+    /// or [`Error::Redis`] when Redis refuses, does not answer or fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may or may not have changed the limit; this handle keeps its old one.
+    pub async fn set_limit(&self, limit: u32) -> Result<Option<u32>> {
+        let name = self.name();
+        validate_limit(name, limit)?;
+        let limit_arg = limit.to_string();
+        let call = ScriptCall::new(
+            &SEMAPHORE_SET_LIMIT,
+            &[self.keys.lock_key()],
+            &[
+                &limit_arg,
+                self.core.transport.announce(),
+                self.core.expiry(),
+            ],
+        );
+        let span = self.span("set_limit", limit);
+        let reply = self
+            .core
+            .transport
+            .run(&call, name, "set_limit")
+            .instrument(span)
+            .await?;
+        let before = parse_reply::<u32>(name, "set_limit", reply)?;
+        self.limit.store(limit, Ordering::Relaxed);
+        Ok((before != 0).then_some(before))
+    }
+
+    fn request<'a>(
+        &'a self,
+        count: u32,
+        options: &'a LockOptions,
+        waiter: String,
+    ) -> Result<Acquire<'a>> {
+        let name = self.name();
+        options.validate(name)?;
+        let limit = self.limit();
+        if count == 0 || count > limit {
+            return Err(Error::InvalidOptions {
+                name: name.to_owned(),
+                reason: format!(
+                    "cannot take {count} permits of semaphore {name:?}, which has {limit}: ask \
+                     for 1 to {limit}"
+                ),
+            });
+        }
+        Ok(Acquire {
+            keys: &self.keys,
+            options,
+            count,
+            limit: &self.limit,
+            waiter,
+        })
+    }
+
+    fn span(&self, call: &'static str, count: u32) -> tracing::Span {
+        tracing::debug_span!(
+            "fencelock.semaphore",
+            call,
+            name = self.name(),
+            kind = "semaphore",
+            slot = self.keys.slot(),
+            count
+        )
+    }
+}
+
+fn validate_limit(name: &str, limit: u32) -> Result<()> {
+    if limit == 0 {
+        return Err(Error::InvalidOptions {
+            name: name.to_owned(),
+            reason: "a semaphore needs at least 1 permit: give a limit of 1 or more".into(),
+        });
+    }
+    Ok(())
+}
+
+/// One acquisition of `count` permits.
+struct Acquire<'a> {
+    keys: &'a LockKeys,
+    options: &'a LockOptions,
+    count: u32,
+    /// The handle's limit, read at every attempt: a waiting call follows `set_limit` of its
+    /// handle (and the handle's clones).
+    limit: &'a AtomicU32,
+    /// The waiting call's id, which may hold a reservation; empty for none.
+    waiter: String,
+}
+
+impl Request for Acquire<'_> {
+    type Granted = PermitGuard;
+
+    fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    fn channel(&self) -> &str {
+        self.keys.lock_key()
+    }
+
+    /// One acquire request under a fresh owner token, as the mutex's.
+    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<PermitGuard>> {
+        let (keys, options, name) = (self.keys, self.options, self.keys.name());
+        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let started = Instant::now();
+        let lease = options.first_lease();
+        let ttl_ms = ttl_millis(lease);
+        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let requested = self.limit.load(Ordering::Relaxed);
+        let (count, limit) = (self.count.to_string(), requested.to_string());
+        let call = ScriptCall::new(
+            &SEMAPHORE_ACQUIRE,
+            &[keys.lock_key()],
+            &[
+                &owner,
+                &count,
+                &limit,
+                &ttl_ms,
+                &floor,
+                core.fence_arg(),
+                &self.waiter,
+                core.expiry(),
+            ],
+        );
+        let undo = SEMAPHORE.release_call(core, keys.lock_key(), &owner, "");
+        let in_flight = InFlight::arm(&core.transport, undo.clone());
+        let (reply, acks) =
+            replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
+        let reply = parse_reply::<Vec<i64>>(name, "acquire", reply)?;
+        in_flight.disarm();
+        let unexpected = || Error::UnexpectedReply {
+            name: name.to_owned(),
+            operation: "acquire",
+            detail: format!("{reply:?}"),
+        };
+        match reply.as_slice() {
+            [1 | 2, behind, _, numbered @ ..] if numbered.len() == 2 * self.count as usize => {
+                if *behind > 0 {
+                    core.clock_behind(name, *behind);
+                }
+                let mut permits = Vec::with_capacity(numbered.len() / 2);
+                for pair in numbered.chunks_exact(2) {
+                    permits.push(Permit {
+                        number: u32::try_from(pair[0]).map_err(|_| unexpected())?,
+                        fence: parse_fence(name, "acquire", "fence", pair[1])?,
+                    });
+                }
+                let replicas_acked = replicas::confirm(core, name, acks, &undo).await?;
+                let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
+                tracing::debug!(semaphore = name, ?permits, "acquired");
+                let grant = Grant {
+                    keys: keys.clone(),
+                    owner,
+                    hold: numbers.join(" "),
+                    fence: permits[0].fence,
+                    sent: started,
+                    ttl: lease,
+                    replicas_acked,
+                };
+                let held = Held::new(core, &SEMAPHORE, grant, options);
+                Ok(Attempt::Granted(PermitGuard::new(held, permits)))
+            }
+            [0, retry_after, _] => Ok(Attempt::Busy {
+                retry_after: Duration::from_millis(u64::try_from(*retry_after).unwrap_or(0)),
+            }),
+            [-1, stored] => Err(Error::LimitMismatch {
+                name: name.to_owned(),
+                stored: u32::try_from(*stored).map_err(|_| unexpected())?,
+                requested,
+            }),
+            _ => Err(unexpected()),
+        }
+    }
+}
