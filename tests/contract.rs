@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use common::{alive_tasks, eventually, Cluster, Node, Standalone};
 use fencelock::{
-    Client, Error, FairLockGuard, FenceToken, LockGuard, LockOptions, Result, WriteGuard,
+    Client, Error, FairLockGuard, FenceToken, LockGuard, LockOptions, PermitGuard, Result,
+    WriteGuard,
 };
 
 /// One exclusive hold of a primitive, seen through its public API.
@@ -26,9 +27,12 @@ trait Primitive {
     fn fence(guard: &Self::Guard) -> FenceToken;
     async fn release(guard: Self::Guard) -> Result<()>;
     async fn lost(guard: &Self::Guard) -> Error;
-    /// The acquire script called by hand for `owner` (as redis-rs would resend it), and how to
-    /// read its reply as `(status, fence)`.
+    /// The acquire script called by hand for `owner` (as redis-rs would resend it).
     fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd;
+    /// Its reply as `(status, fence)`: status 1 granted, 2 the same owner again, 0 refused.
+    fn status_and_fence(reply: &[i64]) -> (i64, Option<i64>) {
+        (reply[0], reply.get(1).copied())
+    }
 }
 
 fn key(kind: &str, name: &str) -> String {
@@ -130,6 +134,41 @@ impl Primitive for Fair {
     }
 }
 
+struct Permit;
+impl Primitive for Permit {
+    type Guard = PermitGuard;
+    const KIND: &'static str = "sem";
+    async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<PermitGuard> {
+        client.semaphore(name, 1)?.try_acquire(options).await
+    }
+    async fn take(client: &Client, name: &str, options: &LockOptions) -> Result<PermitGuard> {
+        client.semaphore(name, 1)?.acquire(options).await
+    }
+    fn fence(guard: &PermitGuard) -> FenceToken {
+        guard.fence()
+    }
+    async fn release(guard: PermitGuard) -> Result<()> {
+        guard.release().await
+    }
+    async fn lost(guard: &PermitGuard) -> Error {
+        guard.lost().await
+    }
+    fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd {
+        // owner, count 1, limit 1, TTL, floor, mode, no waiter id, grace.
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(script("semaphore_acquire"))
+            .arg(1)
+            .arg(key)
+            .arg(owner);
+        cmd.arg(&["1", "1", "10000", "0", "clock", "", "10000"]);
+        cmd
+    }
+    /// `{1, behind, lease, number, fence}` / `{2, 0, lease, number, fence}` / `{0, ..}`.
+    fn status_and_fence(reply: &[i64]) -> (i64, Option<i64>) {
+        (reply[0], reply.get(4).copied())
+    }
+}
+
 async fn clients(server: &Standalone) -> (Client, Client) {
     let a = Client::connect([server.url()]).await.unwrap();
     let b = Client::connect([server.url()]).await.unwrap();
@@ -172,11 +211,13 @@ async fn idempotent_resend<P: Primitive>() {
     let key = key(P::KIND, "resend");
     let first: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1"));
     let again: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1"));
-    assert_eq!(first[0], 1, "{}: granted {first:?}", P::KIND);
-    assert_eq!(again[0], 2, "{}: a resend is recognised {again:?}", P::KIND);
-    assert_eq!(first[1], again[1], "{}: the same fence", P::KIND);
-    let stored: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
-    assert_eq!(stored, first[1], "{}: the counter advanced once", P::KIND);
+    let (status, fence) = P::status_and_fence(&first);
+    assert_eq!(status, 1, "{}: granted {first:?}", P::KIND);
+    let (status, fence_again) = P::status_and_fence(&again);
+    assert_eq!(status, 2, "{}: a resend is recognised {again:?}", P::KIND);
+    assert_eq!(fence, fence_again, "{}: the same fence", P::KIND);
+    let stored: Option<i64> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
+    assert_eq!(stored, fence, "{}: the counter advanced once", P::KIND);
     let other: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-2"));
     assert_eq!(
         other[0],
@@ -311,7 +352,7 @@ macro_rules! contract {
     )*};
 }
 
-contract!(mutex => Mutex, write => Write, fair => Fair);
+contract!(mutex => Mutex, write => Write, fair => Fair, permit => Permit);
 
 /// Tokens of every primitive stay monotonic across a failover that loses acknowledged writes:
 /// the replica is cut off, holds are granted on the master, the master dies and the lagging
@@ -327,15 +368,17 @@ async fn every_primitive_keeps_fences_monotonic_across_a_forced_loss() {
     cycle::<Mutex>(&client, name, 2).await;
     cycle::<Write>(&client, name, 2).await;
     cycle::<Fair>(&client, name, 2).await;
+    cycle::<Permit>(&client, name, 2).await;
     cluster.cut_off_replica(master, replica);
     let before = [
         cycle::<Mutex>(&client, name, 4).await,
         cycle::<Write>(&client, name, 4).await,
         cycle::<Fair>(&client, name, 4).await,
+        cycle::<Permit>(&client, name, 4).await,
     ];
     cluster.take_over_with_lagging_replica(master, replica, slot);
     let promoted: &Node = cluster.node(replica);
-    for (kind, before) in ["lock", "rw", "fair"].iter().zip(before) {
+    for (kind, before) in ["lock", "rw", "fair", "sem"].iter().zip(before) {
         let kept: Option<u64> = promoted.cmd(redis::cmd("HGET").arg(key(kind, name)).arg("fence"));
         assert!(
             kept < Some(before.get()),
@@ -346,8 +389,13 @@ async fn every_primitive_keeps_fences_monotonic_across_a_forced_loss() {
         cycle::<Mutex>(&client, name, 1).await,
         cycle::<Write>(&client, name, 1).await,
         cycle::<Fair>(&client, name, 1).await,
+        cycle::<Permit>(&client, name, 1).await,
     ];
-    for ((kind, before), after) in ["mutex", "write", "fair"].iter().zip(before).zip(after) {
+    for ((kind, before), after) in ["mutex", "write", "fair", "permit"]
+        .iter()
+        .zip(before)
+        .zip(after)
+    {
         println!("{kind}: {before} -> {after}");
         assert!(after > before, "{kind}: {after} <= {before}");
     }
