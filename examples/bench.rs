@@ -185,7 +185,13 @@ async fn main() {
             };
             for hold in hold_ms {
                 for shared in [true, false] {
-                    rwlock(&clients_made, &workload, shared, Duration::from_millis(hold)).await;
+                    rwlock(
+                        &clients_made,
+                        &workload,
+                        shared,
+                        Duration::from_millis(hold),
+                    )
+                    .await;
                 }
             }
         }
