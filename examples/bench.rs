@@ -7,7 +7,11 @@
 //! - `renewal`: the watchdog's calls per node per renewal period and the client memory per held
 //!   lock, for 10,000 held locks;
 //! - `semaphore`: acquire + release pairs per second of one semaphore (limit 64) from 64 tasks,
-//!   after the mutex's uncontended pairs in the same run.
+//!   after the mutex's uncontended pairs in the same run;
+//! - `rwlock`: 64 tasks over 4 clients on ONE read-write lock, 90% reads / 10% writes chosen by
+//!   a seeded PRNG, for a fixed time; then the same workload with every hold taking the mutex of
+//!   one name (all exclusive); grants/s and acquire latency per role, and overlaps of a write
+//!   with any other hold counted in process (must be 0).
 //!
 //! ```text
 //! cargo run --release --example bench -- --url redis://127.0.0.1:7400 handoff
@@ -104,6 +108,23 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         seconds: u64,
     },
+    /// Read-write lock with mostly readers, against the mutex (all exclusive) in the same run.
+    Rwlock {
+        #[arg(long, default_value_t = 64)]
+        tasks: usize,
+        /// Clients the tasks are spread over (round robin), as processes would be.
+        #[arg(long, default_value_t = 4)]
+        clients: usize,
+        /// Percent of iterations that read (the rest write).
+        #[arg(long, default_value_t = 90)]
+        read_percent: u32,
+        /// Hold times in ms, one measurement pair (rwlock, mutex) per value.
+        #[arg(long, value_delimiter = ',', default_value = "0,1")]
+        hold_ms: Vec<u64>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+    },
 }
 
 #[tokio::main]
@@ -145,6 +166,34 @@ async fn main() {
         } => {
             throughput(&args.urls, tasks, seconds).await;
             semaphore(&args.urls, tasks, limit, seconds).await;
+        }
+        Bench::Rwlock {
+            tasks,
+            clients,
+            read_percent,
+            hold_ms,
+            seconds,
+        } => {
+            let mut clients_made = Vec::new();
+            for _ in 0..clients.max(1) {
+                clients_made.push(Client::connect(args.urls.clone()).await.expect("connect"));
+            }
+            let workload = RwWorkload {
+                tasks,
+                read_percent: read_percent.min(100),
+                seconds,
+            };
+            for hold in hold_ms {
+                for shared in [true, false] {
+                    rwlock(
+                        &clients_made,
+                        &workload,
+                        shared,
+                        Duration::from_millis(hold),
+                    )
+                    .await;
+                }
+            }
         }
     }
 }
@@ -369,4 +418,207 @@ async fn renewal(urls: &[String], locks: usize, ttl: Duration, periods: u32) {
         guard.release().await.expect("release");
     }
     first.release().await.expect("release");
+}
+
+/// The mixed read/write workload of the `rwlock` benchmark.
+struct RwWorkload {
+    tasks: usize,
+    read_percent: u32,
+    seconds: u64,
+}
+
+/// A read or write hold of the read-write lock, or the mutex hold standing in for either.
+enum RwHold {
+    Read(fencelock::ReadGuard),
+    Write(fencelock::WriteGuard),
+    Mutex(fencelock::LockGuard),
+}
+
+impl RwHold {
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            RwHold::Read(guard) => guard.release().await,
+            RwHold::Write(guard) => guard.release().await,
+            RwHold::Mutex(guard) => guard.release().await,
+        }
+    }
+}
+
+/// splitmix64: a small deterministic PRNG, seeded per task, so both runs of a measurement and
+/// both lock kinds see the same sequence of roles per task.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Per task: grant latencies per role and errors.
+#[derive(Default)]
+struct RwTally {
+    reads: Vec<Duration>,
+    writes: Vec<Duration>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// `workload.tasks` tasks spread over `clients` take turns on ONE name for `workload.seconds`:
+/// each iteration reads with probability `read_percent` (else writes), holds for `hold`, and
+/// releases. `shared`: the read-write lock (`read_lock` / `write_lock`); else the mutex of one
+/// name for both roles. In-process counters of active readers and writers catch any write that
+/// overlaps another hold (checked on every grant; a holder leaves the counters before it sends
+/// its release, so a grant the server made after that release can never count as an overlap).
+async fn rwlock(clients: &[Client], workload: &RwWorkload, shared: bool, hold: Duration) {
+    use std::sync::atomic::AtomicU64;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30));
+    let kind = if shared { "rwlock" } else { "mutex" };
+    let name = format!("bench:rw:{kind}:{}", hold.as_millis());
+    // Warm up: scripts cached on the node, connections open.
+    for client in clients {
+        for _ in 0..50 {
+            if shared {
+                let read = client.read_lock(&name, &options).await;
+                read.expect("warm-up read")
+                    .release()
+                    .await
+                    .expect("release");
+                let write = client.write_lock(&name, &options).await;
+                write
+                    .expect("warm-up write")
+                    .release()
+                    .await
+                    .expect("release");
+            } else {
+                let lock = client.lock(&name, &options).await;
+                lock.expect("warm-up lock")
+                    .release()
+                    .await
+                    .expect("release");
+            }
+        }
+    }
+    let readers = Arc::new(AtomicI64::new(0));
+    let writers = Arc::new(AtomicI64::new(0));
+    let violations = Arc::new(AtomicU64::new(0));
+    let max_readers = Arc::new(AtomicI64::new(0));
+    let busy_before: u64 = clients.iter().map(|c| c.stats().busy).sum();
+    let wakeups_before: u64 = clients.iter().map(|c| c.stats().wakeups).sum();
+    let until = Instant::now() + Duration::from_secs(workload.seconds);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for task in 0..workload.tasks {
+        let client = clients[task % clients.len()].clone();
+        let (options, name) = (options.clone(), name.clone());
+        let (readers, writers, violations, max_readers) = (
+            Arc::clone(&readers),
+            Arc::clone(&writers),
+            Arc::clone(&violations),
+            Arc::clone(&max_readers),
+        );
+        let read_percent = u64::from(workload.read_percent);
+        handles.push(tokio::spawn(async move {
+            let mut rng = SplitMix(0x5EED_0000 + task as u64);
+            let mut tally = RwTally::default();
+            while Instant::now() < until {
+                let read = rng.next() % 100 < read_percent;
+                let asked = Instant::now();
+                let granted = match (shared, read) {
+                    (true, true) => client.read_lock(&name, &options).await.map(RwHold::Read),
+                    (true, false) => client.write_lock(&name, &options).await.map(RwHold::Write),
+                    (false, _) => client.lock(&name, &options).await.map(RwHold::Mutex),
+                };
+                let guard = match granted {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        tally.errors += 1;
+                        tally.first_error.get_or_insert_with(|| e.to_string());
+                        continue;
+                    }
+                };
+                let waited = asked.elapsed();
+                if read {
+                    let now = readers.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_readers.fetch_max(now, Ordering::SeqCst);
+                    if writers.load(Ordering::SeqCst) != 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tally.reads.push(waited);
+                } else {
+                    let others = writers.fetch_add(1, Ordering::SeqCst);
+                    if others != 0 || readers.load(Ordering::SeqCst) != 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tally.writes.push(waited);
+                }
+                if hold.is_zero() {
+                    // Let the other tasks run while this one is counted as a holder.
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(hold).await;
+                }
+                if read {
+                    readers.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    writers.fetch_sub(1, Ordering::SeqCst);
+                }
+                if let Err(e) = guard.release().await {
+                    tally.errors += 1;
+                    tally.first_error.get_or_insert_with(|| e.to_string());
+                }
+            }
+            tally
+        }));
+    }
+    let mut all = RwTally::default();
+    for handle in handles {
+        let tally = handle.await.expect("task");
+        all.reads.extend(tally.reads);
+        all.writes.extend(tally.writes);
+        all.errors += tally.errors;
+        if all.first_error.is_none() {
+            all.first_error = tally.first_error;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let busy = clients.iter().map(|c| c.stats().busy).sum::<u64>() - busy_before;
+    let wakeups = clients.iter().map(|c| c.stats().wakeups).sum::<u64>() - wakeups_before;
+    all.reads.sort();
+    all.writes.sort();
+    let summary = |samples: &[Duration]| {
+        if samples.is_empty() {
+            "n=0".to_string()
+        } else {
+            format!(
+                "n={} /s={:.0} p50={:.2?} p99={:.2?} max={:.2?}",
+                samples.len(),
+                samples.len() as f64 / elapsed,
+                percentile(samples, 0.5),
+                percentile(samples, 0.99),
+                samples.last().copied().unwrap_or_default(),
+            )
+        }
+    };
+    println!(
+        "rwlock {kind:<6} hold={hold:?} tasks={} clients={} read%={} seconds={elapsed:.2} \
+         grants/s={:.0} violations={} max_readers={} busy={busy} wakeups={wakeups} errors={}{}",
+        workload.tasks,
+        clients.len(),
+        workload.read_percent,
+        (all.reads.len() + all.writes.len()) as f64 / elapsed,
+        violations.load(Ordering::SeqCst),
+        max_readers.load(Ordering::SeqCst),
+        all.errors,
+        all.first_error
+            .map(|e| format!(" first_error={e:?}"))
+            .unwrap_or_default(),
+    );
+    println!("  read  {}", summary(&all.reads));
+    println!("  write {}", summary(&all.writes));
 }

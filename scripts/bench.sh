@@ -2,7 +2,8 @@
 # The issue-4 benchmarks on a local 3-master/3-replica cluster this script starts (ports
 # 7400-7405) and stops: handoff latency (wake-ups vs polling), 10 contenders through
 # `fencelock exec`, uncontended throughput vs redis-benchmark running the same scripts at the
-# same concurrency, and the watchdog's cost for 10,000 held locks. Results: docs/benchmarks.md.
+# same concurrency, the semaphore and the read-write lock (90% readers) against the mutex, and
+# the watchdog's cost for 10,000 held locks. Results: docs/benchmarks.md.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -57,6 +58,9 @@ rm -f /tmp/fencelock-bench-a /tmp/fencelock-bench-r
 
 echo "== semaphore (limit 64, 64 tasks, one key) vs the mutex uncontended, same run"
 $bench --url "$url" semaphore --tasks 64 --limit 64 --seconds "$seconds"
+
+echo "== read-write lock, 90% readers (64 tasks, 4 clients, one name) vs the mutex (all exclusive), same run"
+$bench --url "$url" rwlock --tasks 64 --clients 4 --read-percent 90 --hold-ms 0,1 --seconds "$seconds"
 
 echo "== watchdog: 10,000 held locks"
 $bench --url "$url" renewal --locks 10000 --ttl-ms 3000 --periods 5
