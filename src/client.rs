@@ -530,7 +530,7 @@ impl Client {
             keys: &keys,
             options,
         };
-        acquire::wait(&self.core, &request, options.timeout)
+        acquire::wait_observed(&self.core, &request, options.timeout, options.on_wait.as_ref())
             .instrument(span)
             .await
     }
@@ -753,7 +753,7 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, true);
-        let outcome = acquire::wait(&self.core, &request, options.timeout)
+        let outcome = acquire::wait_observed(&self.core, &request, options.timeout, options.on_wait.as_ref())
             .instrument(span.clone())
             .await;
         if outcome.is_err() {

@@ -284,7 +284,7 @@ impl Client {
                 mode: Mode::Read,
                 intent: "",
             };
-            acquire::wait(self.core(), &request, options.timeout)
+            acquire::wait_observed(self.core(), &request, options.timeout, options.on_wait.as_ref())
                 .await
                 .map(ReadGuard::new)
         }
@@ -382,7 +382,7 @@ impl Client {
                 mode: Mode::Write,
                 intent: &id,
             };
-            match acquire::wait(self.core(), &request, options.timeout).await {
+            match acquire::wait_observed(self.core(), &request, options.timeout, options.on_wait.as_ref()).await {
                 Ok(held) => {
                     intent.disarm();
                     Ok(WriteGuard::new(held))
