@@ -1,7 +1,6 @@
 //! The state every guard wraps: one hold of one key by one owner, its fence, its lease (followed
 //! by the watchdog or not), and the scripts that release, extend and renew it.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::Counters;
+use crate::stats::{Counter, Counters};
 
 /// The scripts a primitive's holds are released, extended and renewed with. They share one
 /// contract, so [`Held`] and the watchdog serve every primitive alike:
@@ -319,7 +318,7 @@ impl Held {
 
     /// Maps the code `release` or `extend` answered to the caller's result, counting a success
     /// in `done` and a loss in `lost`.
-    fn outcome(&self, code: i64, operation: &'static str, done: &AtomicU64) -> Result<()> {
+    fn outcome(&self, code: i64, operation: &'static str, done: &Counter) -> Result<()> {
         let name = self.keys.name();
         match Outcome::decode(name, operation, code)?.lost(name) {
             None => {

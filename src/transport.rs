@@ -798,6 +798,8 @@ impl Transport {
                     *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
                     transport.failures.store(0, Ordering::Release);
                     transport.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    #[cfg(feature = "metrics")]
+                    metrics::counter!(crate::stats::names::CONNECTION_REBUILDS).increment(1);
                     tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
                 }
                 Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),
