@@ -36,6 +36,8 @@ mod keys;
 mod latch;
 mod lock;
 mod options;
+#[cfg(feature = "serde")]
+mod options_serde;
 mod runtime;
 mod rwlock;
 mod script;

@@ -39,6 +39,11 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
 /// no fence floor, no watchdog.
 ///
+/// With the `serde` feature it implements `Serialize` and `Deserialize`: a flat map whose
+/// durations are humantime strings (`{"ttl": "30s", "timeout": "1m 30s", "watchdog": true}`,
+/// `"forever"` for `Duration::MAX`); missing fields take their defaults, unknown ones are
+/// refused. The [`on_wait`](Self::on_wait) observer is not part of it.
+///
 /// # Examples
 ///
 /// ```
