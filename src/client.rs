@@ -202,6 +202,11 @@ impl ClientBuilder {
     ///
     /// Cancel safe: nothing outlives a dropped call.
     pub async fn connect(self) -> Result<Client> {
+        let span = tracing::debug_span!("fencelock.connect", seeds = ?self.seeds);
+        self.connect_unspanned().instrument(span).await
+    }
+
+    async fn connect_unspanned(self) -> Result<Client> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::InvalidConfig {
                 reason: format!(
@@ -366,7 +371,7 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn from_cluster_client(client: &redis::cluster::ClusterClient) -> ClientBuilder {
-        Self::builder_with(Seeds::Cluster(client.clone()))
+        Self::builder_with(Seeds::Cluster(Box::new(client.clone())))
     }
 
     fn builder_with(seeds: Seeds) -> ClientBuilder {
@@ -454,6 +459,7 @@ impl Client {
             });
         }
         let fence_arg = fence.get().to_string();
+        let span = tracing::debug_span!("fencelock.fenced_set", key, fence = fence.get());
         let reply = self
             .core
             .transport
@@ -462,6 +468,7 @@ impl Client {
                 key,
                 "fenced write",
             )
+            .instrument(span)
             .await?;
         let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
         if status == 1 {
@@ -490,6 +497,12 @@ impl Client {
     pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.try_lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
         acquire::once(
             &self.core,
             &lock::Acquire {
@@ -497,6 +510,7 @@ impl Client {
                 options,
             },
         )
+        .instrument(span)
         .await
     }
 
@@ -525,14 +539,24 @@ impl Client {
     pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
-        let span = tracing::debug_span!("fencelock.lock", lock = name, slot = keys.slot());
+        let span = tracing::debug_span!(
+            "fencelock.lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
         let request = lock::Acquire {
             keys: &keys,
             options,
         };
-        acquire::wait_observed(&self.core, &request, options.timeout, options.on_wait.as_ref())
-            .instrument(span)
-            .await
+        acquire::wait_observed(
+            &self.core,
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span)
+        .await
     }
 
     /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it
@@ -753,9 +777,14 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, true);
-        let outcome = acquire::wait_observed(&self.core, &request, options.timeout, options.on_wait.as_ref())
-            .instrument(span.clone())
-            .await;
+        let outcome = acquire::wait_observed(
+            &self.core,
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span.clone())
+        .await;
         if outcome.is_err() {
             request.withdraw().instrument(span).await;
         }
@@ -825,12 +854,7 @@ impl Client {
     /// Cancel safe: it only waits.
     pub async fn shutdown_within(&self, limit: Duration) -> Result<()> {
         let span = tracing::debug_span!("fencelock.shutdown");
-        let pending = self
-            .core
-            .transport
-            .settle(limit)
-            .instrument(span)
-            .await;
+        let pending = self.core.transport.settle(limit).instrument(span).await;
         if pending == 0 {
             return Ok(());
         }

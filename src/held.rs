@@ -4,6 +4,8 @@
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
@@ -257,6 +259,11 @@ impl Held {
 
     /// Resets the lease to `ttl` (see `LockGuard::extend`).
     pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
+        let span = self.span("fencelock.extend");
+        self.extend_unspanned(ttl).instrument(span).await
+    }
+
+    async fn extend_unspanned(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
         let ttl_ms = ttl_millis(ttl);
@@ -288,7 +295,25 @@ impl Held {
     }
 
     /// Releases the hold and stops its watch (see `LockGuard::release`).
-    pub(crate) async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(self) -> Result<()> {
+        let span = self.span("fencelock.release");
+        self.release_unspanned().instrument(span).await
+    }
+
+    /// The span of a call on this hold: the lock's name, kind (its key's suffix: `lock`, `rw`,
+    /// `fair`, `sem`) and fence.
+    fn span(&self, call: &'static str) -> tracing::Span {
+        let kind = self.keys.lock_key().rsplit(':').next().unwrap_or_default();
+        tracing::debug_span!(
+            "fencelock.hold",
+            call,
+            lock = self.name(),
+            kind,
+            fence = self.fence.get()
+        )
+    }
+
+    async fn release_unspanned(mut self) -> Result<()> {
         self.unwatch();
         let call = self.release_call();
         let reply = self

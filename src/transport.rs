@@ -100,7 +100,7 @@ pub(crate) enum Seeds {
     /// TLS parameters).
     Infos(Vec<ConnectionInfo>),
     /// A `redis::cluster::ClusterClient` used as it is.
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 impl std::fmt::Debug for Seeds {
@@ -157,7 +157,7 @@ impl Endpoint {
                 .collect::<Result<Vec<_>>>()?,
             Seeds::Infos(infos) => infos.clone(),
             Seeds::Cluster(client) => {
-                return Self::given(client.clone(), timeouts, retries, tls_files).await
+                return Self::given((**client).clone(), timeouts, retries, tls_files).await
             }
         };
         let certs = tls::prepare(tls_files, &seeds)?;
@@ -345,9 +345,7 @@ impl Endpoint {
         match &self.opener {
             Opener::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
             Opener::Given(client) => client
-                .get_async_connection_with_config(
-                    self.given_config(Duration::from_secs(24 * 3600)),
-                )
+                .get_async_connection_with_config(self.given_config(Duration::from_secs(24 * 3600)))
                 .await
                 .map(Connection::Cluster),
             Opener::Standalone(client) => {

@@ -50,12 +50,20 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
         let output = run(fencelock().args(["completions", shell]));
         assert!(output.status.success(), "{shell}: {}", text(&output.stderr));
         let script = text(&output.stdout);
-        assert!(script.contains(marker), "{shell}: no {marker:?} in\n{script}");
+        assert!(
+            script.contains(marker),
+            "{shell}: no {marker:?} in\n{script}"
+        );
         let long = |flag: &str| match shell {
             "fish" => format!("-l {flag}"),
             _ => format!("--{flag}"),
         };
-        for word in ["exec".to_owned(), "latch".to_owned(), long("ttl"), long("prefix")] {
+        for word in [
+            "exec".to_owned(),
+            "latch".to_owned(),
+            long("ttl"),
+            long("prefix"),
+        ] {
             assert!(script.contains(&word), "{shell}: {word} is not completed");
         }
     }
@@ -89,7 +97,10 @@ fn help_names_the_environment_variable_of_every_flag() {
         "FENCELOCK_VERBOSE",
         "FENCELOCK_QUIET",
     ] {
-        assert!(help.contains(&format!("[env: {var}")), "{var} missing in\n{help}");
+        assert!(
+            help.contains(&format!("[env: {var}")),
+            "{var} missing in\n{help}"
+        );
     }
 }
 
@@ -106,9 +117,7 @@ fn environment_variables_take_effect() {
 
     let server = Standalone::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let client = runtime
-        .block_on(Client::connect([server.url()]))
-        .unwrap();
+    let client = runtime.block_on(Client::connect([server.url()])).unwrap();
     let guard = runtime
         .block_on(client.lock("job", &LockOptions::new().ttl(Duration::from_secs(30))))
         .unwrap();
@@ -183,11 +192,12 @@ impl Running {
 fn exec_says_what_it_waits_for_with_v_and_not_with_q() {
     let server = Standalone::start();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let client = runtime
-        .block_on(Client::connect([server.url()]))
-        .unwrap();
+    let client = runtime.block_on(Client::connect([server.url()])).unwrap();
     let guard = runtime
-        .block_on(client.lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(30))))
+        .block_on(client.lock(
+            "orders:42",
+            &LockOptions::new().ttl(Duration::from_secs(30)),
+        ))
         .unwrap();
 
     let waiting = Running::start(fencelock().args([
@@ -227,7 +237,10 @@ fn exec_says_what_it_waits_for_with_v_and_not_with_q() {
     // -q: silent while waiting (the timeout message at the end is an error, not a progress
     // message). Without -v and with stderr not a terminal: silent too.
     let guard = runtime
-        .block_on(client.lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(30))))
+        .block_on(client.lock(
+            "orders:42",
+            &LockOptions::new().ttl(Duration::from_secs(30)),
+        ))
         .unwrap();
     for flags in [&["-q"][..], &[][..]] {
         let mut command = fencelock();
@@ -238,7 +251,10 @@ fn exec_says_what_it_waits_for_with_v_and_not_with_q() {
         let (code, stderr) = Running::start(&mut command).wait();
         assert_eq!(code, Some(75), "{flags:?}: {stderr}");
         assert!(!stderr.contains("waiting for"), "{flags:?}: {stderr}");
-        assert!(stderr.contains("held by another owner"), "{flags:?}: {stderr}");
+        assert!(
+            stderr.contains("held by another owner"),
+            "{flags:?}: {stderr}"
+        );
     }
     // FENCELOCK_VERBOSE=1 is -v.
     let mut command = fencelock();

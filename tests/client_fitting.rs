@@ -34,7 +34,9 @@ async fn a_client_is_built_from_a_redis_client_with_its_password() {
     // The password is what authenticates: the same address without it is refused.
     let bare = redis::Client::open(format!("redis://{}", server.node.addr())).unwrap();
     match Client::from_redis_client(&bare).connect().await {
-        Err(Error::Connect { reason, .. }) => assert!(reason.contains("authentication"), "{reason}"),
+        Err(Error::Connect { reason, .. }) => {
+            assert!(reason.contains("authentication"), "{reason}")
+        }
         other => panic!("expected an authentication failure, got {other:?}"),
     }
 }
@@ -141,7 +143,10 @@ async fn with_lock_returns_the_work_error_and_releases() {
             |_| async { panic!("the work must not run without the lock") },
         )
         .await;
-    assert!(matches!(busy, Err(AppError::Lock(Error::Busy { .. }))), "{busy:?}");
+    assert!(
+        matches!(busy, Err(AppError::Lock(Error::Busy { .. }))),
+        "{busy:?}"
+    );
     holder.release().await.unwrap();
 }
 
@@ -194,7 +199,10 @@ async fn with_lock_stops_the_work_when_the_watchdog_finds_the_lock_lost() {
         "{:?}",
         deleted.elapsed()
     );
-    assert!(dropped.load(Ordering::SeqCst), "the work's future was dropped");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the work's future was dropped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -205,7 +213,10 @@ async fn shutdown_waits_for_the_release_of_a_dropped_guard() {
     for round in 0..20 {
         let guard = client.lock("orders:42", &options).await.unwrap();
         drop(guard);
-        client.shutdown().await.expect("background release finished");
+        client
+            .shutdown()
+            .await
+            .expect("background release finished");
         assert!(
             !server.node.held(KEY),
             "round {round}: the lock is free right after shutdown"
@@ -226,7 +237,10 @@ async fn shutdown_returns_within_its_bound_when_the_node_is_paused() {
         .await
         .unwrap();
     let guard = client
-        .lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(60)))
+        .lock(
+            "orders:42",
+            &LockOptions::new().ttl(Duration::from_secs(60)),
+        )
         .await
         .unwrap();
     server.node.pause();
@@ -245,5 +259,8 @@ async fn shutdown_returns_within_its_bound_when_the_node_is_paused() {
     let took = start.elapsed();
     assert!(took < Duration::from_millis(800), "{took:?} {outcome:?}");
     server.node.resume();
-    assert!(server.node.held(KEY), "the paused node never got the release");
+    assert!(
+        server.node.held(KEY),
+        "the paused node never got the release"
+    );
 }

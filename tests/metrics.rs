@@ -14,7 +14,9 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 async fn a_grant_and_a_release_are_reported_through_the_facade() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this test binary");
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
 
     let server = Standalone::start();
     let client = Client::connect([server.url()]).await.unwrap();

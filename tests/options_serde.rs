@@ -39,7 +39,10 @@ fn lock_options_round_trip_with_humantime_durations() {
 
     // The defaults round-trip too, and an empty map is the defaults.
     let defaults = serde_json::to_value(LockOptions::new()).unwrap();
-    assert_eq!(defaults, json!({ "ttl": "30s", "timeout": "10s", "watchdog": false }));
+    assert_eq!(
+        defaults,
+        json!({ "ttl": "30s", "timeout": "10s", "watchdog": false })
+    );
     let empty: LockOptions = serde_json::from_str("{}").unwrap();
     assert_eq!(serde_json::to_value(&empty).unwrap(), defaults);
     let tagged: LockOptions = serde_json::from_str(r#"{"tag": "orders", "ttl": "2m"}"#).unwrap();
@@ -56,7 +59,9 @@ fn bad_option_maps_are_refused_with_a_reason() {
         (r#"{"floor": 0}"#, "not a valid fence token"),
         (r#"{"tll": "1s"}"#, "unknown field"),
     ] {
-        let err = serde_json::from_str::<LockOptions>(text).unwrap_err().to_string();
+        let err = serde_json::from_str::<LockOptions>(text)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(says), "{text}: {err}");
     }
 }

@@ -44,7 +44,12 @@ pub struct ExecArgs {
     #[arg(long, env = "FENCELOCK_WAIT_TIMEOUT", default_value = "1s", value_parser = duration_arg)]
     wait_timeout: Duration,
     /// How fence tokens are computed (see `docs/safety.md`).
-    #[arg(long, env = "FENCELOCK_FENCE_MODE", value_enum, default_value = "clock")]
+    #[arg(
+        long,
+        env = "FENCELOCK_FENCE_MODE",
+        value_enum,
+        default_value = "clock"
+    )]
     fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
@@ -128,7 +133,9 @@ fn waiting_message(args: &ExecArgs) -> impl Fn(&Waiting<'_>) + Send + Sync + 'st
     };
     let last = std::sync::Mutex::new(None::<std::time::Instant>);
     move |waiting| {
-        let mut last = last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
             return;
         }

@@ -36,7 +36,12 @@ struct Cli {
     urls: Vec<String>,
 
     /// Key prefix.
-    #[arg(long, global = true, env = "FENCELOCK_PREFIX", default_value = "fencelock")]
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_PREFIX",
+        default_value = "fencelock"
+    )]
     prefix: String,
 
     #[command(flatten)]
@@ -228,7 +233,12 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Completions { shell } => {
             use clap::CommandFactory;
-            clap_complete::generate(shell, &mut Cli::command(), "fencelock", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fencelock",
+                &mut std::io::stdout(),
+            );
             ExitCode::SUCCESS
         }
         Command::Script { sha, name } => match fencelock::lua_scripts().find(|s| s.name == name) {
