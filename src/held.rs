@@ -300,10 +300,13 @@ impl Held {
         self.release_unspanned().instrument(span).await
     }
 
-    /// The span of a call on this hold: the lock's name, kind (its key's suffix: `lock`, `rw`,
-    /// `fair`, `sem`) and fence.
+    /// The span of a call on this hold: the lock's name, kind (`lock`, `rw`, `fair`,
+    /// `semaphore`, as the acquiring calls' spans name them) and fence.
     fn span(&self, call: &'static str) -> tracing::Span {
-        let kind = self.keys.lock_key().rsplit(':').next().unwrap_or_default();
+        let kind = match self.keys.lock_key().rsplit(':').next().unwrap_or_default() {
+            "sem" => "semaphore",
+            other => other,
+        };
         tracing::debug_span!(
             "fencelock.hold",
             call,

@@ -264,3 +264,38 @@ async fn shutdown_returns_within_its_bound_when_the_node_is_paused() {
         "the paused node never got the release"
     );
 }
+
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_client_built_with_tls_certificates_lends_them() {
+    let certs = common::TlsCerts::generate();
+    let server = Standalone::start_tls(&certs, "yes");
+    let read = |path: std::path::PathBuf| std::fs::read(path).expect("certificate file");
+    let redis = redis::Client::build_with_tls(
+        server.url(),
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(certs.client_cert()),
+                client_key: read(certs.client_key()),
+            }),
+            root_cert: Some(read(certs.ca())),
+        },
+    )
+    .expect("redis client with TLS");
+    let client = Client::from_redis_client(&redis)
+        .connect()
+        .await
+        .expect("the CA and client certificate come from the redis client");
+    let guard = client
+        .lock("orders:42", &LockOptions::new())
+        .await
+        .expect("lock over TLS");
+    assert!(server.node.held(KEY));
+    guard.release().await.unwrap();
+
+    // Without them the same URL fails the handshake: the certificates were what made it work.
+    match Client::connect([server.url()]).await {
+        Err(Error::Connect { .. }) => {}
+        other => panic!("expected a TLS failure, got {other:?}"),
+    }
+}
