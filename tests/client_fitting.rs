@@ -150,6 +150,59 @@ async fn with_lock_returns_the_work_error_and_releases() {
     holder.release().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn with_lock_releases_after_a_panic_and_when_dropped() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(60));
+    let panicking = {
+        let client = client.clone();
+        let options = options.clone();
+        tokio::spawn(async move {
+            client
+                .with_lock("orders:42", &options, |_| async {
+                    panic!("the work panics");
+                    #[allow(unreachable_code)]
+                    Ok::<(), Error>(())
+                })
+                .await
+        })
+    };
+    assert!(panicking.await.unwrap_err().is_panic());
+    client
+        .shutdown()
+        .await
+        .expect("the drop's release finished");
+    assert!(!server.node.held(KEY), "released after the panic");
+
+    // A with_lock call dropped while its work runs releases too.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let call = {
+        let client = client.clone();
+        let started = Arc::clone(&started);
+        tokio::spawn(async move {
+            client
+                .with_lock("orders:42", &options, |_| async move {
+                    started.notify_one();
+                    std::future::pending::<Result<(), Error>>().await
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    assert!(server.node.held(KEY));
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    client
+        .shutdown()
+        .await
+        .expect("the drop's release finished");
+    assert!(
+        !server.node.held(KEY),
+        "released after the call was dropped"
+    );
+}
+
 /// Sets its flag when dropped: shows that the work's future was dropped.
 struct DropFlag(Arc<AtomicBool>);
 
