@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::options::instant_after;
+use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::Subscription;
 use crate::stats::Counters;
 
@@ -96,6 +96,20 @@ pub(crate) async fn wait<R: Request>(
     request: &R,
     timeout: Duration,
 ) -> Result<R::Granted> {
+    wait_observed(core, request, timeout, None).await
+}
+
+/// [`wait`], telling `observer` each time the resource is found held and the call waits.
+///
+/// # Cancel safety
+///
+/// As [`wait`].
+pub(crate) async fn wait_observed<R: Request>(
+    core: &Arc<Core>,
+    request: &R,
+    timeout: Duration,
+    observer: Option<&WaitObserver>,
+) -> Result<R::Granted> {
     let name = request.name();
     let started = Instant::now();
     let deadline = instant_after(started, timeout);
@@ -110,6 +124,13 @@ pub(crate) async fn wait<R: Request>(
             Ok(Attempt::Busy { retry_after }) => {
                 if Instant::now() >= deadline {
                     return Err(request.busy(started.elapsed(), retry_after));
+                }
+                if let Some(observer) = observer {
+                    observer.notify(&Waiting {
+                        name,
+                        lease_left: retry_after,
+                        waited: started.elapsed(),
+                    });
                 }
                 if let Listening::NotYet = listening {
                     match subscribe(core, request.channel(), deadline).await {

@@ -20,7 +20,7 @@ use crate::options::LockOptions;
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
 use crate::semaphore::Semaphore;
 use crate::stats::Stats;
-use crate::transport::{Endpoint, Timeouts, TlsFiles, Topology, Transport};
+use crate::transport::{Endpoint, Seeds, Timeouts, TlsFiles, Topology, Transport};
 
 /// The default [`ClientBuilder::expiry_grace`].
 pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(10);
@@ -45,7 +45,7 @@ pub const MAX_EXPIRY_GRACE: Duration = Duration::from_secs(24 * 3600);
 /// ```
 #[derive(Debug, Clone)]
 pub struct ClientBuilder {
-    urls: Vec<String>,
+    seeds: Seeds,
     prefix: String,
     connect_timeout: Duration,
     request_timeout: Duration,
@@ -202,6 +202,11 @@ impl ClientBuilder {
     ///
     /// Cancel safe: nothing outlives a dropped call.
     pub async fn connect(self) -> Result<Client> {
+        let span = tracing::debug_span!("fencelock.connect", seeds = ?self.seeds);
+        self.connect_unspanned().instrument(span).await
+    }
+
+    async fn connect_unspanned(self) -> Result<Client> {
         if self.prefix.contains(['{', '}']) {
             return Err(Error::InvalidConfig {
                 reason: format!(
@@ -250,7 +255,7 @@ impl ClientBuilder {
             response: self.request_timeout,
         };
         let (endpoint, conn) =
-            Endpoint::discover(&self.urls, timeouts, self.retries, &self.tls).await?;
+            Endpoint::discover(&self.seeds, timeouts, self.retries, &self.tls).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
         Ok(Client {
             core: Arc::new(Core::new(
@@ -313,8 +318,65 @@ impl Client {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        Self::builder_with(Seeds::Urls(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// A builder with default settings that connects with the connection info of an existing
+    /// `redis::Client`: its address, user, password, database, protocol and TLS settings (the
+    /// certificates of [`redis::Client::build_with_tls`] included) are reused; fencelock's
+    /// timeouts, retries and other [`ClientBuilder`] settings apply on top. The address may be
+    /// a standalone server or any node of a cluster: cluster mode is detected as with URLs.
+    ///
+    /// What is not carried over: a cluster's other nodes are reached with the same user and
+    /// password, but the certificates of `build_with_tls` only apply to the given node, so for
+    /// a TLS cluster under a private CA also set [`ClientBuilder::tls_ca_file`] (and the client
+    /// certificate), or use [`from_cluster_client`](Self::from_cluster_client). A credentials
+    /// provider set on the `redis::Client` is not used (redis-rs keeps it out of the connection
+    /// info).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = redis::Client::open("redis://:secret@127.0.0.1:6379/")?;
+    /// let locks = fencelock::Client::from_redis_client(&redis).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_redis_client(client: &redis::Client) -> ClientBuilder {
+        Self::builder_with(Seeds::Infos(vec![client.get_connection_info().clone()]))
+    }
+
+    /// A builder with default settings that opens every connection through an existing
+    /// `redis::cluster::ClusterClient`, so its initial nodes, user, password, TLS certificates,
+    /// read routing and retry settings are used as they are. fencelock's connect and request
+    /// timeouts are applied to the connections it opens, and bound every call as usual; the
+    /// cluster client's own retry settings replace [`ClientBuilder::retries`].
+    ///
+    /// What differs from a client built from URLs: redis-rs does not expose a cluster client's
+    /// initial nodes, so fencelock cannot probe them one by one and leave out a paused one when
+    /// it (re)connects; and release wake-ups need a RESP3 connection, so build the cluster
+    /// client with `.use_protocol(redis::ProtocolVersion::RESP3)`, otherwise waiting calls poll
+    /// with backoff (they still work). TLS files set on the fencelock builder are refused: set
+    /// the certificates on the cluster client's builder.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cluster = redis::cluster::ClusterClient::builder(["redis://127.0.0.1:7000"])
+    ///     .password("secret")
+    ///     .use_protocol(redis::ProtocolVersion::RESP3)
+    ///     .build()?;
+    /// let locks = fencelock::Client::from_cluster_client(&cluster).connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_cluster_client(client: &redis::cluster::ClusterClient) -> ClientBuilder {
+        Self::builder_with(Seeds::Cluster(Box::new(client.clone())))
+    }
+
+    fn builder_with(seeds: Seeds) -> ClientBuilder {
         ClientBuilder {
-            urls: urls.into_iter().map(Into::into).collect(),
+            seeds,
             prefix: "fencelock".into(),
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(2),
@@ -397,6 +459,7 @@ impl Client {
             });
         }
         let fence_arg = fence.get().to_string();
+        let span = tracing::debug_span!("fencelock.fenced_set", key, fence = fence.get());
         let reply = self
             .core
             .transport
@@ -405,6 +468,7 @@ impl Client {
                 key,
                 "fenced write",
             )
+            .instrument(span)
             .await?;
         let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
         if status == 1 {
@@ -433,6 +497,12 @@ impl Client {
     pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.try_lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
         acquire::once(
             &self.core,
             &lock::Acquire {
@@ -440,6 +510,7 @@ impl Client {
                 options,
             },
         )
+        .instrument(span)
         .await
     }
 
@@ -468,14 +539,118 @@ impl Client {
     pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;
-        let span = tracing::debug_span!("fencelock.lock", lock = name, slot = keys.slot());
+        let span = tracing::debug_span!(
+            "fencelock.lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
         let request = lock::Acquire {
             keys: &keys,
             options,
         };
-        acquire::wait(&self.core, &request, options.timeout)
-            .instrument(span)
-            .await
+        acquire::wait_observed(
+            &self.core,
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span)
+        .await
+    }
+
+    /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it
+    /// as [`lock`](Self::lock) does, calls `work` with the hold's fence token, and releases the
+    /// lock when `work` returns `Ok` or `Err`. If `work` panics or the returned future is
+    /// dropped, the guard's drop releases the lock in the background (see
+    /// [`shutdown`](Self::shutdown) to wait for it).
+    ///
+    /// With the watchdog on ([`LockOptions::watchdog`]) `work` is raced against
+    /// [`LockGuard::lost`]: when the hold is lost, `work`'s future is dropped at once (at its
+    /// next `.await`) and the loss is returned. Without the watchdog `work` runs to its end; if
+    /// the lease ran out meanwhile, the release finds the lock lost and that loss is returned
+    /// instead of `work`'s value (its writes may have been rejected by fence). A release that
+    /// fails for another reason (Redis did not answer) is logged, and `work`'s outcome is
+    /// returned: the lock then expires after its TTL.
+    ///
+    /// `work`'s error type only needs `From<fencelock::Error>` (as `anyhow::Error` and
+    /// `fencelock::Error` have), so acquisition errors and losses come back through it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().watchdog(true);
+    /// let written = client
+    ///     .with_lock("orders:42", &options, |fence| async move {
+    ///         // write the order, passing `fence` to the storage
+    ///         Ok::<_, fencelock::Error>(fence.get())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock) when the lock is not acquired (`work` is then not called);
+    /// `work`'s own error; with the watchdog, the loss [`LockGuard::lost`] reports
+    /// ([`Error::is_lock_lost`]); [`Error::Expired`] or [`Error::NotOwner`] when the release found
+    /// the lock lost after `work` succeeded.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call drops `work` and releases the lock (or the acquisition in
+    /// flight) in the background.
+    pub async fn with_lock<T, E, F, Fut>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce(FenceToken) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
+        let outcome = async {
+            let work = work(guard.fence());
+            if options.watchdog {
+                tokio::select! {
+                    biased;
+                    lost = guard.lost() => return Err(lost),
+                    outcome = work => return Ok(outcome),
+                }
+            }
+            Ok(work.await)
+        }
+        .instrument(span.clone())
+        .await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(lost) => {
+                tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
+                // The release of a lost hold only tidies up; its answer adds nothing.
+                let _ = guard.release().instrument(span).await;
+                return Err(E::from(lost));
+            }
+        };
+        match guard.release().instrument(span.clone()).await {
+            Ok(()) => outcome,
+            Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
+            Err(err) => {
+                tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
+                outcome
+            }
+        }
     }
 
     /// The countdown latch `name` (key `<prefix>:{name}:latch`): a handle, no call to Redis.
@@ -602,9 +777,14 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, true);
-        let outcome = acquire::wait(&self.core, &request, options.timeout)
-            .instrument(span.clone())
-            .await;
+        let outcome = acquire::wait_observed(
+            &self.core,
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span.clone())
+        .await;
         if outcome.is_err() {
             request.withdraw().instrument(span).await;
         }
@@ -629,6 +809,59 @@ impl Client {
     /// [`Error::InvalidName`] for a bad name; [`Error::InvalidOptions`] for a limit of 0.
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         Semaphore::new(&self.core, name, limit)
+    }
+
+    /// Waits for this client's background work to finish: the releases of guards dropped
+    /// without [`release`](LockGuard::release) and the undos of cancelled acquisitions, which
+    /// run as background tasks. Call it before the process exits, so that a lock whose guard
+    /// was just dropped is free at once instead of staying held until its TTL ends.
+    ///
+    /// Waits at most one request timeout (each background release is itself bounded by it);
+    /// see [`shutdown_within`](Self::shutdown_within) for another bound. The client stays
+    /// usable: shutdown only waits.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// let guard = client.lock("jobs:nightly", &fencelock::LockOptions::new()).await?;
+    /// drop(guard); // released in the background
+    /// client.shutdown().await?; // the release has reached Redis
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutdownIncomplete`] when background releases were still running at the bound
+    /// (a node paused or unreachable): their locks expire after their TTL.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits; the background releases go on.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.shutdown_within(self.core.transport.request_timeout())
+            .await
+    }
+
+    /// [`shutdown`](Self::shutdown), waiting at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutdownIncomplete`] when background releases were still running after `limit`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn shutdown_within(&self, limit: Duration) -> Result<()> {
+        let span = tracing::debug_span!("fencelock.shutdown");
+        let pending = self.core.transport.settle(limit).instrument(span).await;
+        if pending == 0 {
+            return Ok(());
+        }
+        Err(Error::ShutdownIncomplete {
+            pending,
+            after: limit,
+        })
     }
 
     /// A snapshot of this client's counters (grants, contention, losses, ...).

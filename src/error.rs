@@ -250,6 +250,20 @@ pub enum Error {
         /// The limit this call gave.
         requested: u32,
     },
+
+    /// [`Client::shutdown`](crate::Client::shutdown) returned before every background release
+    /// (of a dropped guard, or of a cancelled acquire) had finished: those locks may stay held
+    /// until their TTL ends.
+    #[error(
+        "{pending} background releases had not finished within {after:?}: their locks stay \
+         held until their TTL ends; check that Redis answers, or give shutdown more time"
+    )]
+    ShutdownIncomplete {
+        /// Background releases still running.
+        pending: usize,
+        /// How long shutdown waited.
+        after: Duration,
+    },
 }
 
 /// How a latch that did not open stood.

@@ -1,9 +1,10 @@
 //! The state every guard wraps: one hold of one key by one owner, its fence, its lease (followed
 //! by the watchdog or not), and the scripts that release, extend and renew it.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
+
+use tracing::Instrument;
 
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -13,7 +14,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::Counters;
+use crate::stats::{Counter, Counters};
 
 /// The scripts a primitive's holds are released, extended and renewed with. They share one
 /// contract, so [`Held`] and the watchdog serve every primitive alike:
@@ -258,6 +259,11 @@ impl Held {
 
     /// Resets the lease to `ttl` (see `LockGuard::extend`).
     pub(crate) async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
+        let span = self.span("fencelock.extend");
+        self.extend_unspanned(ttl).instrument(span).await
+    }
+
+    async fn extend_unspanned(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
         let ttl_ms = ttl_millis(ttl);
@@ -289,7 +295,28 @@ impl Held {
     }
 
     /// Releases the hold and stops its watch (see `LockGuard::release`).
-    pub(crate) async fn release(mut self) -> Result<()> {
+    pub(crate) async fn release(self) -> Result<()> {
+        let span = self.span("fencelock.release");
+        self.release_unspanned().instrument(span).await
+    }
+
+    /// The span of a call on this hold: the lock's name, kind (`lock`, `rw`, `fair`,
+    /// `semaphore`, as the acquiring calls' spans name them) and fence.
+    fn span(&self, call: &'static str) -> tracing::Span {
+        let kind = match self.keys.lock_key().rsplit(':').next().unwrap_or_default() {
+            "sem" => "semaphore",
+            other => other,
+        };
+        tracing::debug_span!(
+            "fencelock.hold",
+            call,
+            lock = self.name(),
+            kind,
+            fence = self.fence.get()
+        )
+    }
+
+    async fn release_unspanned(mut self) -> Result<()> {
         self.unwatch();
         let call = self.release_call();
         let reply = self
@@ -319,7 +346,7 @@ impl Held {
 
     /// Maps the code `release` or `extend` answered to the caller's result, counting a success
     /// in `done` and a loss in `lost`.
-    fn outcome(&self, code: i64, operation: &'static str, done: &AtomicU64) -> Result<()> {
+    fn outcome(&self, code: i64, operation: &'static str, done: &Counter) -> Result<()> {
         let name = self.keys.name();
         match Outcome::decode(name, operation, code)?.lost(name) {
             None => {

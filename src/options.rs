@@ -1,5 +1,6 @@
 //! Per-lock options and their validation.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -38,6 +39,11 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
 /// no fence floor, no watchdog.
 ///
+/// With the `serde` feature it implements `Serialize` and `Deserialize`: a flat map whose
+/// durations are humantime strings (`{"ttl": "30s", "timeout": "1m 30s", "watchdog": true}`,
+/// `"forever"` for `Duration::MAX`); missing fields take their defaults, unknown ones are
+/// refused. The [`on_wait`](Self::on_wait) observer is not part of it.
+///
 /// # Examples
 ///
 /// ```
@@ -60,6 +66,37 @@ pub struct LockOptions {
     pub(crate) watchdog: bool,
     pub(crate) renew_every: Option<Duration>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) on_wait: Option<WaitObserver>,
+}
+
+/// What a waiting acquisition tells an [`LockOptions::on_wait`] observer each time it finds the
+/// lock held and is about to wait.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Waiting<'a> {
+    /// The lock's name.
+    pub name: &'a str,
+    /// When the holder's lease ends at the latest unless renewed (for a semaphore: the first
+    /// permit's; for a fair lock's queue: the lease of the holder or of the head of the queue).
+    pub lease_left: Duration,
+    /// How long the call has waited so far.
+    pub waited: Duration,
+}
+
+/// The observer [`LockOptions::on_wait`] sets.
+#[derive(Clone)]
+pub(crate) struct WaitObserver(Arc<dyn Fn(&Waiting<'_>) + Send + Sync>);
+
+impl WaitObserver {
+    pub(crate) fn notify(&self, waiting: &Waiting<'_>) {
+        (self.0)(waiting);
+    }
+}
+
+impl std::fmt::Debug for WaitObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WaitObserver")
+    }
 }
 
 impl Default for LockOptions {
@@ -73,6 +110,7 @@ impl Default for LockOptions {
             watchdog: false,
             renew_every: None,
             max_hold: None,
+            on_wait: None,
         }
     }
 }
@@ -153,6 +191,27 @@ impl LockOptions {
     /// At least [`MIN_TTL`]; `Duration::MAX` means no maximum.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// Calls `observer` each time a waiting acquisition ([`Client::lock`](crate::Client::lock),
+    /// `read_lock`, `write_lock`, `fair_lock`, a semaphore's `acquire`) finds the lock held and
+    /// is about to wait, with the lock's name and when the holder's lease ends: for progress
+    /// messages such as the CLI's `waiting for orders:42: held by another owner, lease ends in
+    /// 8.2s`. It runs on the waiting task, so it must return quickly; `try_*` calls never call
+    /// it. Not part of the options' serialized form.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().on_wait(|waiting| {
+    ///     eprintln!("waiting for {}: lease ends in {:?}", waiting.name, waiting.lease_left);
+    /// });
+    /// ```
+    pub fn on_wait(mut self, observer: impl Fn(&Waiting<'_>) + Send + Sync + 'static) -> Self {
+        self.on_wait = Some(WaitObserver(Arc::new(observer)));
         self
     }
 

@@ -137,23 +137,33 @@ impl Histogram {
 pub(crate) struct LiveHistogram {
     buckets: [AtomicU64; BUCKETS],
     sum_micros: AtomicU64,
+    /// Its name in the `metrics` facade (values in seconds).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    name: &'static str,
 }
 
 impl Default for LiveHistogram {
     fn default() -> Self {
-        Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            sum_micros: AtomicU64::new(0),
-        }
+        Self::named("")
     }
 }
 
 impl LiveHistogram {
+    fn named(name: &'static str) -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_micros: AtomicU64::new(0),
+            name,
+        }
+    }
+
     pub(crate) fn record(&self, value: Duration) {
         let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - micros.leading_zeros() as usize).min(BUCKETS - 1);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!(self.name).record(value.as_secs_f64());
     }
 
     fn snapshot(&self) -> Histogram {
@@ -164,34 +174,103 @@ impl LiveHistogram {
     }
 }
 
+/// One live counter of [`Counters`], with its name in the `metrics` facade.
+#[derive(Debug)]
+pub(crate) struct Counter {
+    value: AtomicU64,
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    name: &'static str,
+}
+
+impl Counter {
+    fn named(name: &'static str) -> Self {
+        Self {
+            value: AtomicU64::new(0),
+            name,
+        }
+    }
+
+    pub(crate) fn load(&self, order: Ordering) -> u64 {
+        self.value.load(order)
+    }
+}
+
+/// The names the counters and histograms are reported under with the `metrics` feature.
+pub(crate) mod names {
+    pub(crate) const ACQUIRE_ATTEMPTS: &str = "fencelock_acquire_attempts_total";
+    pub(crate) const GRANTS: &str = "fencelock_grants_total";
+    pub(crate) const BUSY: &str = "fencelock_busy_total";
+    pub(crate) const ACQUIRE_ERRORS: &str = "fencelock_acquire_errors_total";
+    pub(crate) const REPLICAS_NOT_CONFIRMED: &str = "fencelock_replicas_not_confirmed_total";
+    pub(crate) const REPLICA_ACKS: &str = "fencelock_replica_acks_total";
+    pub(crate) const WAKEUPS: &str = "fencelock_wakeups_total";
+    pub(crate) const EXTENDS: &str = "fencelock_extends_total";
+    pub(crate) const RENEWALS: &str = "fencelock_renewals_total";
+    pub(crate) const RENEWAL_CALLS: &str = "fencelock_renewal_calls_total";
+    pub(crate) const RELEASES: &str = "fencelock_releases_total";
+    pub(crate) const LOST: &str = "fencelock_lost_total";
+    pub(crate) const CLOCK_BEHIND: &str = "fencelock_clock_behind_total";
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const CONNECTION_REBUILDS: &str = "fencelock_connection_rebuilds_total";
+    pub(crate) const WAIT_SECONDS: &str = "fencelock_wait_seconds";
+    pub(crate) const HOLD_SECONDS: &str = "fencelock_hold_seconds";
+}
+
 /// The live counters behind [`Stats`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Counters {
-    pub(crate) acquire_attempts: AtomicU64,
-    pub(crate) grants: AtomicU64,
-    pub(crate) busy: AtomicU64,
-    pub(crate) acquire_errors: AtomicU64,
-    pub(crate) replicas_not_confirmed: AtomicU64,
-    pub(crate) replica_acks: AtomicU64,
-    pub(crate) wakeups: AtomicU64,
-    pub(crate) extends: AtomicU64,
-    pub(crate) renewals: AtomicU64,
-    pub(crate) renewal_calls: AtomicU64,
-    pub(crate) releases: AtomicU64,
-    pub(crate) lost: AtomicU64,
-    pub(crate) clock_behind: AtomicU64,
+    pub(crate) acquire_attempts: Counter,
+    pub(crate) grants: Counter,
+    pub(crate) busy: Counter,
+    pub(crate) acquire_errors: Counter,
+    pub(crate) replicas_not_confirmed: Counter,
+    pub(crate) replica_acks: Counter,
+    pub(crate) wakeups: Counter,
+    pub(crate) extends: Counter,
+    pub(crate) renewals: Counter,
+    pub(crate) renewal_calls: Counter,
+    pub(crate) releases: Counter,
+    pub(crate) lost: Counter,
+    pub(crate) clock_behind: Counter,
     pub(crate) clock_behind_max_us: AtomicU64,
     pub(crate) waits: LiveHistogram,
     pub(crate) holds: LiveHistogram,
 }
 
+impl Default for Counters {
+    fn default() -> Self {
+        use names::*;
+        Self {
+            acquire_attempts: Counter::named(ACQUIRE_ATTEMPTS),
+            grants: Counter::named(GRANTS),
+            busy: Counter::named(BUSY),
+            acquire_errors: Counter::named(ACQUIRE_ERRORS),
+            replicas_not_confirmed: Counter::named(REPLICAS_NOT_CONFIRMED),
+            replica_acks: Counter::named(REPLICA_ACKS),
+            wakeups: Counter::named(WAKEUPS),
+            extends: Counter::named(EXTENDS),
+            renewals: Counter::named(RENEWALS),
+            renewal_calls: Counter::named(RENEWAL_CALLS),
+            releases: Counter::named(RELEASES),
+            lost: Counter::named(LOST),
+            clock_behind: Counter::named(CLOCK_BEHIND),
+            clock_behind_max_us: AtomicU64::new(0),
+            waits: LiveHistogram::named(WAIT_SECONDS),
+            holds: LiveHistogram::named(HOLD_SECONDS),
+        }
+    }
+}
+
 impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+    /// Adds `n` to `counter`, and reports it through the `metrics` facade with that feature.
+    pub(crate) fn add(counter: &Counter, n: u64) {
+        counter.value.fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(counter.name).increment(n);
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let get = |c: &Counter| c.load(Ordering::Relaxed);
         Stats {
             acquire_attempts: get(&self.acquire_attempts),
             grants: get(&self.grants),
@@ -208,7 +287,7 @@ impl Counters {
             // The transport counts its rebuilds; `Core::stats` fills them in.
             connection_rebuilds: 0,
             clock_behind: get(&self.clock_behind),
-            clock_behind_max_us: get(&self.clock_behind_max_us),
+            clock_behind_max_us: self.clock_behind_max_us.load(Ordering::Relaxed),
             waits: self.waits.snapshot(),
             holds: self.holds.snapshot(),
         }

@@ -4,7 +4,7 @@
 
 mod tls;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError};
 use redis::{ProtocolVersion, RedisFuture, RedisResult, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::script::ScriptCall;
@@ -86,6 +86,38 @@ enum Opener {
     /// Lanes are cluster connections of their own (no response timeout: callers bound them).
     Cluster(ClusterClient),
     Standalone(redis::Client),
+    /// A cluster client the application built: every connection (main, lanes, subscriber) is
+    /// opened through it, as its initial nodes are not readable.
+    Given(ClusterClient),
+}
+
+/// Where a client's connections come from.
+#[derive(Clone)]
+pub(crate) enum Seeds {
+    /// URLs, parsed here.
+    Urls(Vec<String>),
+    /// Connection infos taken from a `redis::Client` (they keep its auth, database, protocol and
+    /// TLS parameters).
+    Infos(Vec<ConnectionInfo>),
+    /// A `redis::cluster::ClusterClient` used as it is.
+    Cluster(Box<ClusterClient>),
+}
+
+impl std::fmt::Debug for Seeds {
+    /// Addresses only: no password is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seeds::Urls(urls) => f
+                .debug_list()
+                .entries(urls.iter().map(|url| redact(url)))
+                .finish(),
+            Seeds::Infos(infos) => f
+                .debug_list()
+                .entries(infos.iter().map(|info| info.addr().to_string()))
+                .finish(),
+            Seeds::Cluster(_) => f.write_str("ClusterClient"),
+        }
+    }
 }
 
 /// The deployment found at the given URLs.
@@ -107,20 +139,27 @@ impl Endpoint {
     /// Reads the TLS files, probes every URL at once, detects cluster mode and opens the main
     /// connection through the nodes that answer.
     pub(crate) async fn discover(
-        urls: &[String],
+        seeds: &Seeds,
         timeouts: Timeouts,
         retries: u32,
         tls_files: &TlsFiles,
     ) -> Result<(Self, Connection)> {
-        if urls.is_empty() {
-            return Err(Error::InvalidConfig {
-                reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:7000".into(),
-            });
-        }
-        let seeds = urls
-            .iter()
-            .map(|url| parse_url(url))
-            .collect::<Result<Vec<_>>>()?;
+        let seeds = match seeds {
+            Seeds::Urls(urls) if urls.is_empty() => {
+                return Err(Error::InvalidConfig {
+                    reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:7000"
+                        .into(),
+                })
+            }
+            Seeds::Urls(urls) => urls
+                .iter()
+                .map(|url| parse_url(url))
+                .collect::<Result<Vec<_>>>()?,
+            Seeds::Infos(infos) => infos.clone(),
+            Seeds::Cluster(client) => {
+                return Self::given((**client).clone(), timeouts, retries, tls_files).await
+            }
+        };
         let certs = tls::prepare(tls_files, &seeds)?;
         let seeds = seeds
             .into_iter()
@@ -157,8 +196,51 @@ impl Endpoint {
         Ok((endpoint, conn))
     }
 
+    /// The endpoint of a cluster client the application built: no probes (it is a cluster),
+    /// the connections are opened through the client with this client's timeouts.
+    async fn given(
+        client: ClusterClient,
+        timeouts: Timeouts,
+        retries: u32,
+        tls_files: &TlsFiles,
+    ) -> Result<(Self, Connection)> {
+        if tls_files.ca.is_some() || tls_files.client.is_some() {
+            return Err(Error::InvalidConfig {
+                reason: "TLS files were given with a redis-rs ClusterClient: set the \
+                         certificates on its ClusterClientBuilder (`certs`) instead"
+                    .into(),
+            });
+        }
+        tls::ensure_provider();
+        let endpoint = Self {
+            topology: Topology::Cluster,
+            nodes: "the given ClusterClient's nodes".into(),
+            opener: Opener::Given(client),
+            timeouts,
+            seeds: Vec::new(),
+            retries,
+            certs: None,
+        };
+        let conn = endpoint.main_connection().await?;
+        Ok((endpoint, conn))
+    }
+
+    /// Connection settings for a connection opened through a given cluster client.
+    fn given_config(&self, response: Duration) -> redis::cluster::ClusterConfig {
+        redis::cluster::ClusterConfig::new()
+            .set_connection_timeout(self.timeouts.connect)
+            .set_response_timeout(response)
+    }
+
     /// Opens a fresh main connection (new slot map) through the seeds that answer now.
     pub(crate) async fn main_connection(&self) -> Result<Connection> {
+        if let Opener::Given(client) = &self.opener {
+            let config = self.given_config(self.timeouts.response);
+            return self
+                .within(client.get_async_connection_with_config(config))
+                .await
+                .map(Connection::Cluster);
+        }
         let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
         self.connect_through(&live).await
     }
@@ -212,6 +294,17 @@ impl Endpoint {
     /// Opens a RESP3 connection whose server pushes (messages, unsubscriptions, disconnects)
     /// go to `push`, for the waiters' subscriptions; seeded with the nodes that answer now.
     pub(crate) async fn open_subscriber(&self, push: impl AsyncPushSender) -> Result<Subscriber> {
+        if let Opener::Given(client) = &self.opener {
+            // Pushes arrive only if the application's client speaks RESP3; otherwise the
+            // subscription fails and waiters poll.
+            let config = self
+                .given_config(self.timeouts.response)
+                .set_push_sender(push);
+            return self
+                .within(client.get_async_connection_with_config(config))
+                .await
+                .map(Subscriber::Cluster);
+        }
         let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
         match self.topology {
             Topology::Cluster => {
@@ -251,6 +344,10 @@ impl Endpoint {
     async fn open_lane(&self) -> RedisResult<Connection> {
         match &self.opener {
             Opener::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            Opener::Given(client) => client
+                .get_async_connection_with_config(self.given_config(Duration::from_secs(24 * 3600)))
+                .await
+                .map(Connection::Cluster),
             Opener::Standalone(client) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
@@ -505,6 +602,22 @@ pub(crate) struct Transport {
     rebuilds: AtomicU64,
     lanes: Lanes,
     request_timeout: Duration,
+    /// Background calls ([`Transport::run_detached`]) not yet finished, for
+    /// [`Transport::settle`].
+    detached: AtomicUsize,
+    /// Signalled whenever a background call finishes.
+    detached_done: Notify,
+}
+
+/// Counts one background call until it is dropped (finished, failed, or cancelled by a runtime
+/// shutting down).
+struct DetachedTicket(Arc<Transport>);
+
+impl Drop for DetachedTicket {
+    fn drop(&mut self) {
+        self.0.detached.fetch_sub(1, Ordering::AcqRel);
+        self.0.detached_done.notify_waiters();
+    }
 }
 
 impl Transport {
@@ -522,6 +635,8 @@ impl Transport {
             rebuilds: AtomicU64::new(0),
             lanes: Lanes::new(endpoint, wait_lanes),
             request_timeout,
+            detached: AtomicUsize::new(0),
+            detached_done: Notify::new(),
         }
     }
 
@@ -590,14 +705,43 @@ impl Transport {
     /// release nobody awaits); never blocks or panics. A failure is only logged.
     pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.detached.fetch_add(1, Ordering::AcqRel);
+            let ticket = DetachedTicket(Arc::clone(self));
             let transport = Arc::clone(self);
             runtime.spawn(async move {
+                let _ticket = ticket;
                 let key = call.first_key();
                 if let Err(err) = transport.run(&call, key, operation).await {
                     tracing::debug!(lock = key, error = %err, "background {operation} failed");
                 }
             });
         }
+    }
+
+    /// Background calls started by [`run_detached`](Self::run_detached) and not finished yet.
+    pub(crate) fn detached(&self) -> usize {
+        self.detached.load(Ordering::Acquire)
+    }
+
+    /// Waits until every background call has finished, or `limit` has passed. Returns how many
+    /// are still running (0 when all finished).
+    ///
+    /// Each background call is itself bounded by the request timeout, so a `limit` of one
+    /// request timeout covers every call started before this one.
+    pub(crate) async fn settle(&self, limit: Duration) -> usize {
+        let all_done = async {
+            loop {
+                let notified = self.detached_done.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.detached() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all_done).await;
+        self.detached()
     }
 
     /// Runs `call` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
@@ -652,6 +796,8 @@ impl Transport {
                     *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
                     transport.failures.store(0, Ordering::Release);
                     transport.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    #[cfg(feature = "metrics")]
+                    metrics::counter!(crate::stats::names::CONNECTION_REBUILDS).increment(1);
                     tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
                 }
                 Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),

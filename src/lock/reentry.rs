@@ -113,6 +113,12 @@ impl Reentry {
     /// Cancel safe: if the call is dropped after the request was sent, the hold it may have
     /// added is released in the background.
     pub async fn lock(&self) -> Result<LockGuard> {
+        let span =
+            tracing::debug_span!("fencelock.reenter", lock = self.keys.name(), kind = "lock");
+        tracing::Instrument::instrument(self.lock_unspanned(), span).await
+    }
+
+    async fn lock_unspanned(&self) -> Result<LockGuard> {
         validate_ttl(self.keys.name(), self.ttl)?;
         let hold = uuid::Uuid::new_v4().simple().to_string();
         let sent = Instant::now();

@@ -210,7 +210,10 @@ impl WriteGuard {
             &[held.keys().lock_key()],
             &[held.owner(), core.transport.announce(), core.expiry()],
         );
-        let reply = core.transport.run(&call, &name, "downgrade").await?;
+        let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = "rw");
+        let reply =
+            tracing::Instrument::instrument(core.transport.run(&call, &name, "downgrade"), span)
+                .await?;
         let (code, _remaining) = parse_reply::<(i64, u64)>(&name, "downgrade", reply)?;
         match code {
             1 => Ok(ReadGuard { held: self.held }),

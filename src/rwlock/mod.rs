@@ -284,9 +284,14 @@ impl Client {
                 mode: Mode::Read,
                 intent: "",
             };
-            acquire::wait(self.core(), &request, options.timeout)
-                .await
-                .map(ReadGuard::new)
+            acquire::wait_observed(
+                self.core(),
+                &request,
+                options.timeout,
+                options.on_wait.as_ref(),
+            )
+            .await
+            .map(ReadGuard::new)
         }
         .instrument(span)
         .await
@@ -382,7 +387,14 @@ impl Client {
                 mode: Mode::Write,
                 intent: &id,
             };
-            match acquire::wait(self.core(), &request, options.timeout).await {
+            match acquire::wait_observed(
+                self.core(),
+                &request,
+                options.timeout,
+                options.on_wait.as_ref(),
+            )
+            .await
+            {
                 Ok(held) => {
                     intent.disarm();
                     Ok(WriteGuard::new(held))

@@ -137,6 +137,16 @@ impl RwReentry {
     }
 
     async fn enter(&self, mode: &str) -> Result<Held> {
+        let span = tracing::debug_span!(
+            "fencelock.reenter",
+            lock = self.keys.name(),
+            kind = "rw",
+            mode
+        );
+        tracing::Instrument::instrument(self.enter_unspanned(mode), span).await
+    }
+
+    async fn enter_unspanned(&self, mode: &str) -> Result<Held> {
         let name = self.keys.name();
         validate_ttl(name, self.ttl)?;
         let hold = uuid::Uuid::new_v4().simple().to_string();

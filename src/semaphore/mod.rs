@@ -206,9 +206,14 @@ impl Semaphore {
             InFlight::arm(&self.core.transport, call)
         });
         let span = self.span("acquire", count);
-        let result = acquire::wait(&self.core, &request, options.timeout)
-            .instrument(span)
-            .await;
+        let result = acquire::wait_observed(
+            &self.core,
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span)
+        .await;
         if let (Ok(_), Some(withdraw)) = (&result, withdraw) {
             withdraw.disarm();
         }

@@ -77,6 +77,12 @@ pub(crate) fn prepare(files: &TlsFiles, seeds: &[ConnectionInfo]) -> Result<Opti
     imp::load(files)
 }
 
+/// Installs the crypto provider (when the `tls` feature is on and the application installed
+/// none), for connections whose TLS settings fencelock cannot see (a given cluster client).
+pub(crate) fn ensure_provider() {
+    imp::install_provider();
+}
+
 /// `info` with the certificates attached, so connections opened from it use them.
 pub(crate) fn apply(info: ConnectionInfo, certs: Option<&Certs>) -> Result<ConnectionInfo> {
     match certs {

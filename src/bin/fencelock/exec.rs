@@ -7,13 +7,15 @@
 //! behind in its group when it exits get SIGTERM, then SIGKILL after the grace period, before
 //! the lock is released: nothing of the command runs without the lock.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::builder::FalseyValueParser;
 use clap::Args;
 use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    PermitGuard, ReadGuard, WriteGuard, MIN_TTL,
+    PermitGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
 };
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -26,42 +28,54 @@ use crate::{code, duration_arg, fail, PlacementArgs};
 pub struct ExecArgs {
     /// Lock TTL (at least 10ms); the watchdog renews the lock every TTL/3 while CMD runs, so
     /// the TTL only bounds how long a crashed holder blocks others.
-    #[arg(long, default_value = "10s", value_parser = ttl_arg)]
+    #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = ttl_arg)]
     ttl: Duration,
     /// Stop renewing after this long: the lock is then lost and CMD terminated (exit 70).
-    #[arg(long, value_parser = duration_arg)]
+    #[arg(long, env = "FENCELOCK_MAX_HOLD", value_parser = duration_arg)]
     max_hold: Option<Duration>,
     /// How long to wait for the lock (woken at once when the holder releases); 0 makes one
     /// attempt.
-    #[arg(long, default_value = "30s", value_parser = duration_arg)]
+    #[arg(long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
     timeout: Duration,
     /// Replicas that must confirm the acquisition (Redis WAIT).
-    #[arg(long)]
+    #[arg(long, env = "FENCELOCK_WAIT_REPLICAS")]
     wait_replicas: Option<u32>,
     /// How long WAIT may take.
-    #[arg(long, default_value = "1s", value_parser = duration_arg)]
+    #[arg(long, env = "FENCELOCK_WAIT_TIMEOUT", default_value = "1s", value_parser = duration_arg)]
     wait_timeout: Duration,
     /// How fence tokens are computed (see `docs/safety.md`).
-    #[arg(long, value_enum, default_value = "clock")]
+    #[arg(
+        long,
+        env = "FENCELOCK_FENCE_MODE",
+        value_enum,
+        default_value = "clock"
+    )]
     fence_mode: FenceModeArg,
     #[command(flatten)]
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
     /// mutex NAME.
-    #[arg(long, conflicts_with_all = ["write", "fair", "permits"])]
+    #[arg(long, env = "FENCELOCK_READ", value_parser = FalseyValueParser::new(), conflicts_with_all = ["write", "fair", "permits"])]
     read: bool,
     /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
     /// instead of the mutex NAME.
-    #[arg(long, conflicts_with_all = ["fair", "permits"])]
+    #[arg(long, env = "FENCELOCK_WRITE", value_parser = FalseyValueParser::new(), conflicts_with_all = ["fair", "permits"])]
     write: bool,
     /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
-    #[arg(long, conflicts_with = "permits")]
+    #[arg(long, env = "FENCELOCK_FAIR", value_parser = FalseyValueParser::new(), conflicts_with = "permits")]
     fair: bool,
     /// Hold one permit of semaphore NAME with N permits instead of the lock NAME (the first use
     /// sets the size; another N than the stored one fails with exit 64). Exports
     /// FENCELOCK_PERMIT, the permit's number.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
+    /// Say on stderr what exec waits for (`waiting for NAME: held by another owner, lease ends
+    /// in 8.2s`) even when stderr is not a terminal.
+    #[arg(short, long, env = "FENCELOCK_VERBOSE", value_parser = FalseyValueParser::new(), conflicts_with = "quiet")]
+    verbose: bool,
+    /// Never say what exec waits for (by default it does when stderr is a terminal).
+    #[arg(short, long, env = "FENCELOCK_QUIET", value_parser = FalseyValueParser::new())]
+    quiet: bool,
     /// Lock name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -103,6 +117,37 @@ fn ttl_arg(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// Prints what exec waits for, at most once a second: `fencelock: waiting for NAME: held by
+/// another owner, lease ends in 8.2s`.
+fn waiting_message(args: &ExecArgs) -> impl Fn(&Waiting<'_>) + Send + Sync + 'static {
+    let holder = if args.read {
+        "held by a writer (or a writer waits first)".to_owned()
+    } else if args.write {
+        "held by readers or another writer".to_owned()
+    } else if args.fair {
+        "held by another owner, or others are ahead in its queue".to_owned()
+    } else if let Some(permits) = args.permits {
+        format!("all {permits} permits are held")
+    } else {
+        "held by another owner".to_owned()
+    };
+    let last = std::sync::Mutex::new(None::<std::time::Instant>);
+    move |waiting| {
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        eprintln!(
+            "fencelock: waiting for {}: {holder}, lease ends in {:.1}s",
+            waiting.name,
+            waiting.lease_left.as_secs_f64()
+        );
+    }
+}
+
 /// How long a command gets to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -123,6 +168,9 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         .timeout(args.timeout)
         .placement(args.placement.placement())
         .watchdog(true);
+    if !args.quiet && (args.verbose || std::io::stderr().is_terminal()) {
+        options = options.on_wait(waiting_message(&args));
+    }
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }

@@ -36,7 +36,7 @@ enum LatchCommand {
         name: String,
         /// This party's id: the same id counts once per generation, so a retry with the same
         /// id is safe. Default: a random id (printed on stderr), which counts every time.
-        #[arg(long)]
+        #[arg(long, env = "FENCELOCK_LATCH_ID")]
         id: Option<String>,
     },
     /// Wait until latch NAME is open (count zero); prints the generation that opened. A latch
@@ -45,7 +45,7 @@ enum LatchCommand {
         /// Latch name.
         name: String,
         /// How long to wait (woken as soon as the last count-down lands); 0 looks once.
-        #[arg(long, default_value = "30s", value_parser = duration_arg)]
+        #[arg(long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
         timeout: Duration,
     },
 }

@@ -36,7 +36,12 @@ struct Cli {
     urls: Vec<String>,
 
     /// Key prefix.
-    #[arg(long, global = true, default_value = "fencelock")]
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_PREFIX",
+        default_value = "fencelock"
+    )]
     prefix: String,
 
     #[command(flatten)]
@@ -83,6 +88,13 @@ enum Command {
     /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
     /// wait NAME [--timeout D]` (exit 75 if not open in time).
     Latch(latch::LatchArgs),
+    /// Print a completion script for SHELL, e.g. `fencelock completions bash >
+    /// /etc/bash_completion.d/fencelock`, or `source <(fencelock completions zsh)`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 /// TLS files for rediss:// URLs.
@@ -134,10 +146,10 @@ fn client_builder(urls: Vec<String>, prefix: String, tls: TlsArgs) -> ClientBuil
 #[derive(Args, Debug, Clone)]
 pub struct PlacementArgs {
     /// Pin the lock to this hash slot (0..16383).
-    #[arg(long, conflicts_with = "tag")]
+    #[arg(long, env = "FENCELOCK_SLOT", conflicts_with = "tag")]
     slot: Option<u16>,
     /// Use this hash tag instead of the name.
-    #[arg(long)]
+    #[arg(long, env = "FENCELOCK_TAG")]
     tag: Option<String>,
 }
 
@@ -219,6 +231,16 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fencelock",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
         Command::Script { sha, name } => match fencelock::lua_scripts().find(|s| s.name == name) {
             Some(script) => {
                 println!("{}", if sha { script.sha1 } else { script.source });
