@@ -58,7 +58,12 @@ async fn main() {
             if report.kind.is_fencelock() {
                 violations += report.fencing_violations() + report.lost_updates;
                 if report.grants < grants {
-                    eprintln!("{} under {:?}: only {} grants", report.kind.id(), fault, report.grants);
+                    eprintln!(
+                        "{} under {:?}: only {} grants",
+                        report.kind.id(),
+                        fault,
+                        report.grants
+                    );
                 }
             }
         }

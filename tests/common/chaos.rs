@@ -479,7 +479,13 @@ struct Lane {
 }
 
 impl Lane {
-    async fn start(kind: Kind, clients: &[Client], urls: &[String], plan: &Plan, slot: u16) -> Lane {
+    async fn start(
+        kind: Kind,
+        clients: &[Client],
+        urls: &[String],
+        plan: &Plan,
+        slot: u16,
+    ) -> Lane {
         let shared = Arc::new(LaneShared {
             stop: AtomicBool::new(false),
             grants: watch::Sender::new(0),
