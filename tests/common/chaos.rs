@@ -1,17 +1,22 @@
-//! Fault injection on a real cluster. Workers take one lock and do a read-modify-write through a
+//! Fault injection on a real cluster. Workers take a lock and do a read-modify-write through a
 //! store; midway a fault hits the lock's master (or a holder); a checker reads the history and
-//! reports safety and availability numbers. Two locks run side by side in the same slot, so one
-//! fault hits both: fencelock with a fence-checking store, and the plain recipe (`SET NX PX`,
-//! an `INCR` counter as token, a store that trusts the lock).
+//! reports safety and availability numbers. Every primitive runs as one lane, all side by side
+//! in the same slot, so one fault hits them all: fencelock's mutex, read-write lock (write holds
+//! through the store, read holds beside them), fair lock and semaphore, each with a
+//! fence-checking store; the latch's `set` (generations are fences); and the plain recipe
+//! (`SET NX PX`, an `INCR` counter as token, a store that trusts the lock).
 //!
 //! Shared by `tests/chaos.rs` (short runs in CI) and `examples/chaos.rs` (the long run).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fencelock::{Client, LockGuard, LockOptions};
+use fencelock::{
+    Client, FairLockGuard, Latch, LockGuard, LockOptions, PermitGuard, Placement, ReadGuard,
+    Semaphore, WriteGuard,
+};
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -20,6 +25,22 @@ use super::Cluster;
 
 /// Every lock of a run lives in this tag's slot.
 const TAG: &str = "chaos";
+/// The name of every fencelock lock (placed by [`TAG`]); each kind has its own key.
+const NAME: &str = "work";
+/// The latch is placed by its name only: named as the tag, its key is `fencelock:{chaos}:latch`.
+const LATCH: &str = TAG;
+/// Permits of the semaphore lane: two exclusive resources, one per permit number.
+const PERMITS: u32 = 2;
+/// Writer and reader workers of the read-write lock lane.
+const WRITERS: usize = 2;
+const READERS: usize = 2;
+/// A read-write lock writer's rest after its release: a waiting writer keeps new readers out,
+/// so with writers always waiting the readers would hardly ever get in (writer priority).
+const WRITER_REST: Duration = Duration::from_millis(5);
+/// Workers of the latch lane, each calling `set` in a loop.
+const SETTERS: usize = 2;
+/// A setter's pause between two `set` calls, so the latch lane does not outrun the others.
+const SET_EVERY: Duration = Duration::from_millis(5);
 const PLAIN_LOCK: &str = "plain:{chaos}:lock";
 const PLAIN_COUNTER: &str = "plain:{chaos}:counter";
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -99,10 +120,15 @@ impl Fault {
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub fault: Fault,
-    /// Grants per lock over the run (half before the fault).
+    /// Grants per lane over the run (half before the fault): write holds for the read-write
+    /// lock, `set` calls for the latch.
     pub grants: usize,
+    /// Workers per lock lane (the latch lane has [`SETTERS`], the read-write lock lane
+    /// [`READERS`] more).
     pub workers: usize,
     pub ttl: Duration,
+    /// The lanes driven side by side.
+    pub kinds: Vec<Kind>,
 }
 
 impl Plan {
@@ -112,24 +138,88 @@ impl Plan {
             grants,
             workers: 4,
             ttl: Duration::from_millis(500),
+            kinds: Kind::ALL.to_vec(),
         }
     }
 }
 
+/// One lane of a run: a primitive, its workers and its store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// fencelock (clock fences) and a store that rejects stale fences on read and write.
-    Fenced,
+pub enum Kind {
+    /// `Client::lock`, and a store that rejects stale fences on read and write.
+    Mutex,
+    /// `Client::write_lock` through the same kind of store, with [`READERS`] workers taking
+    /// `read_lock` beside the writers (no store for them: their fences and their exclusion
+    /// from writers are checked).
+    RwLock,
+    /// `Client::fair_lock`, and a fenced store.
+    Fair,
+    /// One permit of a semaphore with [`PERMITS`] permits; the store keeps the highest fence
+    /// per permit number (each number is its own exclusive resource).
+    Semaphore,
+    /// `Latch::set` in a loop: each call starts a generation (a fence); no hold, no store.
+    Latch,
     /// `SET NX PX` + `INCR` token, and a store that trusts whoever holds the lock.
     Plain,
 }
 
-/// What the checker found for one lock in one run.
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Mutex,
+        Kind::RwLock,
+        Kind::Fair,
+        Kind::Semaphore,
+        Kind::Latch,
+        Kind::Plain,
+    ];
+
+    /// The short name used on the command line.
+    pub fn id(self) -> &'static str {
+        match self {
+            Kind::Mutex => "mutex",
+            Kind::RwLock => "rwlock",
+            Kind::Fair => "fair",
+            Kind::Semaphore => "semaphore",
+            Kind::Latch => "latch",
+            Kind::Plain => "plain",
+        }
+    }
+
+    pub fn parse(id: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.id() == id)
+    }
+
+    /// Whether the lane is one of fencelock's primitives (its fences must hold).
+    pub fn is_fencelock(self) -> bool {
+        self != Kind::Plain
+    }
+
+    /// Whether the lane's workers write through a store (every lane but the latch).
+    pub fn has_store(self) -> bool {
+        self != Kind::Latch
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Kind::Mutex => "fencelock mutex",
+            Kind::RwLock => "fencelock rwlock (writes + reads)",
+            Kind::Fair => "fencelock fair lock",
+            Kind::Semaphore => "fencelock semaphore, 2 permits",
+            Kind::Latch => "fencelock latch `set`",
+            Kind::Plain => "plain SET NX PX",
+        }
+    }
+}
+
+/// What the checker found for one lane in one run.
 #[derive(Clone, Debug)]
 pub struct Report {
     pub fault: Fault,
-    pub variant: Variant,
+    pub kind: Kind,
+    /// Exclusive holds (writes for the read-write lock), or `set` calls for the latch.
     pub grants: usize,
+    /// Read holds (read-write lock only).
+    pub reads: usize,
     pub failed_acquires: usize,
     pub duplicate_tokens: usize,
     pub regressions: usize,
@@ -154,23 +244,31 @@ impl Report {
         unavailable | acquire p50 / p99 steady | acquire p50 / p99 during fault |\n\
         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|";
 
-    /// One markdown table row.
+    /// One markdown table row. The latch lane has no store and no holders: "–" there.
     pub fn row(&self) -> String {
         let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+        let grants = match self.kind {
+            Kind::RwLock => format!("{} + {} reads", self.grants, self.reads),
+            _ => self.grants.to_string(),
+        };
+        let held = |n: usize| {
+            if self.kind.has_store() {
+                n.to_string()
+            } else {
+                "–".to_owned()
+            }
+        };
         format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
             self.fault.describe(),
-            match self.variant {
-                Variant::Fenced => "fencelock",
-                Variant::Plain => "plain SET NX PX",
-            },
-            self.grants,
+            self.kind.describe(),
+            grants,
             self.duplicate_tokens,
             self.regressions,
-            self.stale_writes_accepted,
-            self.lost_updates,
-            self.overlaps,
-            self.writes_rejected,
+            held(self.stale_writes_accepted),
+            held(self.lost_updates),
+            held(self.overlaps),
+            held(self.writes_rejected),
             ms(self.unavailable),
             ms(self.steady.p50),
             ms(self.steady.p99),
@@ -185,7 +283,7 @@ impl Report {
     }
 }
 
-/// Runs `plan` on a fresh cluster and reports both locks.
+/// Runs `plan` on a fresh cluster and reports every lane.
 pub async fn run(plan: &Plan) -> Vec<Report> {
     let cluster = tokio::task::spawn_blocking(Cluster::start)
         .await
@@ -194,10 +292,22 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
     let slot = fencelock::slot_of(TAG.as_bytes());
     let cluster = Arc::new(Mutex::new(cluster));
 
-    let lanes = [
-        Lane::start(Variant::Fenced, &urls, plan).await,
-        Lane::start(Variant::Plain, &urls, plan).await,
-    ];
+    // Worker i of every fencelock lane shares client i.
+    let mut clients = Vec::new();
+    if plan.kinds.iter().any(|k| k.is_fencelock()) {
+        for _ in 0..plan.workers.max(READERS).max(SETTERS) {
+            let client = Client::builder(urls.iter().map(String::as_str))
+                .request_timeout(REQUEST_TIMEOUT)
+                .connect()
+                .await
+                .expect("fencelock client");
+            clients.push(client);
+        }
+    }
+    let mut lanes = Vec::new();
+    for &kind in &plan.kinds {
+        lanes.push(Lane::start(kind, &clients, &urls, plan, slot).await);
+    }
     for lane in &lanes {
         lane.await_grants(plan.grants / 2, Duration::from_secs(120))
             .await;
@@ -206,12 +316,13 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
     let fault_start = Instant::now();
     match plan.fault {
         Fault::ClientPause => {
-            for lane in &lanes {
+            let writing: Vec<&Lane> = lanes.iter().filter(|l| l.kind.has_store()).collect();
+            for lane in &writing {
                 lane.shared
                     .pauses_wanted
                     .store(CLIENT_PAUSES, Ordering::SeqCst);
             }
-            for lane in &lanes {
+            for lane in &writing {
                 let mut done = lane.shared.pauses_done.subscribe();
                 let _ = tokio::time::timeout(
                     Duration::from_secs(60),
@@ -253,9 +364,18 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
     }
     let mut reports = Vec::new();
     for lane in lanes {
-        let (history, store) = lane.stop().await;
-        reports.push(check(plan.fault, &history, &store, fault_start, fault_end));
+        let kind = lane.kind;
+        let (history, shared) = lane.stop().await;
+        reports.push(check(
+            kind,
+            plan.fault,
+            &history,
+            &shared,
+            fault_start,
+            fault_end,
+        ));
     }
+    drop(clients);
     let cluster = Arc::try_unwrap(cluster)
         .ok()
         .expect("fault thread is done")
@@ -266,7 +386,6 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
         .expect("cluster stop");
     reports
 }
-
 /// Applies a cluster fault to the master of `slot` and returns once the cluster has settled.
 fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(usize)) {
     let master = cluster.master_of_slot(slot).port;
@@ -309,10 +428,25 @@ fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(
     }
 }
 
+/// What a worker does with a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Holds exclusively (one permit number of the semaphore): read → work → write via the
+    /// store, then release.
+    Writer,
+    /// Holds a read lock, shared with other readers, for the work's time; no store.
+    Reader,
+    /// Calls `Latch::set`: a new generation, no hold.
+    Setter,
+}
+
 /// One grant as a worker saw it.
 #[derive(Clone, Copy, Debug)]
 struct Grant {
     token: u64,
+    /// The resource the grant is exclusive to: the permit number (semaphore), else 0.
+    resource: u32,
+    role: Role,
     /// When the acquire call started.
     requested: Instant,
     /// When the grant reply arrived.
@@ -328,9 +462,10 @@ struct History {
     failed_acquires: usize,
 }
 
-/// State shared by one lock's workers and the run.
+/// State shared by one lane's workers and the run.
 struct LaneShared {
     stop: AtomicBool,
+    /// Grants of writers and setters (readers are not counted towards the plan's grants).
     grants: watch::Sender<usize>,
     pauses_wanted: AtomicUsize,
     pauses_done: watch::Sender<usize>,
@@ -338,27 +473,83 @@ struct LaneShared {
 }
 
 struct Lane {
+    kind: Kind,
     shared: Arc<LaneShared>,
     workers: Vec<JoinHandle<History>>,
 }
 
 impl Lane {
-    async fn start(variant: Variant, urls: &[String], plan: &Plan) -> Lane {
+    async fn start(
+        kind: Kind,
+        clients: &[Client],
+        urls: &[String],
+        plan: &Plan,
+        slot: u16,
+    ) -> Lane {
         let shared = Arc::new(LaneShared {
             stop: AtomicBool::new(false),
             grants: watch::Sender::new(0),
             pauses_wanted: AtomicUsize::new(0),
             pauses_done: watch::Sender::new(0),
-            store: Store::new(variant),
+            store: Store::new(kind.is_fencelock()),
         });
-        let mut workers = Vec::new();
-        for _ in 0..plan.workers {
-            let locker = Locker::connect(variant, urls, plan.ttl).await;
-            let shared = Arc::clone(&shared);
-            let ttl = plan.ttl;
-            workers.push(tokio::spawn(work(locker, shared, ttl)));
+        let options = LockOptions::new()
+            .tag(TAG)
+            .ttl(plan.ttl)
+            .timeout(ACQUIRE_TIMEOUT);
+        let client = |i: usize| clients[i % clients.len()].clone();
+        let mut lockers = Vec::new();
+        match kind {
+            Kind::Mutex => {
+                for i in 0..plan.workers {
+                    lockers.push(Locker::Mutex(client(i), options.clone()));
+                }
+            }
+            Kind::RwLock => {
+                for i in 0..WRITERS {
+                    lockers.push(Locker::Write(client(i), options.clone()));
+                }
+                for i in 0..READERS {
+                    lockers.push(Locker::Read(client(i), options.clone()));
+                }
+            }
+            Kind::Fair => {
+                for i in 0..plan.workers {
+                    lockers.push(Locker::Fair(client(i), options.clone()));
+                }
+            }
+            Kind::Semaphore => {
+                for i in 0..plan.workers {
+                    let semaphore = client(i)
+                        .semaphore(NAME, PERMITS)
+                        .and_then(|s| s.with_placement(&Placement::Tag(TAG.into())))
+                        .expect("semaphore handle");
+                    assert_eq!(semaphore.keys().slot(), slot, "the semaphore's slot");
+                    lockers.push(Locker::Semaphore(semaphore, options.clone()));
+                }
+            }
+            Kind::Latch => {
+                for i in 0..SETTERS {
+                    let latch = client(i).latch(LATCH).expect("latch handle");
+                    assert_eq!(latch.slot(), slot, "the latch's slot");
+                    lockers.push(Locker::Latch(latch));
+                }
+            }
+            Kind::Plain => {
+                for _ in 0..plan.workers {
+                    lockers.push(Locker::plain(urls, plan.ttl).await);
+                }
+            }
         }
-        Lane { shared, workers }
+        let workers = lockers
+            .into_iter()
+            .map(|locker| tokio::spawn(work(locker, Arc::clone(&shared), plan.ttl)))
+            .collect();
+        Lane {
+            kind,
+            shared,
+            workers,
+        }
     }
 
     fn grants(&self) -> usize {
@@ -383,28 +574,42 @@ impl Lane {
 }
 
 async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration) -> History {
+    let role = locker.role();
     let mut history = History::default();
     while !shared.stop.load(Ordering::SeqCst) {
         let requested = Instant::now();
         let Some(hold) = locker.acquire().await else {
             history.failed_acquires += 1;
+            if role == Role::Setter {
+                tokio::time::sleep(SET_EVERY).await;
+            }
             continue;
         };
         let granted = Instant::now();
-        shared.grants.send_modify(|n| *n += 1);
-        let pause = shared
-            .pauses_wanted
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+        if role != Role::Reader {
+            shared.grants.send_modify(|n| *n += 1);
+        }
         let holder = Holder {
             token: hold.token,
+            resource: hold.resource,
             granted,
             requested,
         };
-        let read = shared.store.read(&holder);
-        tokio::time::sleep(if pause { ttl * 5 / 2 } else { WORK }).await;
-        if let Some(version) = read {
-            shared.store.write(&holder, version);
+        let mut pause = false;
+        match role {
+            Role::Writer => {
+                pause = shared
+                    .pauses_wanted
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+                let read = shared.store.read(&holder);
+                tokio::time::sleep(if pause { ttl * 5 / 2 } else { WORK }).await;
+                if let Some(version) = read {
+                    shared.store.write(&holder, version);
+                }
+            }
+            Role::Reader => tokio::time::sleep(WORK).await,
+            Role::Setter => {}
         }
         let end = Instant::now().min(hold.valid_until);
         locker.release(hold).await;
@@ -413,73 +618,125 @@ async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration) -> His
         }
         history.grants.push(Grant {
             token: holder.token,
+            resource: holder.resource,
+            role,
             requested,
             granted,
             end,
         });
+        if let Some(rest) = locker.rest() {
+            tokio::time::sleep(rest).await;
+        }
     }
     history
 }
 
-/// A held lock of either kind.
+/// A grant of any kind, held until [`Locker::release`].
 struct Hold {
     token: u64,
+    resource: u32,
     valid_until: Instant,
     release: Release,
 }
 
 enum Release {
-    Guard(LockGuard),
+    Mutex(LockGuard),
+    Write(WriteGuard),
+    Read(ReadGuard),
+    Fair(FairLockGuard),
+    Permit(PermitGuard),
     Plain(String),
+    /// A latch generation: nothing held.
+    Nothing,
 }
 
+/// One worker's handle on its lane's primitive.
 enum Locker {
-    Fenced(Client, LockOptions),
+    Mutex(Client, LockOptions),
+    Write(Client, LockOptions),
+    Read(Client, LockOptions),
+    Fair(Client, LockOptions),
+    Semaphore(Semaphore, LockOptions),
+    Latch(Latch),
     Plain(ClusterConnection, Duration),
 }
 
 impl Locker {
-    async fn connect(variant: Variant, urls: &[String], ttl: Duration) -> Locker {
-        match variant {
-            Variant::Fenced => {
-                let client = Client::builder(urls.iter().map(String::as_str))
-                    .request_timeout(REQUEST_TIMEOUT)
-                    .connect()
-                    .await
-                    .expect("fencelock client");
-                let options = LockOptions::new()
-                    .tag(TAG)
-                    .ttl(ttl)
-                    .timeout(ACQUIRE_TIMEOUT);
-                Locker::Fenced(client, options)
-            }
-            Variant::Plain => {
-                let conn = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
-                    .connection_timeout(REQUEST_TIMEOUT)
-                    .response_timeout(REQUEST_TIMEOUT)
-                    .retries(3)
-                    .min_retry_wait(10)
-                    .max_retry_wait(300)
-                    .build()
-                    .expect("cluster client")
-                    .get_async_connection()
-                    .await
-                    .expect("cluster connection");
-                Locker::Plain(conn, ttl)
-            }
+    async fn plain(urls: &[String], ttl: Duration) -> Locker {
+        let conn = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
+            .connection_timeout(REQUEST_TIMEOUT)
+            .response_timeout(REQUEST_TIMEOUT)
+            .retries(3)
+            .min_retry_wait(10)
+            .max_retry_wait(300)
+            .build()
+            .expect("cluster client")
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        Locker::Plain(conn, ttl)
+    }
+
+    fn role(&self) -> Role {
+        match self {
+            Locker::Read(..) => Role::Reader,
+            Locker::Latch(_) => Role::Setter,
+            _ => Role::Writer,
+        }
+    }
+
+    /// How long the worker waits after a grant before it asks again.
+    fn rest(&self) -> Option<Duration> {
+        match self {
+            Locker::Write(..) => Some(WRITER_REST),
+            Locker::Latch(_) => Some(SET_EVERY),
+            _ => None,
         }
     }
 
     /// Acquires within [`ACQUIRE_TIMEOUT`], or gives up.
     async fn acquire(&mut self) -> Option<Hold> {
+        let hold = |token: u64, resource: u32, valid_until: Instant, release: Release| Hold {
+            token,
+            resource,
+            valid_until,
+            release,
+        };
         match self {
-            Locker::Fenced(client, options) => {
-                let guard = client.lock("work", options).await.ok()?;
-                Some(Hold {
-                    token: guard.fence().get(),
-                    valid_until: guard.valid_until(),
-                    release: Release::Guard(guard),
-                })
+            Locker::Mutex(client, options) => {
+                let guard = client.lock(NAME, options).await.ok()?;
+                let (token, until) = (guard.fence().get(), guard.valid_until());
+                Some(hold(token, 0, until, Release::Mutex(guard)))
+            }
+            Locker::Write(client, options) => {
+                let guard = client.write_lock(NAME, options).await.ok()?;
+                let (token, until) = (guard.fence().get(), guard.valid_until());
+                Some(hold(token, 0, until, Release::Write(guard)))
+            }
+            Locker::Read(client, options) => {
+                let guard = client.read_lock(NAME, options).await.ok()?;
+                let (token, until) = (guard.fence().get(), guard.valid_until());
+                Some(hold(token, 0, until, Release::Read(guard)))
+            }
+            Locker::Fair(client, options) => {
+                let guard = client.fair_lock(NAME, options).await.ok()?;
+                let (token, until) = (guard.fence().get(), guard.valid_until());
+                Some(hold(token, 0, until, Release::Fair(guard)))
+            }
+            Locker::Semaphore(semaphore, options) => {
+                let guard = semaphore.acquire(options).await.ok()?;
+                let permit = *guard.permits().first()?;
+                let until = guard.valid_until();
+                Some(hold(
+                    permit.fence.get(),
+                    permit.number,
+                    until,
+                    Release::Permit(guard),
+                ))
+            }
+            Locker::Latch(latch) => {
+                let generation = latch.set(1).await.ok()?;
+                Some(hold(generation.get(), 0, Instant::now(), Release::Nothing))
             }
             Locker::Plain(conn, ttl) => {
                 let deadline = Instant::now() + ACQUIRE_TIMEOUT;
@@ -495,11 +752,18 @@ impl Locker {
     }
 
     async fn release(&mut self, hold: Hold) {
-        match (self, hold.release) {
-            (_, Release::Guard(guard)) => {
-                let _ = guard.release().await;
-            }
-            (Locker::Plain(conn, _), Release::Plain(owner)) => {
+        // Errors are part of the run (a lease lost in a failover): the checker judges the
+        // history, not the release's outcome.
+        match hold.release {
+            Release::Mutex(guard) => drop(guard.release().await),
+            Release::Write(guard) => drop(guard.release().await),
+            Release::Read(guard) => drop(guard.release().await),
+            Release::Fair(guard) => drop(guard.release().await),
+            Release::Permit(guard) => drop(guard.release().await),
+            Release::Plain(owner) => {
+                let Locker::Plain(conn, _) = self else {
+                    unreachable!("kinds match")
+                };
                 let script = redis::Script::new(
                     "if redis.call('GET', KEYS[1]) == ARGV[1] then \
                      return redis.call('DEL', KEYS[1]) else return 0 end",
@@ -510,7 +774,7 @@ impl Locker {
                     tokio::time::timeout(REQUEST_TIMEOUT * 2, invocation.invoke_async::<i64>(conn))
                         .await;
             }
-            (Locker::Fenced(..), Release::Plain(_)) => unreachable!("kinds match"),
+            Release::Nothing => {}
         }
     }
 }
@@ -540,6 +804,7 @@ async fn plain_acquire(
                 .ok()?;
             return Some(Hold {
                 token,
+                resource: 0,
                 valid_until: sent + ttl - (ttl / 100 + Duration::from_millis(2)),
                 release: Release::Plain(owner),
             });
@@ -556,16 +821,18 @@ async fn plain_acquire(
 #[derive(Clone, Copy)]
 struct Holder {
     token: u64,
+    resource: u32,
     requested: Instant,
     granted: Instant,
 }
 
-/// The protected resource: a versioned value. With checks on, it admits a holder only if its
-/// token is at least the highest it has seen, on reads as well as writes. It also records, from
+/// The protected resources: one versioned value per resource number (the semaphore's permit
+/// numbers; 0 for the locks). With checks on, it admits a holder only if its token is at least
+/// the highest it has seen for that resource, on reads as well as writes. It also records, from
 /// outside knowledge of real time, the writes that should never have been accepted.
 struct Store {
     checks: bool,
-    state: Mutex<StoreState>,
+    state: Mutex<BTreeMap<u32, StoreState>>,
 }
 
 #[derive(Default)]
@@ -579,38 +846,43 @@ struct StoreState {
     lost_updates: usize,
 }
 
+impl StoreState {
+    fn admit(&mut self, checks: bool, holder: &Holder) -> bool {
+        if checks && holder.token < self.highest {
+            self.rejected += 1;
+            return false;
+        }
+        self.highest = self.highest.max(holder.token);
+        true
+    }
+}
+
 impl Store {
-    fn new(variant: Variant) -> Self {
+    fn new(checks: bool) -> Self {
         Self {
-            checks: variant == Variant::Fenced,
+            checks,
             state: Mutex::default(),
         }
     }
 
-    fn admit(&self, state: &mut StoreState, holder: &Holder) -> bool {
-        if self.checks && holder.token < state.highest {
-            state.rejected += 1;
-            return false;
-        }
-        state.highest = state.highest.max(holder.token);
-        true
-    }
-
     /// The current version, or `None` when the holder's token is stale.
     fn read(&self, holder: &Holder) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.admit(&mut state, holder).then_some(state.version)
+        let mut states = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = states.entry(holder.resource).or_default();
+        state.admit(self.checks, holder).then_some(state.version)
     }
 
     fn write(&self, holder: &Holder, read_version: u64) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.admit(&mut state, holder) {
+        let mut states = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = states.entry(holder.resource).or_default();
+        if !state.admit(self.checks, holder) {
             return;
         }
         if state.version != read_version {
             state.lost_updates += 1;
         }
-        // Stale: a holder that asked for the lock after this one already held it has written.
+        // Stale: a holder that asked for the resource after this one already held it has
+        // written.
         if state
             .newest_writer
             .is_some_and(|newest| newest > holder.granted)
@@ -623,15 +895,17 @@ impl Store {
 }
 
 fn check(
+    kind: Kind,
     fault: Fault,
     history: &History,
     lane: &LaneShared,
     fault_start: Instant,
     fault_end: Instant,
 ) -> Report {
-    let store = lane.store.state.lock().unwrap_or_else(|e| e.into_inner());
     let grants = &history.grants;
 
+    // Every grant of a lane takes its token from one counter (the semaphore's permits and the
+    // read-write lock's reads and writes alike), so the two token checks span the whole lane.
     let mut seen = HashSet::new();
     let duplicate_tokens = grants.iter().filter(|g| !seen.insert(g.token)).count();
 
@@ -651,19 +925,41 @@ fn check(
         }
     }
 
-    // Overlap: a grant arrived while an earlier holder still believed it held the lock.
-    let (mut believed_until, mut overlaps) = (None::<Instant>, 0);
-    for grant in &by_granted {
-        if believed_until.is_some_and(|until| grant.granted < until) {
+    // Overlap, per resource: a writer granted while an earlier holder (writer or reader) still
+    // believed it held it, or a reader granted while an earlier writer did.
+    #[derive(Default)]
+    struct Believed {
+        writer: Option<Instant>,
+        any: Option<Instant>,
+    }
+    let mut believed: BTreeMap<u32, Believed> = BTreeMap::new();
+    let mut overlaps = 0;
+    for grant in by_granted.iter().filter(|g| g.role != Role::Setter) {
+        let until = believed.entry(grant.resource).or_default();
+        let conflict = match grant.role {
+            Role::Writer => until.any,
+            _ => until.writer,
+        };
+        if conflict.is_some_and(|until| grant.granted < until) {
             overlaps += 1;
         }
-        believed_until = believed_until.max(Some(grant.end));
+        until.any = until.any.max(Some(grant.end));
+        if grant.role == Role::Writer {
+            until.writer = until.writer.max(Some(grant.end));
+        }
     }
+
+    // Availability and latency are measured on the lane's counted grants (not on reads).
+    let counted: Vec<&Grant> = by_granted
+        .iter()
+        .copied()
+        .filter(|g| g.role != Role::Reader)
+        .collect();
 
     // The longest stretch without a grant from the fault's start to the first grant after it.
     let mut unavailable = Duration::ZERO;
     let mut previous = fault_start;
-    for grant in by_granted.iter().filter(|g| g.granted > fault_start) {
+    for grant in counted.iter().filter(|g| g.granted > fault_start) {
         unavailable = unavailable.max(grant.granted - previous);
         previous = grant.granted;
         if grant.granted > fault_end {
@@ -673,7 +969,7 @@ fn check(
 
     // A wait that overlaps the fault counts as "during"; all others as steady.
     let latencies = |during: bool| {
-        let mut waits: Vec<Duration> = grants
+        let mut waits: Vec<Duration> = counted
             .iter()
             .filter(|g| (g.granted >= fault_start && g.requested <= fault_end) == during)
             .map(|g| g.granted - g.requested)
@@ -691,21 +987,20 @@ fn check(
         }
     };
 
+    let states = lane.store.state.lock().unwrap_or_else(|e| e.into_inner());
+    let sum = |field: fn(&StoreState) -> usize| states.values().map(field).sum();
     Report {
         fault,
-        variant: if lane.store.checks {
-            Variant::Fenced
-        } else {
-            Variant::Plain
-        },
-        grants: grants.len(),
+        kind,
+        grants: counted.len(),
+        reads: grants.len() - counted.len(),
         failed_acquires: history.failed_acquires,
         duplicate_tokens,
         regressions,
-        stale_writes_accepted: store.stale_accepted,
-        lost_updates: store.lost_updates,
+        stale_writes_accepted: sum(|s| s.stale_accepted),
+        lost_updates: sum(|s| s.lost_updates),
         overlaps,
-        writes_rejected: store.rejected,
+        writes_rejected: sum(|s| s.rejected),
         unavailable,
         steady: latencies(false),
         during: latencies(true),
