@@ -402,3 +402,37 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_maxmemory_inspect_and_force_unlock_still_run() {
+    let server = Standalone::start();
+    let client = connect(vec![server.url()]).await;
+    let guard = client.lock("full", &options()).await.unwrap();
+    let _permit = client
+        .semaphore("full", 1)
+        .unwrap()
+        .acquire(&options())
+        .await
+        .unwrap();
+    server
+        .node
+        .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
+    assert!(matches!(
+        client.try_lock("other", &options()).await,
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(client.inspect(Kind::Mutex, "full").await.unwrap().held);
+    let freed = client.force_unlock(Kind::Mutex, "full").await.unwrap();
+    assert_eq!(freed.fence, Some(guard.fence()));
+    assert!(
+        client
+            .force_unlock(Kind::Semaphore, "full")
+            .await
+            .unwrap()
+            .held
+    );
+    assert!(!client.inspect(Kind::Semaphore, "full").await.unwrap().held);
+    server
+        .node
+        .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
+}
