@@ -26,12 +26,13 @@ ensure_postgres() {
 }
 
 # Installs the tools the tests call besides the servers: openssl (certificates for the TLS
-# tests) and util-linux's `script` (a pseudo-terminal for the exec terminal test).
+# tests), util-linux's `script` (a pseudo-terminal for the exec terminal test) and tmux
+# (`fencelock top` under a terminal, tests/cli_ops.rs).
 ensure_test_tools() {
-  if command -v openssl >/dev/null && command -v script >/dev/null; then
+  if command -v openssl >/dev/null && command -v script >/dev/null && command -v tmux >/dev/null; then
     return 0
   fi
-  echo "installing openssl and bsdutils with apt-get" >&2
+  echo "installing openssl, bsdutils and tmux with apt-get" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux >/dev/null
 }

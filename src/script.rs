@@ -225,6 +225,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 ///         "fair_renew_place",
 ///         "semaphore_acquire", "semaphore_release", "semaphore_extend", "semaphore_renew",
 ///         "semaphore_available", "semaphore_set_limit",
+///         "inspect", "force_unlock", "rw_force_unlock", "fair_force_unlock",
+///         "semaphore_force_unlock", "latch_force_unlock",
 ///     ]
 /// );
 /// ```
@@ -232,8 +234,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
-    /// or a primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock),
-    /// `fair_*`, `semaphore_*`, `latch_*`.
+    /// `inspect`, `force_unlock`, or a primitive's script named `<primitive>_<operation>`:
+    /// `rw_*` (read-write lock), `fair_*`, `semaphore_*`, `latch_*`.
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -274,6 +276,12 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*SEMAPHORE_RENEW,
         &*SEMAPHORE_AVAILABLE,
         &*SEMAPHORE_SET_LIMIT,
+        &*INSPECT,
+        &*FORCE_UNLOCK,
+        &*RW_FORCE_UNLOCK,
+        &*FAIR_FORCE_UNLOCK,
+        &*SEMAPHORE_FORCE_UNLOCK,
+        &*LATCH_FORCE_UNLOCK,
     ]
     .into_iter()
     .map(|script| ScriptSource {
@@ -698,5 +706,81 @@ pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_set_limit",
         include_str!("script/lua/semaphore_set_limit.lua"),
+    )
+});
+
+/// The inspection snippet (`script/lua/inspect.lua`): `inspect(kind)` reads one key of any
+/// primitive kind without writing and returns the inspection array. See the file's header.
+const INSPECT_SNIPPET: &str = include_str!("script/lua/inspect.lua");
+
+/// Inspect (`script/lua/inspect_read.lua`, `no-writes`): the state of one key of any kind.
+///
+/// - `KEYS[1]` the key. `ARGV[1]` its kind (`lock`, `rw`, `fair`, `sem`, `latch`: the key's
+///   last part), `ARGV[2]` expiry grace (unused).
+///
+/// Replies `{exists, held, fence, lease ms, holds, waiters, a, b, c}` (`-1` for "none" where
+/// a number may be absent; `a`, `b`, `c` by kind), as `inspect.lua` documents.
+pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "inspect",
+        &[INSPECT_SNIPPET],
+        include_str!("script/lua/inspect_read.lua"),
+    )
+});
+
+/// Force-unlock of a mutex (`script/lua/force_unlock.lua`): frees every hold whoever holds it,
+/// keeps the fence, applies the expiry rule and announces a freed live lock.
+///
+/// - `KEYS[1]` the lock key. `ARGV[1]` announce (`s`, `p`, empty), `ARGV[2]` open TTL ms
+///   (latch only; unused), `ARGV[3]` expiry grace. The same `ARGV` for every kind's
+///   force-unlock script.
+///
+/// Replies: the [`INSPECT`] array of the state before. Flagged `allow-oom`.
+pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "force_unlock",
+        &[INSPECT_SNIPPET],
+        include_str!("script/lua/force_unlock.lua"),
+    )
+});
+
+/// Force-unlock of a read-write lock (`script/lua/rw_force_unlock.lua`): the writer and every
+/// reader go (a waiting writer's intent stays); `ARGV` and reply as [`FORCE_UNLOCK`].
+pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "rw_force_unlock",
+        &[FENCE_RULE, RW_PROLOGUE, INSPECT_SNIPPET],
+        include_str!("script/lua/rw_force_unlock.lua"),
+    )
+});
+
+/// Force-unlock of a fair lock (`script/lua/fair_force_unlock.lua`): the holder goes, the
+/// queue stays and its head is woken; `ARGV` and reply as [`FORCE_UNLOCK`].
+pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "fair_force_unlock",
+        &[FENCE_RULE, FAIR, INSPECT_SNIPPET],
+        include_str!("script/lua/fair_force_unlock.lua"),
+    )
+});
+
+/// Force-unlock of a semaphore (`script/lua/semaphore_force_unlock.lua`): every live permit's
+/// entry is deleted (a reservation stays); `ARGV` and reply as [`FORCE_UNLOCK`].
+pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "semaphore_force_unlock",
+        &[FENCE_RULE, SEMAPHORE, INSPECT_SNIPPET],
+        include_str!("script/lua/semaphore_force_unlock.lua"),
+    )
+});
+
+/// Force-open of a latch (`script/lua/latch_force_unlock.lua`): an armed latch's current
+/// generation opens and is published; `ARGV` and reply as [`FORCE_UNLOCK`] (`ARGV[2]` the
+/// open TTL in ms).
+pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "latch_force_unlock",
+        &[INSPECT_SNIPPET],
+        include_str!("script/lua/latch_force_unlock.lua"),
     )
 });

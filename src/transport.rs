@@ -679,6 +679,33 @@ impl Transport {
         .await
     }
 
+    /// Runs `cmd` on the master serving `slot` (a cluster; the client's slot map routes it) or
+    /// on the server (standalone), within the request timeout: for commands that belong to
+    /// one node, such as `SCAN`.
+    pub(crate) async fn run_on_master(
+        &self,
+        slot: u16,
+        cmd: Cmd,
+        operation: &'static str,
+    ) -> Result<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let mut conn = self.connection();
+        let call = async move {
+            match &mut conn {
+                Connection::Cluster(c) => {
+                    let route = Route::new(slot, SlotAddr::Master);
+                    c.route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                }
+                other => cmd.query_async(other).await,
+            }
+        };
+        bounded("*", operation, self.request_timeout, call).await
+    }
+
     fn connection(&self) -> Connection {
         self.conn
             .read()

@@ -13,6 +13,7 @@ mod duration;
 mod exec;
 mod group;
 mod latch;
+mod ops;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,7 +61,10 @@ exec runs the command in its own process group: a lost lock terminates the whole
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
 forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
 
-latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.";
+latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.
+
+status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed), 64 for \
+bad input (unlock without --force), 69 when Redis cannot be reached.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -95,6 +99,19 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Show lock NAME (with --read/--write, --fair, --permits N, --latch: that primitive):
+    /// held or free, fence, lease left, holds, waiters; one line, or --json one object. Exit 0
+    /// whether held or not.
+    Status(ops::StatusArgs),
+    /// Free lock NAME whoever holds it (needs --force): the fence is kept, so the next grant
+    /// is higher, waiters are woken, the old holder finds the lock lost. A latch is opened.
+    Unlock(ops::UnlockArgs),
+    /// List every lock under the prefix on every master (SCAN, bounded by --max-keys), with
+    /// the fields of status.
+    List(ops::ListArgs),
+    /// A live view of the locks under the prefix (--prefix), refreshed every second: name,
+    /// kind, state, lease left, fence, waiters, grants per second. q or Ctrl-C quits.
+    Top(ops::TopArgs),
 }
 
 /// TLS files for rediss:// URLs.
@@ -154,7 +171,8 @@ pub struct PlacementArgs {
 }
 
 impl PlacementArgs {
-    fn placement(&self) -> Placement {
+    /// The placement these flags ask for.
+    pub fn placement(&self) -> Placement {
         match (self.slot, &self.tag) {
             (Some(slot), _) => Placement::Slot(slot),
             (None, Some(tag)) => Placement::Tag(tag.clone()),
@@ -293,7 +311,35 @@ fn main() -> ExitCode {
             let client = client_builder(cli.urls, cli.prefix, cli.tls);
             runtime.block_on(latch::run(client, args))
         }
+        Command::Status(_) | Command::Unlock(_) | Command::List(_) | Command::Top(_) => {
+            run_ops(cli)
+        }
     }
+}
+
+/// Runs `status`, `unlock`, `list` or `top` on a current-thread runtime.
+fn run_ops(cli: Cli) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("fencelock: cannot start the async runtime: {err}");
+            return ExitCode::from(code::UNAVAILABLE);
+        }
+    };
+    let prefix = cli.prefix.clone();
+    let client = client_builder(cli.urls, cli.prefix, cli.tls);
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Status(args) => ops::status(client, args).await,
+            Command::Unlock(args) => ops::unlock(client, args).await,
+            Command::List(args) => ops::list(client, args).await,
+            Command::Top(args) => ops::top(client, prefix, args).await,
+            _ => ExitCode::from(code::USAGE),
+        }
+    })
 }
 
 /// clap value parser for durations.

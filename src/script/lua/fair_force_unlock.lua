@@ -1,0 +1,20 @@
+-- fair_force_unlock: an operator frees a fair lock whoever holds it (lock prologue, fence
+-- rule, fair snippet and the inspection snippet first). The holder goes, the fence stays, the
+-- queue stays in arrival order (dead places are deleted) and its head is woken on its own
+-- channel, as a release does; the key's expiry covers the live places.
+--
+-- KEYS[1] the fair lock key. ARGV[1] announce (`s`, `p`, empty), ARGV[2] open TTL ms
+-- (unused), ARGV[3] expiry grace.
+--
+-- Replies: the inspection of the state it found, before freeing it. allow-oom.
+#!lua flags=allow-oom
+local before = inspect('fair')
+if owner then
+  redis.call('HDEL', KEYS[1], 'owner', 'until')
+  local q = scan(nil)
+  local latest = q.latest
+  if now_ms > latest then latest = now_ms end
+  keep(KEYS[1], lock[3], latest)
+  if q.head then wake(q.head, ARGV[1]) end
+end
+return before

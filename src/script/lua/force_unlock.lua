@@ -1,0 +1,21 @@
+-- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
+-- snippet first). Every hold goes (`clear()`: owner, lease, hold count and hold fields), the
+-- fence stays, so the next grant is above the freed one; the key's expiry follows the rule of
+-- every write (`keep`), and a freed live lock is announced on the lock's channel.
+--
+-- KEYS[1] the lock key. ARGV[1] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[2]
+-- open TTL ms (unused), ARGV[3] expiry grace.
+--
+-- Replies: the inspection (`inspect.lua`) of the state it found, before freeing it. The old
+-- holder's release then answers 0 (expired) or -1 (another owner). allow-oom: it only frees.
+#!lua flags=allow-oom
+local before = inspect('lock')
+if owner then
+  clear()
+  keep(KEYS[1], lock[3], now_ms)
+  if live then
+    if ARGV[1] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+    elseif ARGV[1] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+  end
+end
+return before

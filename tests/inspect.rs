@@ -1,0 +1,438 @@
+//! `Client::inspect`, `Client::force_unlock` and `Client::list_locks` on real servers, for
+//! every primitive kind: inspection shows holder, lease, holds and waiters; a forced unlock
+//! frees the primitive, wakes a waiting call at once (not at the lease end), the next fence is
+//! above the freed one, and the old holder's release reports the loss.
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::{eventually, Cluster, Standalone};
+use fencelock::{Client, Error, FenceToken, Kind, LockOptions};
+
+const LONG: Duration = Duration::from_secs(30);
+
+async fn connect(urls: Vec<String>) -> Client {
+    Client::connect(urls).await.unwrap()
+}
+
+fn options() -> LockOptions {
+    LockOptions::new()
+        .ttl(LONG)
+        .timeout(Duration::from_secs(20))
+}
+
+fn is_loss<T: std::fmt::Debug>(outcome: &fencelock::Result<T>) -> bool {
+    matches!(outcome, Err(Error::Expired { .. } | Error::NotOwner { .. }))
+}
+
+/// What a waiting call got: its fence, and its guard (kept, so it is not released on drop).
+type Got = (FenceToken, Box<dyn std::any::Any + Send>);
+
+/// Starts `wait` (a waiting call) and returns its handle, which yields what it got and when.
+fn waiting<F>(wait: F) -> tokio::task::JoinHandle<(Got, Instant)>
+where
+    F: Future<Output = Got> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let got = wait.await;
+        (got, Instant::now())
+    })
+}
+
+/// Force-unlocks `kind`/`name` and checks the waiting call got it within a second (the lease
+/// was 30 s), with a higher fence; returns the freed fence.
+async fn force_and_check_handoff(
+    admin: &Client,
+    kind: Kind,
+    name: &str,
+    waiter: tokio::task::JoinHandle<(Got, Instant)>,
+) -> (FenceToken, Box<dyn std::any::Any + Send>) {
+    let started = Instant::now();
+    let freed = admin.force_unlock(kind, name).await.unwrap();
+    assert!(freed.held, "{freed:?}");
+    let freed_fence = freed.fence.unwrap();
+    let ((fence, guard), granted) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap();
+    let handoff = granted.duration_since(started);
+    println!("{kind}: waiter got it {handoff:?} after force_unlock was called");
+    assert!(handoff < Duration::from_secs(1), "{kind}: {handoff:?}");
+    assert!(fence > freed_fence, "{kind}: {fence} <= {freed_fence}");
+    (freed_fence, guard)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mutex_inspection_and_forced_unlock() {
+    let server = Standalone::start();
+    let holder = connect(vec![server.url()]).await;
+    let other = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "orders:42";
+
+    let none = admin.inspect(Kind::Mutex, name).await.unwrap();
+    assert!(!none.exists && !none.held, "{none:?}");
+    assert_eq!(
+        (none.fence, none.lease_left, none.waiters),
+        (None, None, None)
+    );
+    assert_eq!(none.key, "fencelock:{orders:42}:lock");
+
+    let guard = holder.lock(name, &options()).await.unwrap();
+    let inner = guard.reentry().lock().await.unwrap();
+    let seen = admin.inspect(Kind::Mutex, name).await.unwrap();
+    assert!(seen.held && seen.exists, "{seen:?}");
+    assert_eq!(seen.fence, Some(guard.fence()));
+    assert_eq!(seen.holds, 2);
+    assert_eq!(seen.waiters, None, "the mutex records no waiters");
+    let lease = seen.lease_left.unwrap();
+    assert!(
+        lease > Duration::from_secs(25) && lease <= LONG,
+        "{lease:?}"
+    );
+    assert!(
+        seen.to_string().starts_with("orders:42 mutex held fence "),
+        "{seen}"
+    );
+
+    let waiter = waiting(async move {
+        let guard = other.lock(name, &options()).await.unwrap();
+        (guard.fence(), Box::new(guard) as _)
+    });
+    eventually("the waiter's subscription", Duration::from_secs(10), || {
+        let reply: Vec<redis::Value> = server.node.cmd(
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("fencelock:{orders:42}:lock"),
+        );
+        reply.get(1) == Some(&redis::Value::Int(1))
+    })
+    .await;
+    let (freed, _new_holder) = force_and_check_handoff(&admin, Kind::Mutex, name, waiter).await;
+    assert_eq!(freed, guard.fence());
+    let after = admin.inspect(Kind::Mutex, name).await.unwrap();
+    assert!(after.held && after.fence > Some(freed), "{after:?}");
+
+    // The old holder's releases report the loss.
+    assert!(is_loss(&inner.release().await));
+    assert!(is_loss(&guard.release().await));
+
+    // Freed with nobody waiting: free, fence kept, and the holder's release says Expired.
+    admin.force_unlock(Kind::Mutex, name).await.unwrap();
+    let again = holder.lock(name, &options()).await.unwrap();
+    let found = admin.force_unlock(Kind::Mutex, name).await.unwrap();
+    assert_eq!(found.fence, Some(again.fence()));
+    let free = admin.inspect(Kind::Mutex, name).await.unwrap();
+    assert!(!free.held && free.fence == Some(again.fence()), "{free:?}");
+    assert!(matches!(again.release().await, Err(Error::Expired { .. })));
+    // A forced unlock of a free lock changes nothing.
+    let nothing = admin.force_unlock(Kind::Mutex, name).await.unwrap();
+    assert!(!nothing.held);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rwlock_inspection_and_forced_unlock() {
+    let server = Standalone::start();
+    let readers = connect(vec![server.url()]).await;
+    let writer = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "catalog";
+    let first = readers.read_lock(name, &options()).await.unwrap();
+    let second = readers.read_lock(name, &options()).await.unwrap();
+    let seen = admin.inspect(Kind::ReadWrite, name).await.unwrap();
+    assert!(seen.held, "{seen:?}");
+    assert_eq!(
+        (seen.readers, seen.holds, seen.waiters),
+        (Some(2), 2, Some(0))
+    );
+    assert_eq!(seen.fence, Some(second.fence()));
+    assert!(seen.lease_left.unwrap() > Duration::from_secs(25));
+
+    let waiter = waiting(async move {
+        let guard = writer.write_lock(name, &options()).await.unwrap();
+        (guard.fence(), Box::new(guard) as _)
+    });
+    let admin_ref = &admin;
+    eventually_async("the writer's intent", || async move {
+        admin_ref
+            .inspect(Kind::ReadWrite, name)
+            .await
+            .unwrap()
+            .waiters
+            == Some(1)
+    })
+    .await;
+    let _new_holder = force_and_check_handoff(&admin, Kind::ReadWrite, name, waiter).await;
+    let after = admin.inspect(Kind::ReadWrite, name).await.unwrap();
+    assert_eq!(
+        (after.readers, after.holds, after.waiters),
+        (Some(0), 1, Some(0))
+    );
+    assert!(is_loss(&first.release().await));
+    assert!(is_loss(&second.release().await));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fair_lock_inspection_and_forced_unlock() {
+    let server = Standalone::start();
+    let holder = connect(vec![server.url()]).await;
+    let other = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "queue";
+    let guard = holder.fair_lock(name, &options()).await.unwrap();
+    let waiter = waiting(async move {
+        let guard = other.fair_lock(name, &options()).await.unwrap();
+        (guard.fence(), Box::new(guard) as _)
+    });
+    let admin_ref = &admin;
+    eventually_async("the waiter's place", || async move {
+        admin_ref.inspect(Kind::Fair, name).await.unwrap().waiters == Some(1)
+    })
+    .await;
+    let seen = admin.inspect(Kind::Fair, name).await.unwrap();
+    assert!(
+        seen.held && seen.holds == 1 && seen.fence == Some(guard.fence()),
+        "{seen:?}"
+    );
+    let _new_holder = force_and_check_handoff(&admin, Kind::Fair, name, waiter).await;
+    let after = admin.inspect(Kind::Fair, name).await.unwrap();
+    assert_eq!((after.held, after.waiters), (true, Some(0)), "{after:?}");
+    assert!(is_loss(&guard.release().await));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn semaphore_inspection_and_forced_unlock() {
+    let server = Standalone::start();
+    let holder = connect(vec![server.url()]).await;
+    let other = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "renderers";
+    let pool = holder.semaphore(name, 3).unwrap();
+    let batch = pool.acquire_many(2, &options()).await.unwrap();
+    let seen = admin.inspect(Kind::Semaphore, name).await.unwrap();
+    assert!(seen.held, "{seen:?}");
+    assert_eq!(
+        (seen.permits_in_use, seen.permit_limit, seen.holds),
+        (Some(2), Some(3), 2)
+    );
+    assert_eq!(seen.waiters, Some(0));
+    let highest = batch.permits().iter().map(|p| p.fence).max().unwrap();
+    assert_eq!(seen.fence, Some(highest));
+
+    // A waiter for 2 permits (one is free) records its reservation.
+    let waiter = waiting(async move {
+        let pool = other.semaphore(name, 3).unwrap();
+        let got = pool.acquire_many(2, &options()).await.unwrap();
+        (
+            got.permits().iter().map(|p| p.fence).min().unwrap(),
+            Box::new(got) as _,
+        )
+    });
+    let admin_ref = &admin;
+    eventually_async("the reservation", || async move {
+        admin_ref
+            .inspect(Kind::Semaphore, name)
+            .await
+            .unwrap()
+            .waiters
+            == Some(1)
+    })
+    .await;
+    let _new_holder = force_and_check_handoff(&admin, Kind::Semaphore, name, waiter).await;
+    let after = admin.inspect(Kind::Semaphore, name).await.unwrap();
+    assert_eq!(after.permits_in_use, Some(2), "{after:?}");
+    assert!(is_loss(&batch.release().await));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn latch_inspection_and_forced_opening() {
+    let server = Standalone::start();
+    let client = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "batch:7";
+    let latch = client.latch(name).unwrap();
+    let generation = latch.set(3).await.unwrap();
+    latch.count_down("a").await.unwrap();
+    let seen = admin.inspect(Kind::Latch, name).await.unwrap();
+    assert!(seen.held, "armed: {seen:?}");
+    assert_eq!(seen.latch_count, Some(2));
+    assert_eq!(seen.latch_generation, Some(generation));
+    assert_eq!((seen.latch_opened, seen.waiters), (None, None));
+
+    let waiting_latch = latch.clone();
+    let waiter =
+        waiting(async move { (waiting_latch.wait(LONG).await.unwrap(), Box::new(()) as _) });
+    eventually("the waiter's subscription", Duration::from_secs(10), || {
+        let reply: Vec<redis::Value> = server.node.cmd(
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("fencelock:{batch:7}:latch"),
+        );
+        reply.get(1) == Some(&redis::Value::Int(1))
+    })
+    .await;
+    let started = Instant::now();
+    let found = admin.force_unlock(Kind::Latch, name).await.unwrap();
+    assert_eq!(found.latch_count, Some(2));
+    let ((opened, _), at) = waiter.await.unwrap();
+    println!(
+        "latch: waiter returned {:?} after the forced opening",
+        at - started
+    );
+    assert!(at - started < Duration::from_secs(1));
+    assert_eq!(opened, generation);
+    let after = admin.inspect(Kind::Latch, name).await.unwrap();
+    assert!(!after.held);
+    assert_eq!(
+        (after.latch_count, after.latch_opened),
+        (Some(0), Some(generation))
+    );
+    // The next generation is above the opened one.
+    assert!(latch.set(1).await.unwrap() > generation);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn on_a_cluster_list_finds_every_kind_on_every_master_and_force_unlock_wakes_waiters() {
+    let cluster = Cluster::start();
+    let client = connect(cluster.urls()).await;
+    let other = connect(cluster.urls()).await;
+    let admin = connect(cluster.urls()).await;
+
+    // Names on different masters (slots spread over the keyspace), one of every kind, and a
+    // lock pinned by tag.
+    let mutexes = ["a", "b", "c", "d", "e", "f"];
+    let mut guards = Vec::new();
+    for name in mutexes {
+        guards.push(client.lock(name, &options()).await.unwrap());
+    }
+    let pinned = client
+        .lock("pinned:1", &options().tag("group{7}"))
+        .await
+        .unwrap();
+    let _read = client.read_lock("rw", &options()).await.unwrap();
+    let _fair = client.fair_lock("fair", &options()).await.unwrap();
+    let _permit = client
+        .semaphore("sem", 2)
+        .unwrap()
+        .acquire(&options())
+        .await
+        .unwrap();
+    client.latch("latch").unwrap().set(2).await.unwrap();
+    let masters: std::collections::BTreeSet<u16> = guards
+        .iter()
+        .map(|g| cluster.master_of_slot(g.keys().slot()).port)
+        .collect();
+    assert!(masters.len() >= 2, "names on one master only: {masters:?}");
+
+    let list = admin.list_locks(100_000).await.unwrap();
+    assert!(!list.truncated);
+    let found: Vec<(String, Kind, bool)> = list
+        .locks
+        .iter()
+        .map(|l| (l.name.clone(), l.kind, l.held))
+        .collect();
+    for name in mutexes {
+        assert!(
+            found.contains(&(name.into(), Kind::Mutex, true)),
+            "{name}: {found:?}"
+        );
+    }
+    for expected in [
+        ("pinned:1", Kind::Mutex),
+        ("rw", Kind::ReadWrite),
+        ("fair", Kind::Fair),
+        ("sem", Kind::Semaphore),
+        ("latch", Kind::Latch),
+    ] {
+        assert!(
+            found.contains(&(expected.0.into(), expected.1, true)),
+            "{expected:?}: {found:?}"
+        );
+    }
+    let pinned_entry = list.locks.iter().find(|l| l.name == "pinned:1").unwrap();
+    assert_eq!(pinned_entry.key, pinned.keys().lock_key());
+    assert_eq!(pinned_entry.fence, Some(pinned.fence()));
+
+    let capped = admin.list_locks(1).await.unwrap();
+    assert!(capped.truncated, "{capped:?}");
+
+    // Sharded channels: a forced unlock wakes a mutex waiter and a fair lock's head.
+    let mutex_waiter = {
+        let other = other.clone();
+        waiting(async move {
+            let guard = other.lock("a", &options()).await.unwrap();
+            (guard.fence(), Box::new(guard) as _)
+        })
+    };
+    let admin_ref = &admin;
+    let slot = guards[0].keys().slot();
+    let master = cluster.master_of_slot(slot);
+    eventually("the waiter's subscription", Duration::from_secs(10), || {
+        let reply: Vec<redis::Value> = master.cmd(
+            redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg("fencelock:{a}:lock"),
+        );
+        reply.get(1) == Some(&redis::Value::Int(1))
+    })
+    .await;
+    let _a = force_and_check_handoff(&admin, Kind::Mutex, "a", mutex_waiter).await;
+    let fair_waiter = waiting(async move {
+        let guard = other.fair_lock("fair", &options()).await.unwrap();
+        (guard.fence(), Box::new(guard) as _)
+    });
+    eventually_async("the fair waiter's place", || async move {
+        admin_ref.inspect(Kind::Fair, "fair").await.unwrap().waiters == Some(1)
+    })
+    .await;
+    let _fair = force_and_check_handoff(&admin, Kind::Fair, "fair", fair_waiter).await;
+}
+
+/// Polls the async `condition` every 10 ms for up to 10 s.
+async fn eventually_async<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn at_maxmemory_inspect_and_force_unlock_still_run() {
+    let server = Standalone::start();
+    let client = connect(vec![server.url()]).await;
+    let guard = client.lock("full", &options()).await.unwrap();
+    let _permit = client
+        .semaphore("full", 1)
+        .unwrap()
+        .acquire(&options())
+        .await
+        .unwrap();
+    server
+        .node
+        .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1"));
+    assert!(matches!(
+        client.try_lock("other", &options()).await,
+        Err(Error::OutOfMemory { .. })
+    ));
+    assert!(client.inspect(Kind::Mutex, "full").await.unwrap().held);
+    let freed = client.force_unlock(Kind::Mutex, "full").await.unwrap();
+    assert_eq!(freed.fence, Some(guard.fence()));
+    assert!(
+        client
+            .force_unlock(Kind::Semaphore, "full")
+            .await
+            .unwrap()
+            .held
+    );
+    assert!(!client.inspect(Kind::Semaphore, "full").await.unwrap().held);
+    server
+        .node
+        .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
+}
