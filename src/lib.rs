@@ -60,3 +60,12 @@ pub use script::{lua_scripts, ScriptSource};
 pub use semaphore::{Permit, PermitGuard, Semaphore};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;
+
+/// The `redis` crate fencelock is built on, re-exported so that the redis-rs types in
+/// fencelock's API (the `source` of [`Error::Connect`], [`Error::Redis`] and
+/// [`Error::OutOfMemory`], and the clients [`Client::from_redis_client`] and
+/// [`Client::from_cluster_client`] take) are always those of the version fencelock uses: name
+/// them as `fencelock::redis::...` and a redis-rs upgrade in your own dependencies cannot break
+/// the match. A fencelock release that moves to another major version of `redis` is a breaking
+/// release.
+pub use redis;
