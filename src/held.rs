@@ -16,6 +16,43 @@ use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
 use crate::stats::{Counter, Counters};
 
+/// The accessors every guard shares, written once: a guard is a struct with a `held: Held`
+/// field, and `$what` names what it holds in the docs ("lock", "read hold", "permits"). Each
+/// guard writes its own `fence`, `lost`, `extend` and `release`, whose docs differ.
+macro_rules! held_accessors {
+    ($what:literal) => {
+        #[doc = concat!("The name the ", $what, " was taken under.")]
+        pub fn name(&self) -> &str {
+            self.held.name()
+        }
+
+        #[doc = concat!("The Redis key and slot of the ", $what, ".")]
+        pub fn keys(&self) -> &$crate::LockKeys {
+            self.held.keys()
+        }
+
+        #[doc = concat!("Until when the ", $what, " is surely valid: measured from before the ")]
+        /// acquire (or last extend or renewal) request was sent, less a drift margin of 1% of the
+        /// TTL and 2 ms. After it, another owner may hold it. With the watchdog on, it moves
+        /// forward with every renewal.
+        pub fn valid_until(&self) -> std::time::Instant {
+            self.held.valid_until()
+        }
+
+        /// True while [`valid_until`](Self::valid_until) lies in the future and the watchdog (if
+        #[doc = concat!("on) has not found the ", $what, " lost.")]
+        pub fn is_valid(&self) -> bool {
+            self.held.is_valid()
+        }
+
+        /// How many replicas acknowledged the acquisition, when `wait_replicas` was set.
+        pub fn replicas_acked(&self) -> Option<u32> {
+            self.held.replicas_acked()
+        }
+    };
+}
+pub(crate) use held_accessors;
+
 /// The scripts a primitive's holds are released, extended and renewed with. They share one
 /// contract, so [`Held`] and the watchdog serve every primitive alike:
 ///

@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
-use crate::keys::LockKeys;
 use crate::script::{FAIR_EXTEND, FAIR_RELEASE, FAIR_RENEW};
 
 /// The fair lock's release, extend and renew scripts.
@@ -63,28 +62,7 @@ impl FairLockGuard {
         self.held.fence()
     }
 
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.held.name()
-    }
-
-    /// The Redis key (`<prefix>:{<name>}:fair`) and slot of the fair lock.
-    pub fn keys(&self) -> &LockKeys {
-        self.held.keys()
-    }
-
-    /// Until when the hold is surely valid: measured from before the acquire (or last extend
-    /// or renewal) request was sent, less a drift margin. After it, another owner may hold the
-    /// lock. With the watchdog on, it moves forward with every renewal.
-    pub fn valid_until(&self) -> Instant {
-        self.held.valid_until()
-    }
-
-    /// True while [`valid_until`](Self::valid_until) lies in the future and the watchdog (if
-    /// on) has not found the lock lost.
-    pub fn is_valid(&self) -> bool {
-        self.held.is_valid()
-    }
+    crate::held::held_accessors!("lock");
 
     /// Resolves when this hold can no longer be relied on, with the reason: the watchdog found
     /// the lock expired ([`Error::Expired`]) or held by another owner ([`Error::NotOwner`]), it
@@ -116,11 +94,6 @@ impl FairLockGuard {
     /// Cancel safe: it only watches.
     pub async fn lost(&self) -> Error {
         self.held.lost().await
-    }
-
-    /// How many replicas acknowledged the acquisition, when `wait_replicas` was set.
-    pub fn replicas_acked(&self) -> Option<u32> {
-        self.held.replicas_acked()
     }
 
     /// Resets the lock's TTL to `ttl` if this guard still holds it, and returns the new

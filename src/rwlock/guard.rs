@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
-use crate::keys::LockKeys;
 use crate::script::{
     parse_reply, Outcome, ScriptCall, RW_DOWNGRADE, RW_EXTEND, RW_RELEASE, RW_RENEW,
 };
@@ -28,28 +27,7 @@ macro_rules! hold_methods {
             self.held.fence()
         }
 
-        /// The lock's name.
-        pub fn name(&self) -> &str {
-            self.held.name()
-        }
-
-        /// The lock's Redis key (`<prefix>:{NAME}:rw`) and slot.
-        pub fn keys(&self) -> &LockKeys {
-            self.held.keys()
-        }
-
-        /// Until when the hold is surely valid (see
-        /// [`LockGuard::valid_until`](crate::LockGuard::valid_until)); with the watchdog on, it
-        /// moves forward with every renewal of this hold.
-        pub fn valid_until(&self) -> Instant {
-            self.held.valid_until()
-        }
-
-        /// True while [`valid_until`](Self::valid_until) lies in the future and the watchdog
-        /// (if on) has not found the hold lost.
-        pub fn is_valid(&self) -> bool {
-            self.held.is_valid()
-        }
+        crate::held::held_accessors!("hold");
 
         /// Resolves when this hold can no longer be relied on, with the reason, as
         /// [`LockGuard::lost`](crate::LockGuard::lost).
@@ -59,11 +37,6 @@ macro_rules! hold_methods {
         /// Cancel safe: it only watches.
         pub async fn lost(&self) -> Error {
             self.held.lost().await
-        }
-
-        /// How many replicas acknowledged the acquisition, when `wait_replicas` was set.
-        pub fn replicas_acked(&self) -> Option<u32> {
-            self.held.replicas_acked()
         }
 
         /// Resets this hold's lease to `ttl` (only this owner's entry; never shortened while it

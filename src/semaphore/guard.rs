@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
-use crate::keys::LockKeys;
 use crate::script::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE, SEMAPHORE_RENEW};
 
 /// The semaphore's release, extend and renew scripts. The hold id of its holds is the list of
@@ -81,31 +80,7 @@ impl PermitGuard {
         self.held.fence()
     }
 
-    /// The semaphore's name.
-    pub fn name(&self) -> &str {
-        self.held.name()
-    }
-
-    /// The Redis key and slot of the semaphore.
-    pub fn keys(&self) -> &LockKeys {
-        self.held.keys()
-    }
-
-    /// Until when the permits are surely valid (as [`LockGuard::valid_until`](crate::LockGuard::valid_until)).
-    pub fn valid_until(&self) -> Instant {
-        self.held.valid_until()
-    }
-
-    /// True while [`valid_until`](Self::valid_until) lies in the future and the watchdog (if
-    /// on) has not found the permits lost.
-    pub fn is_valid(&self) -> bool {
-        self.held.is_valid()
-    }
-
-    /// How many replicas acknowledged the acquisition, when `wait_replicas` was set.
-    pub fn replicas_acked(&self) -> Option<u32> {
-        self.held.replicas_acked()
-    }
+    crate::held::held_accessors!("permits");
 
     /// Resolves when the permits can no longer be relied on, with the reason, as
     /// [`LockGuard::lost`](crate::LockGuard::lost).
