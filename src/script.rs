@@ -339,8 +339,9 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> =
 /// (1-based) is held by another owner (no write); an error reply (no write) as [`ACQUIRE`].
 ///
 /// Not flagged `allow-oom`.
-pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_fence_rule("lock_all", include_str!("script/lua/lock_all.lua")));
+pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_fence_rule("lock_all", include_str!("script/lua/lock_all.lua"))
+});
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
 /// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.

@@ -264,7 +264,8 @@ impl Request for AcquireAll<'_> {
             [0, pttl, index] => {
                 in_flight.into_iter().for_each(InFlight::disarm);
                 let index = usize::try_from(*index).unwrap_or(1).max(1) - 1;
-                self.busy.store(index.min(keys.len() - 1), Ordering::Relaxed);
+                self.busy
+                    .store(index.min(keys.len() - 1), Ordering::Relaxed);
                 Ok(Attempt::Busy {
                     retry_after: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
                 })
@@ -397,7 +398,7 @@ impl Client {
     /// # Errors
     ///
     /// [`Error::InvalidOptions`] for no names, more than [`MAX_MULTI_LOCKS`], a name given
-    /// twice, a bad name or bad options; [`Error::Busy`] naming the member still held at the
+    /// twice or bad options; [`Error::InvalidName`] for a bad name; [`Error::Busy`] naming the member still held at the
     /// timeout; the errors of [`lock`](Self::lock) otherwise.
     ///
     /// # Cancel safety

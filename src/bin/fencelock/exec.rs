@@ -315,7 +315,11 @@ fn check_names(args: &ExecArgs) -> Result<(), String> {
             "{flag} takes one NAME; several names take a multi-lock of mutexes only"
         ));
     }
-    if let Some(name) = args.names.iter().find(|n| n.chars().any(char::is_whitespace)) {
+    if let Some(name) = args
+        .names
+        .iter()
+        .find(|n| n.chars().any(char::is_whitespace))
+    {
         return Err(format!(
             "lock name {name:?} has whitespace: a multi-lock lists its names space-separated \
              in FENCELOCK_NAME"
