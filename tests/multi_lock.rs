@@ -203,6 +203,40 @@ async fn keys_of_one_slot_are_taken_by_one_script_call() {
     );
     spread.release().await.unwrap();
     guard.release().await.unwrap();
+
+    // The script by hand: a resend of the same owner's call is answered with the same fences
+    // and writes nothing; another owner is refused naming the first key held, writing nothing.
+    let source = fencelock::lua_scripts()
+        .find(|s| s.name == "lock_all")
+        .unwrap()
+        .source;
+    let keys: Vec<String> = ["h:1", "h:2", "h:3"]
+        .iter()
+        .map(|n| client.keys(n, &tagged).unwrap().lock_key().to_owned())
+        .collect();
+    let eval = |owner: &str| {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(source).arg(keys.len()).arg(&keys);
+        cmd.arg(owner).arg("10000").arg("0").arg("counter").arg("");
+        cmd
+    };
+    let first: Vec<i64> = server.node.cmd(&mut eval("owner-1"));
+    assert_eq!(first[0], 1, "{first:?}");
+    assert_eq!(first.len(), 5);
+    let resent: Vec<i64> = server.node.cmd(&mut eval("owner-1"));
+    assert_eq!(resent[0], 2, "{resent:?}");
+    assert_eq!(resent[2..], first[2..], "same fences");
+    let refused: Vec<i64> = server.node.cmd(&mut eval("owner-2"));
+    assert_eq!((refused[0], refused[2]), (0, 1), "{refused:?}");
+    assert!(refused[1] > 0 && refused[1] <= 10_000);
+    let owners: Vec<Option<String>> = keys
+        .iter()
+        .map(|k| server.node.cmd(redis::cmd("HGET").arg(k).arg("owner")))
+        .collect();
+    assert!(
+        owners.iter().all(|o| o.as_deref() == Some("owner-1")),
+        "{owners:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -220,7 +254,7 @@ async fn callers_in_opposite_orders_never_deadlock() {
         let client = Client::connect(urls.clone()).await.unwrap();
         let (inside, options) = (Arc::clone(&inside), options.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (task + 1) * 0x1234_5678);
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((task + 1) * 0x1234_5678));
             let until = Instant::now() + Duration::from_secs(3);
             let mut rounds = 0;
             while Instant::now() < until {
