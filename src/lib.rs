@@ -53,7 +53,7 @@ pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use inspect::{Inspection, Kind, LockList};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};
-pub use lock::{LockGuard, Reentry};
+pub use lock::{LockGuard, MultiGuard, Reentry, MAX_MULTI_LOCKS};
 pub use options::{LockOptions, Waiting, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};

@@ -248,6 +248,7 @@ pub struct ScriptSource {
 pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
     [
         &*ACQUIRE,
+        &*LOCK_ALL,
         &*RELEASE,
         &*EXTEND,
         &*REENTER,
@@ -325,6 +326,22 @@ const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
 /// Not flagged `allow-oom`: at `maxmemory` under `noeviction` Redis refuses it with `OOM`.
 pub(crate) static ACQUIRE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::with_fence_rule("acquire", include_str!("script/lua/acquire.lua")));
+
+/// Acquire several (`script/lua/lock_all.lua`): grant every lock key of one slot to one owner,
+/// or none, each with its own fence (the multi-lock's one-slot path; the mutex's data model per
+/// key).
+///
+/// - `KEYS` the lock keys. `ARGV` as [`ACQUIRE`]: owner token, TTL in ms, floor, fence mode,
+///   expiry grace.
+///
+/// Replies `{1, behind, fence...}` granted, one fence per key in `KEYS` order; `{2, 0, fence...}`
+/// this owner already holds them all (a resent script, no write); `{0, pttl, i}` key `i`
+/// (1-based) is held by another owner (no write); an error reply (no write) as [`ACQUIRE`].
+///
+/// Not flagged `allow-oom`.
+pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_fence_rule("lock_all", include_str!("script/lua/lock_all.lua"))
+});
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
 /// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.

@@ -2,6 +2,7 @@
 //! guard, a thin wrapper around [`Held`]; `reentry.rs` the handle that takes it again.
 
 mod guard;
+mod multi;
 mod reentry;
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
 use guard::MUTEX;
+pub use multi::{MultiGuard, MAX_MULTI_LOCKS};
 pub use reentry::Reentry;
 
 /// One acquisition of a mutex: its keys and options.

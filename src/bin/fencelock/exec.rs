@@ -15,7 +15,7 @@ use clap::builder::FalseyValueParser;
 use clap::Args;
 use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    PermitGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
+    MultiGuard, PermitGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
 };
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -76,8 +76,11 @@ pub struct ExecArgs {
     /// Never say what exec waits for (by default it does when stderr is a terminal).
     #[arg(short, long, env = "FENCELOCK_QUIET", value_parser = FalseyValueParser::new())]
     quiet: bool,
-    /// Lock name.
-    name: String,
+    /// Lock name; several names take a multi-lock of them all (mutexes only), held as one:
+    /// all or none, acquired in one canonical order, FENCELOCK_NAME and FENCELOCK_TOKEN then
+    /// list the names and their fences, space-separated, in the order given.
+    #[arg(required = true, value_name = "NAME")]
+    names: Vec<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -178,6 +181,10 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
     let client = client.fence_mode(args.fence_mode.into());
+    if let Err(usage) = check_names(&args) {
+        eprintln!("fencelock: {usage}");
+        return ExitCode::from(code::USAGE);
+    }
     let client = match client.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),
@@ -186,6 +193,7 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         eprintln!("fencelock: no command given: write it after --");
         return ExitCode::from(code::USAGE);
     };
+    let name = args.names.join(" ");
     let guard = match Hold::acquire(&client, &args, &options).await {
         Ok(guard) => guard,
         Err(err) => return fail(&err),
@@ -206,8 +214,8 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     let mut command = Command::new(program);
     command
         .args(rest)
-        .env("FENCELOCK_TOKEN", guard.fence().to_string())
-        .env("FENCELOCK_NAME", &args.name);
+        .env("FENCELOCK_TOKEN", guard.tokens())
+        .env("FENCELOCK_NAME", &name);
     if let Hold::Permit(permit) = &guard {
         command.env("FENCELOCK_PERMIT", permit.permits()[0].number.to_string());
     }
@@ -231,14 +239,14 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
                 group.wait_empty(GRACE).await;
             }
             group.kill().await;
-            let fence = guard.fence();
+            let fence = guard.tokens();
             match guard.release().await {
                 Ok(()) => ExitCode::from(status),
                 Err(err) if err.is_lock_lost() => {
                     eprintln!(
                         "fencelock: lock {:?} (fence {fence}) was lost before the command \
                          finished (it exited with {status}): {err}",
-                        args.name,
+                        name,
                     );
                     ExitCode::from(code::LOCK_LOST)
                 }
@@ -246,14 +254,14 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
                     eprintln!(
                         "fencelock: warning: the command finished but lock {:?} was not \
                          released ({err}); it frees itself when its TTL runs out",
-                        args.name
+                        name
                     );
                     ExitCode::from(status)
                 }
             }
         }
         Supervised::Lost(reason) => {
-            let fence = guard.fence();
+            let fence = guard.tokens();
             group.signal(libc::SIGTERM);
             if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
                 group.wait_empty(GRACE).await;
@@ -267,7 +275,7 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
             eprintln!(
                 "fencelock: lost lock {:?} (fence {fence}) while the command ran: {reason}; the \
                  command was terminated",
-                args.name,
+                name,
             );
             ExitCode::from(code::LOCK_LOST)
         }
@@ -282,6 +290,42 @@ enum Hold {
     Write(WriteGuard),
     Fair(FairLockGuard),
     Permit(PermitGuard),
+    Multi(MultiGuard),
+}
+
+/// Several names only for the mutex (a multi-lock), and then without spaces (the environment
+/// lists them space-separated).
+fn check_names(args: &ExecArgs) -> Result<(), String> {
+    if args.names.len() < 2 {
+        return Ok(());
+    }
+    let flag = if args.read {
+        Some("--read")
+    } else if args.write {
+        Some("--write")
+    } else if args.fair {
+        Some("--fair")
+    } else if args.permits.is_some() {
+        Some("--permits")
+    } else {
+        None
+    };
+    if let Some(flag) = flag {
+        return Err(format!(
+            "{flag} takes one NAME; several names take a multi-lock of mutexes only"
+        ));
+    }
+    if let Some(name) = args
+        .names
+        .iter()
+        .find(|n| n.chars().any(char::is_whitespace))
+    {
+        return Err(format!(
+            "lock name {name:?} has whitespace: a multi-lock lists its names space-separated \
+             in FENCELOCK_NAME"
+        ));
+    }
+    Ok(())
 }
 
 impl Hold {
@@ -290,7 +334,11 @@ impl Hold {
         args: &ExecArgs,
         options: &LockOptions,
     ) -> Result<Self, Error> {
-        let name = &args.name;
+        if args.names.len() > 1 {
+            let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
+            return Ok(Hold::Multi(client.lock_all(&names, options).await?));
+        }
+        let name = &args.names[0];
         Ok(if args.read {
             Hold::Read(client.read_lock(name, options).await?)
         } else if args.write {
@@ -314,6 +362,20 @@ impl Hold {
             Hold::Write(guard) => guard.fence(),
             Hold::Fair(guard) => guard.fence(),
             Hold::Permit(guard) => guard.fence(),
+            Hold::Multi(guard) => guard.fences()[0].1,
+        }
+    }
+
+    /// FENCELOCK_TOKEN: the fence, or a multi-lock's fences space-separated in the names' order.
+    fn tokens(&self) -> String {
+        match self {
+            Hold::Multi(guard) => guard
+                .fences()
+                .iter()
+                .map(|(_, fence)| fence.to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+            other => other.fence().to_string(),
         }
     }
 
@@ -324,6 +386,7 @@ impl Hold {
             Hold::Write(guard) => guard.lost().await,
             Hold::Fair(guard) => guard.lost().await,
             Hold::Permit(guard) => guard.lost().await,
+            Hold::Multi(guard) => guard.lost().await,
         }
     }
 
@@ -334,6 +397,7 @@ impl Hold {
             Hold::Write(guard) => guard.release().await,
             Hold::Fair(guard) => guard.release().await,
             Hold::Permit(guard) => guard.release().await,
+            Hold::Multi(guard) => guard.release().await,
         }
     }
 }

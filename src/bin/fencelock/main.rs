@@ -68,9 +68,10 @@ bad input (unlock without --force), 69 when Redis cannot be reached.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run CMD while holding lock NAME (with --permits N: one permit of semaphore NAME); CMD
-    /// gets FENCELOCK_TOKEN and FENCELOCK_NAME (and FENCELOCK_PERMIT) and runs in its own
-    /// process group, which dies with fencelock.
+    /// Run CMD while holding lock NAME (with --permits N: one permit of semaphore NAME; with
+    /// several NAMEs: all those mutexes as one multi-lock); CMD gets FENCELOCK_TOKEN and
+    /// FENCELOCK_NAME (space-separated for several names, in the order given; and
+    /// FENCELOCK_PERMIT) and runs in its own process group, which dies with fencelock.
     Exec(exec::ExecArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
     /// renew, fenced_set, semaphore_acquire, ...), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark

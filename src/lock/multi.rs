@@ -1,0 +1,501 @@
+//! The multi-lock: several mutexes taken as one guard, all or nothing, under one deadline.
+//!
+//! Keys of one slot are granted by one script (`lock_all.lua`). Keys across slots are taken one
+//! by one in one canonical order (by slot, then key), whatever order the caller gave, so two
+//! callers never wait on each other in a cycle; each member is first taken with a short
+//! provisional lease (kept alive while later members are awaited), and extended to the full
+//! lease once all are held. On failure or cancellation what was taken is released.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use super::guard::MUTEX;
+use super::{new_owner_token, Acquire, LockGuard};
+use crate::acquire::{self, replicas, Attempt, InFlight, Request};
+use crate::client::Client;
+use crate::core::Core;
+use crate::error::{Error, Result};
+use crate::fence::FenceToken;
+use crate::held::{Grant, Held};
+use crate::keys::LockKeys;
+use crate::options::{instant_after, LockOptions};
+use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
+
+/// The most locks one multi-lock takes.
+pub const MAX_MULTI_LOCKS: usize = 1024;
+
+/// Proof of holding several locks at once (a multi-lock), each with its own fence token.
+///
+/// Made by [`Client::lock_all`] or [`Client::try_lock_all`]. Every member is a mutex held by
+/// this guard; [`release`](Self::release) frees them all. Dropping an unreleased guard releases
+/// every member in the background on the current Tokio runtime (when there is one).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+/// use fencelock::LockOptions;
+///
+/// let guard = client.lock_all(&["acct:1", "acct:2"], &LockOptions::new()).await?;
+/// for (name, fence) in guard.fences() {
+///     println!("{name}: {fence}"); // present each fence to the storage of its resource
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping the guard releases the locks at once"]
+#[clippy::has_significant_drop]
+pub struct MultiGuard {
+    /// The members, in the caller's order.
+    members: Vec<LockGuard>,
+}
+
+impl std::fmt::Debug for MultiGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MultiGuard")
+            .field("fences", &self.fences())
+            .field("valid_until", &self.valid_until())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MultiGuard {
+    /// The names held, in the order the caller gave.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.members.iter().map(LockGuard::name)
+    }
+
+    /// Each name with its fence token, in the order the caller gave. Each lock keeps its own
+    /// fence: present a member's fence to the storage that lock protects.
+    pub fn fences(&self) -> Vec<(&str, FenceToken)> {
+        self.members.iter().map(|m| (m.name(), m.fence())).collect()
+    }
+
+    /// The fence token of member `name`, or `None` when it is not a member.
+    pub fn fence(&self, name: &str) -> Option<FenceToken> {
+        self.member(name).map(LockGuard::fence)
+    }
+
+    /// The guard of member `name`, or `None` when it is not a member.
+    pub fn member(&self, name: &str) -> Option<&LockGuard> {
+        self.members.iter().find(|m| m.name() == name)
+    }
+
+    /// Until when every member is surely valid: the earliest of the members'
+    /// [`LockGuard::valid_until`].
+    pub fn valid_until(&self) -> Instant {
+        self.members
+            .iter()
+            .map(LockGuard::valid_until)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// True while every member is valid ([`LockGuard::is_valid`]).
+    pub fn is_valid(&self) -> bool {
+        self.members.iter().all(LockGuard::is_valid)
+    }
+
+    /// Resolves when any member can no longer be relied on, with the first member's reason
+    /// (see [`LockGuard::lost`]; the error names the member).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only watches.
+    pub async fn lost(&self) -> Error {
+        let mut watching: Vec<Pin<Box<dyn Future<Output = Error> + '_>>> = self
+            .members
+            .iter()
+            .map(|m| Box::pin(m.lost()) as Pin<Box<dyn Future<Output = Error> + '_>>)
+            .collect();
+        std::future::poll_fn(|cx| {
+            for lost in &mut watching {
+                if let Poll::Ready(err) = lost.as_mut().poll(cx) {
+                    return Poll::Ready(err);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Resets every member's TTL to `ttl` (see [`LockGuard::extend`]) and returns the new
+    /// [`valid_until`](Self::valid_until).
+    ///
+    /// # Errors
+    ///
+    /// The first member's error ([`Error::Expired`], [`Error::NotOwner`], ...); the members
+    /// after it are not extended.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`LockGuard::extend`].
+    pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
+        for member in &mut self.members {
+            member.extend(ttl).await?;
+        }
+        Ok(self.valid_until())
+    }
+
+    /// Releases every member (see [`LockGuard::release`]).
+    ///
+    /// # Errors
+    ///
+    /// The first member's error, in the caller's order ([`Error::Expired`] or
+    /// [`Error::NotOwner`] when that lock was lost); every member is released all the same.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: members not yet released when the call is dropped are released in the
+    /// background.
+    pub async fn release(self) -> Result<()> {
+        let mut first = Ok(());
+        for member in self.members {
+            let outcome = member.release().await;
+            if first.is_ok() {
+                first = outcome;
+            }
+        }
+        first
+    }
+}
+
+/// The one-slot request: every key granted by one script call, or none.
+struct AcquireAll<'a> {
+    /// The members, in the caller's order.
+    keys: &'a [LockKeys],
+    options: &'a LockOptions,
+    /// The member last found busy: its name in errors, its channel for the wake-up.
+    busy: AtomicUsize,
+}
+
+impl AcquireAll<'_> {
+    fn busy_keys(&self) -> &LockKeys {
+        &self.keys[self.busy.load(Ordering::Relaxed).min(self.keys.len() - 1)]
+    }
+}
+
+impl Request for AcquireAll<'_> {
+    type Granted = Vec<LockGuard>;
+
+    fn name(&self) -> &str {
+        self.busy_keys().name()
+    }
+
+    fn channel(&self) -> &str {
+        self.busy_keys().lock_key()
+    }
+
+    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Vec<LockGuard>>> {
+        let (keys, options) = (self.keys, self.options);
+        let name = keys[0].name();
+        let owner = new_owner_token();
+        let started = Instant::now();
+        let lease = options.first_lease();
+        let ttl_ms = ttl_millis(lease);
+        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let lock_keys: Vec<&str> = keys.iter().map(LockKeys::lock_key).collect();
+        let call = ScriptCall::new(
+            &LOCK_ALL,
+            &lock_keys,
+            &[&owner, &ttl_ms, &floor, core.fence_arg(), core.expiry()],
+        );
+        let undos: Vec<ScriptCall> = lock_keys
+            .iter()
+            .map(|key| MUTEX.release_call(core, key, &owner, ""))
+            .collect();
+        let in_flight: Vec<InFlight> = undos
+            .iter()
+            .map(|undo| InFlight::arm(&core.transport, undo.clone()))
+            .collect();
+        let (reply, acks) =
+            replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
+        let reply = parse_reply::<Vec<i64>>(name, "acquire", reply)?;
+        let unexpected = |detail: String| Error::UnexpectedReply {
+            name: name.to_owned(),
+            operation: "acquire",
+            detail,
+        };
+        match reply.as_slice() {
+            [1 | 2, behind, fences @ ..] if fences.len() == keys.len() => {
+                if *behind > 0 {
+                    core.clock_behind(name, *behind);
+                }
+                let fences = fences
+                    .iter()
+                    .zip(keys)
+                    .map(|(fence, k)| parse_fence(k.name(), "acquire", "fence", *fence))
+                    .collect::<Result<Vec<_>>>()?;
+                in_flight.into_iter().for_each(InFlight::disarm);
+                let replicas_acked = match replicas::confirm(core, name, acks, &undos[0]).await {
+                    Ok(acked) => acked,
+                    Err(err) => {
+                        for undo in &undos[1..] {
+                            let _ = core.transport.run(undo, name, "release").await;
+                        }
+                        return Err(err);
+                    }
+                };
+                tracing::debug!(lock = name, members = keys.len(), "acquired all");
+                let guards = keys
+                    .iter()
+                    .zip(fences)
+                    .map(|(k, fence)| {
+                        let grant = Grant {
+                            keys: k.clone(),
+                            owner: owner.clone(),
+                            hold: String::new(),
+                            fence,
+                            sent: started,
+                            ttl: lease,
+                            replicas_acked,
+                        };
+                        LockGuard::new(Held::new(core, &MUTEX, grant, options))
+                    })
+                    .collect();
+                Ok(Attempt::Granted(guards))
+            }
+            [0, pttl, index] => {
+                in_flight.into_iter().for_each(InFlight::disarm);
+                let index = usize::try_from(*index).unwrap_or(1).max(1) - 1;
+                self.busy
+                    .store(index.min(keys.len() - 1), Ordering::Relaxed);
+                Ok(Attempt::Busy {
+                    retry_after: Duration::from_millis(u64::try_from(*pttl).unwrap_or(0)),
+                })
+            }
+            other => Err(unexpected(format!("{other:?}"))),
+        }
+    }
+}
+
+/// The provisional lease of a member taken across slots: short, so that a caller that dies
+/// while collecting leaves little behind, but a few request timeouts long, so that extending it
+/// to the full lease has time to arrive. Above the chosen renewal period, so that the watchdog
+/// renews it in time.
+fn provisional_lease(core: &Core, options: &LockOptions) -> Duration {
+    let short = (core.transport.request_timeout() * 4).max(Duration::from_secs(1));
+    let short = short.max(options.renew_every.map_or(Duration::ZERO, |e| e * 2));
+    options.first_lease().min(short)
+}
+
+/// Takes the members across slots, in canonical order, one after the other; `deadline` bounds
+/// the waiting (`None`: one attempt each). Earlier members are kept alive while a later one is
+/// awaited. Returns the guards in canonical order, with their index in the caller's order.
+async fn collect(
+    core: &Arc<Core>,
+    keys: &[LockKeys],
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<Vec<LockGuard>> {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by(|&a, &b| {
+        (keys[a].slot(), keys[a].lock_key()).cmp(&(keys[b].slot(), keys[b].lock_key()))
+    });
+    let lease = provisional_lease(core, options);
+    let mut provisional = options.clone();
+    provisional.ttl = lease;
+    let keep_alive = (lease / 3).max(Duration::from_millis(1));
+    let mut taken: Vec<(usize, LockGuard)> = Vec::with_capacity(keys.len());
+    for &index in &order {
+        let request = Acquire {
+            keys: &keys[index],
+            options: &provisional,
+        };
+        let outcome = match deadline {
+            None => acquire::once(core, &request).await,
+            Some(deadline) => {
+                let waiting = acquire::wait_observed(
+                    core,
+                    &request,
+                    deadline.saturating_duration_since(Instant::now()),
+                    options.on_wait.as_ref(),
+                );
+                tokio::pin!(waiting);
+                loop {
+                    tokio::select! {
+                        outcome = &mut waiting => break outcome,
+                        () = tokio::time::sleep(keep_alive) => {
+                            let mut kept = Ok(());
+                            for (_, guard) in &mut taken {
+                                if let Err(err) = guard.extend(lease).await {
+                                    kept = Err(err);
+                                    break;
+                                }
+                            }
+                            if let Err(err) = kept {
+                                break Err(err);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(guard) => taken.push((index, guard)),
+            Err(err) => {
+                release_all(taken).await;
+                return Err(err);
+            }
+        }
+    }
+    let full = options.first_lease();
+    if full > lease {
+        for i in 0..taken.len() {
+            if let Err(err) = taken[i].1.extend(full).await {
+                release_all(taken).await;
+                return Err(err);
+            }
+        }
+    }
+    taken.sort_by_key(|(index, _)| *index);
+    Ok(taken.into_iter().map(|(_, guard)| guard).collect())
+}
+
+/// Releases the members taken before a failure (errors ignored: what cannot be released
+/// expires with its short lease).
+async fn release_all(taken: Vec<(usize, LockGuard)>) {
+    for (_, guard) in taken {
+        let _ = guard.release().await;
+    }
+}
+
+impl Client {
+    /// Acquires every lock in `names` as one guard, all or nothing, waiting while any is held
+    /// by another owner, for up to `options.timeout` in all.
+    ///
+    /// `options` apply to every member (TTL, watchdog, floor, placement). When all keys share
+    /// one slot (a [`LockOptions::tag`] or [`LockOptions::slot`], or a standalone server with
+    /// such a placement) one script call grants them all atomically. Otherwise the members are
+    /// taken in one canonical order (by slot, then key) whatever order `names` has, so callers
+    /// asking for overlapping sets in different orders never deadlock; each is first taken with
+    /// a short provisional lease and extended to the full lease once all are held. On failure
+    /// the members taken are released.
+    ///
+    /// With the watchdog on, each member is renewed (one call per node per batch).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let guard = client
+    ///     .lock_all(&["acct:1", "acct:2"], &LockOptions::new().tag("accounts"))
+    ///     .await?; // one script call: the two keys share a slot
+    /// let fence = guard.fence("acct:1");
+    /// # drop(fence);
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidOptions`] for no names, more than [`MAX_MULTI_LOCKS`], a name given
+    /// twice or bad options; [`Error::InvalidName`] for a bad name; [`Error::Busy`] naming the member still held at the
+    /// timeout; the errors of [`lock`](Self::lock) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing (members taken are released in the
+    /// background).
+    pub async fn lock_all(&self, names: &[&str], options: &LockOptions) -> Result<MultiGuard> {
+        let deadline = instant_after(Instant::now(), options.timeout);
+        self.lock_all_until(names, options, Some(deadline)).await
+    }
+
+    /// Acquires every lock in `names` as one guard if each is free now: one attempt per member
+    /// (one script call when all keys share a slot), no waiting; as
+    /// [`lock_all`](Self::lock_all) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] naming a member held by another owner (nothing is left held); as
+    /// [`lock_all`](Self::lock_all) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`lock_all`](Self::lock_all).
+    pub async fn try_lock_all(&self, names: &[&str], options: &LockOptions) -> Result<MultiGuard> {
+        self.lock_all_until(names, options, None).await
+    }
+
+    async fn lock_all_until(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<MultiGuard> {
+        let keys = self.multi_keys(names, options)?;
+        let core = self.core();
+        let one_slot = keys.iter().all(|k| k.slot() == keys[0].slot());
+        let span = tracing::debug_span!(
+            "fencelock.lock_all",
+            lock = names.join(" "),
+            kind = "lock",
+            one_slot
+        );
+        async {
+            let members = if one_slot {
+                let request = AcquireAll {
+                    keys: &keys,
+                    options,
+                    busy: AtomicUsize::new(0),
+                };
+                match deadline {
+                    None => acquire::once(core, &request).await?,
+                    Some(deadline) => {
+                        acquire::wait_observed(
+                            core,
+                            &request,
+                            deadline.saturating_duration_since(Instant::now()),
+                            options.on_wait.as_ref(),
+                        )
+                        .await?
+                    }
+                }
+            } else {
+                collect(core, &keys, options, deadline).await?
+            };
+            Ok(MultiGuard { members })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The members' keys, checked: at least one, at most [`MAX_MULTI_LOCKS`], no duplicates.
+    fn multi_keys(&self, names: &[&str], options: &LockOptions) -> Result<Vec<LockKeys>> {
+        let invalid = |name: &str, reason: String| Error::InvalidOptions {
+            name: name.to_owned(),
+            reason,
+        };
+        let Some(first) = names.first() else {
+            return Err(invalid("", "lock_all needs at least one name".into()));
+        };
+        if names.len() > MAX_MULTI_LOCKS {
+            return Err(invalid(
+                first,
+                format!(
+                    "{} names are more than one multi-lock takes ({MAX_MULTI_LOCKS})",
+                    names.len()
+                ),
+            ));
+        }
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return Err(invalid(
+                    name,
+                    "the name is given twice: a multi-lock takes each lock once".into(),
+                ));
+            }
+        }
+        options.validate(first)?;
+        names.iter().map(|name| self.keys(name, options)).collect()
+    }
+}
