@@ -355,3 +355,27 @@ fn script_text_from_a_shell_loads_under_the_sha_the_client_uses() {
         );
     }
 }
+
+#[test]
+fn printing_to_a_closed_pipe_ends_quietly_instead_of_panicking() {
+    use std::io::Read;
+    for args in [&["script", "acquire"][..], &["completions", "bash"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run fencelock");
+        drop(child.stdout.take()); // the reader goes away before fencelock writes
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert_ne!(status.code(), Some(101), "{args:?}: exit 101 is a panic");
+    }
+}

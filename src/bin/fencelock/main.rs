@@ -249,6 +249,16 @@ fn main() -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
+    if !matches!(cli.command, Command::Exec(_)) {
+        // The printing subcommands end quietly, as Unix tools do, when their reader goes away
+        // (`fencelock script acquire | head -1`): Rust ignores SIGPIPE, and println! would
+        // panic on the broken pipe. exec keeps ignoring it: a closed stderr must not kill the
+        // supervisor of a running command.
+        // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Completions { shell } => {
             use clap::CommandFactory;
