@@ -73,19 +73,29 @@ pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R:
     }
 }
 
+/// The longest a subscribed waiter sleeps without a message before it looks again.
+///
+/// A release's announcement can miss a subscribed waiter: while a slot migrates, the release
+/// script runs on the importing node (`ASK`) and publishes there, but the waiter's sharded
+/// subscription stays on the old master until `SETSLOT NODE` (measured: a waiter behind a 5 s
+/// lease slept 5 s). Looking again this often bounds what any lost message costs, at one
+/// attempt per waiter per period, a fifth of what the slowest polling makes.
+const RECHECK: Duration = Duration::from_millis(250);
+
 /// How a waiter learns that the resource may have freed up.
 enum Listening {
     /// Not subscribed yet: the first busy answer subscribes.
     NotYet,
-    /// Subscribed to the request's channel: woken by releases, else at the lease end.
+    /// Subscribed to the request's channel: woken by releases, else at the lease end or after
+    /// [`RECHECK`], whichever comes first.
     Subscribed(Subscription),
     /// No subscription (wake-ups off or unsupported): polling with backoff.
     Polling,
 }
 
 /// Attempts until granted, waiting while the resource is held or Redis is briefly unavailable,
-/// for up to `timeout`: woken by releases on the request's channel, at the holder's lease end,
-/// or by backoff when polling.
+/// for up to `timeout`: woken by releases on the request's channel (and every [`RECHECK`] in case
+/// one was missed), at the holder's lease end, or by backoff when polling.
 ///
 /// # Cancel safety
 ///
@@ -144,7 +154,7 @@ pub(crate) async fn wait_observed<R: Request>(
                 }
                 let lease_end = retry_after + backoff.jitter();
                 match listening {
-                    Listening::Subscribed(_) => lease_end,
+                    Listening::Subscribed(_) => lease_end.min(RECHECK + backoff.jitter()),
                     Listening::NotYet | Listening::Polling => backoff.next().min(lease_end),
                 }
             }

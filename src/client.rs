@@ -520,8 +520,9 @@ impl Client {
     /// While the lock is held by another owner the call subscribes to the lock's channel
     /// (sharded pub/sub on a cluster, in the lock's slot) and tries again as soon as the holder
     /// releases; all waiting calls of one client share one subscription per lock. It also tries
-    /// again when the holder's lease ends, and polls with jittered backoff when the server cannot
-    /// publish or the subscription cannot be made.
+    /// again when the holder's lease ends and at least every 250 ms (a release can be announced
+    /// where the subscription does not hear it, as while the lock's slot migrates), and polls
+    /// with jittered backoff when the server cannot publish or the subscription cannot be made.
     ///
     /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
     ///

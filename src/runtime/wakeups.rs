@@ -11,8 +11,11 @@
 //! (`SSUBSCRIBE` / `SPUBLISH`), served by the lock's node. After a failover the server drops
 //! sharded subscriptions of the moved slots (it pushes `sunsubscribe`) and redis-rs forgets
 //! them; the dispatcher subscribes again and wakes the waiters, as it does when a connection
-//! drops. Waiting is always bounded by the lease the busy reply reported, so a lost message
-//! costs time, never correctness.
+//! drops. A slot migration ends the same way (`SETSLOT NODE` pushes `sunsubscribe`), but until
+//! then the subscription stays on the old master while releases of a migrated key run, and
+//! publish, on the importing node: those messages are lost. Waiting is always bounded by the
+//! lease the busy reply reported and by the wait loop's re-check period (`acquire::RECHECK`), so
+//! a lost message costs time, never correctness.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};

@@ -1,0 +1,155 @@
+//! Wake-ups across a slot migration (SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE) on a
+//! real cluster: a waiter subscribed on the slot's old master must not sleep until the holder's
+//! lease ends when the holder releases.
+//!
+//! Found here (Redis 7.0.15): `SETSLOT <slot> NODE <other>` on the old master drops the slot's
+//! sharded subscribers (it pushes `sunsubscribe`), and the client subscribes again on the new
+//! master. Between `MIGRATE` of the lock key and `SETSLOT NODE`, though, the release script runs
+//! on the importing node (`ASK`), so its `SPUBLISH` reaches nobody: the subscription is still on
+//! the old master, which keeps serving the slot's sharded channels until `SETSLOT NODE`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, wait_until, Cluster, Node};
+use fencelock::{Client, LockOptions};
+
+/// Subscribers of the sharded channel `channel` on `node`.
+fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
+    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
+    reply
+        .get(1)
+        .map(|v| redis::from_redis_value(v.clone()).unwrap())
+        .unwrap_or(0)
+}
+
+/// Another master than the one on `port`.
+fn other_master(cluster: &Cluster, port: u16) -> u16 {
+    cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != port && n.info("replication").contains("role:master"))
+        .expect("another master")
+        .port
+}
+
+/// When the release runs, relative to the migration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ReleaseAt {
+    /// After `SETSLOT NODE` on every master: the slot has moved.
+    AfterMigration,
+    /// Right after `MIGRATE` of the lock key, before `SETSLOT NODE`: the key lives on the
+    /// importing node, the old master still owns the slot (and the waiter's subscription). The
+    /// migration goes on only once the waiter holds the lock (or after 8 s), as the chaos run's
+    /// migration waits for grants between keys.
+    DuringMigration,
+}
+
+/// A waiter subscribed while the holder holds a 5 s lease; the slot moves to another master;
+/// the holder releases. Returns how long after the release the waiter held the lock.
+async fn handoff_across_migration(at: ReleaseAt) -> Duration {
+    let cluster = Cluster::start();
+    let holder = Client::connect(cluster.urls()).await.unwrap();
+    let waiter = Client::connect(cluster.urls()).await.unwrap();
+    let name = "wake:migrate";
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .timeout(Duration::from_secs(20));
+    let keys = holder.keys(name, &options).unwrap();
+    let slot = keys.slot();
+    let source = cluster.master_of_slot(slot).port;
+    let target = other_master(&cluster, source);
+    let first = holder.lock(name, &options).await.unwrap();
+    let first_fence = first.fence();
+
+    let granted: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let waiting = {
+        let (client, options, granted) = (waiter.clone(), options.clone(), Arc::clone(&granted));
+        tokio::spawn(async move {
+            let guard = client.lock(name, &options).await.unwrap();
+            *granted.lock().unwrap() = Some(Instant::now());
+            let fence = guard.fence();
+            guard.release().await.unwrap();
+            fence
+        })
+    };
+    eventually("the waiter to subscribe", Duration::from_secs(5), || {
+        sharded_subscribers(cluster.node(source), keys.lock_key()) == 1
+    })
+    .await;
+    eventually("the waiter to wait", Duration::from_secs(5), || {
+        waiter.stats().busy >= 2
+    })
+    .await;
+
+    let mut first = Some(first);
+    let mut released = None;
+    let runtime = tokio::runtime::Handle::current();
+    let mut release = || {
+        let Some(guard) = first.take() else {
+            return false;
+        };
+        released = Some(Instant::now());
+        tokio::task::block_in_place(|| runtime.block_on(guard.release())).unwrap();
+        true
+    };
+    match at {
+        ReleaseAt::DuringMigration => cluster.migrate_slot(slot, source, target, || {
+            assert_eq!(
+                sharded_subscribers(cluster.node(source), keys.lock_key()),
+                1,
+                "the subscription stays on the migrating master until SETSLOT NODE"
+            );
+            if release() {
+                let deadline = Instant::now() + Duration::from_secs(8);
+                while granted.lock().unwrap().is_none() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }),
+        ReleaseAt::AfterMigration => {
+            cluster.migrate_slot(slot, source, target, || {});
+            // SETSLOT NODE made the old master drop the subscription (`sunsubscribe`); the
+            // client subscribed again on the new one.
+            wait_until("the re-subscription", Duration::from_secs(5), || {
+                sharded_subscribers(cluster.node(target), keys.lock_key()) == 1
+            });
+            assert_eq!(
+                sharded_subscribers(cluster.node(source), keys.lock_key()),
+                0
+            );
+            release();
+        }
+    }
+    let released = released.expect("released");
+    let fence = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter was granted within 15 s")
+        .unwrap();
+    assert!(fence > first_fence);
+    assert_eq!(cluster.master_of_slot(slot).port, target, "the slot moved");
+    let granted = granted.lock().unwrap().expect("granted");
+    granted.saturating_duration_since(released)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_wakes_on_a_release_after_its_slot_migrated() {
+    let handoff = handoff_across_migration(ReleaseAt::AfterMigration).await;
+    eprintln!("handoff after the migration: {handoff:?}");
+    assert!(
+        handoff < Duration::from_secs(1),
+        "the handoff took {handoff:?}: the waiter slept until the 5 s lease end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_wakes_on_a_release_while_its_slot_migrates() {
+    let handoff = handoff_across_migration(ReleaseAt::DuringMigration).await;
+    eprintln!("handoff during the migration: {handoff:?}");
+    assert!(
+        handoff < Duration::from_secs(1),
+        "the handoff took {handoff:?}: the waiter slept until the 5 s lease end"
+    );
+}
