@@ -232,8 +232,12 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
         }
     };
     match supervise(&mut child, &group, &guard, &mut signals).await {
-        Supervised::Exited(status) => {
-            // Whatever the command left in its group stops before the lock is released.
+        Supervised::Exited { status, signalled } => {
+            // Whatever the command left in its group stops before the lock is released; after
+            // a forwarded signal the rest of the group first gets a moment to act on it.
+            if signalled {
+                group.wait_empty(SIGNALLED_GRACE).await;
+            }
             if group.others_alive() {
                 group.signal(libc::SIGTERM);
                 group.wait_empty(GRACE).await;
@@ -403,9 +407,15 @@ impl Hold {
 }
 
 enum Supervised {
-    Exited(u8),
+    /// The command exited with this status; `signalled` when fencelock had forwarded a signal
+    /// to its group.
+    Exited { status: u8, signalled: bool },
     Lost(String),
 }
+
+/// After a forwarded signal ended the command, how long the rest of its group gets to act on
+/// that signal (run its traps, exit) before fencelock terminates what is left.
+const SIGNALLED_GRACE: Duration = Duration::from_secs(1);
 
 /// Waits for the child while the watchdog renews the lock; forwards signals to its group.
 async fn supervise(
@@ -416,15 +426,20 @@ async fn supervise(
 ) -> Supervised {
     let lost = guard.lost();
     tokio::pin!(lost);
+    let mut signalled = false;
     loop {
         tokio::select! {
             status = child.wait() => {
-                return Supervised::Exited(match status {
+                let status = match status {
                     Ok(status) => exit_byte(status),
                     Err(_) => 1,
-                });
+                };
+                return Supervised::Exited { status, signalled };
             }
-            number = next_signal(signals) => group.signal(number),
+            number = next_signal(signals) => {
+                signalled = true;
+                group.signal(number);
+            }
             err = &mut lost => return Supervised::Lost(err.to_string()),
         }
     }
