@@ -409,7 +409,10 @@ impl Hold {
 enum Supervised {
     /// The command exited with this status; `signalled` when fencelock had forwarded a signal
     /// to its group.
-    Exited { status: u8, signalled: bool },
+    Exited {
+        status: u8,
+        signalled: bool,
+    },
     Lost(String),
 }
 
