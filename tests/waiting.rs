@@ -181,7 +181,9 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
     // subscribes again on the new master (a subscription on the demoted master would never
     // see the shard's messages).
     cluster.promote(replica, "", keys.slot(), &[]);
-    eventually("the re-subscription", Duration::from_secs(10), || {
+    // Bounded generously: in the full suite three clusters run at once on two cores, and the
+    // re-subscription waits for the failover's gossip to reach the client's slot map.
+    eventually("the re-subscription", Duration::from_secs(20), || {
         sharded_subscribers(cluster.node(replica), keys.lock_key()) == 1
     })
     .await;
