@@ -217,7 +217,7 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 /// assert_eq!(
 ///     names,
 ///     [
-///         "acquire", "release", "extend", "reenter", "renew", "fenced_set",
+///         "acquire", "lock_all", "release", "extend", "reenter", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
 ///         "rw_read", "rw_write", "rw_release", "rw_extend", "rw_renew", "rw_reenter",
 ///         "rw_downgrade", "rw_withdraw",
