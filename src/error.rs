@@ -318,7 +318,15 @@ impl Error {
                     || source.kind() == redis::ErrorKind::ClusterConnectionNotFound
                     || matches!(
                         source.code(),
-                        Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING" | "READONLY")
+                        Some(
+                            "CLUSTERDOWN"
+                                | "TRYAGAIN"
+                                | "MASTERDOWN"
+                                | "LOADING"
+                                | "READONLY"
+                                | "MOVED"
+                                | "ASK"
+                        )
                     )
             }
             _ => false,
