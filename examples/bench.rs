@@ -297,7 +297,13 @@ async fn handoff(urls: &[String], wake: bool, fair: bool, handoffs: usize, hold:
 
 /// `tasks` tasks, each acquiring and releasing locks of its own in a loop, on one client.
 async fn throughput(urls: &[String], tasks: usize, seconds: u64) {
-    let client = Client::connect(urls.to_vec()).await.expect("connect");
+    // `FENCELOCK_BATCHING=0` sends every call on its own (to compare).
+    let batching = std::env::var("FENCELOCK_BATCHING").map_or(true, |v| v != "0");
+    let client = Client::builder(urls.to_vec())
+        .batching(batching)
+        .connect()
+        .await
+        .expect("connect");
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     // Warm up: scripts cached on every master, connections open.
     for i in 0..1000 {
@@ -329,10 +335,14 @@ async fn throughput(urls: &[String], tasks: usize, seconds: u64) {
         pairs += handle.await.expect("task");
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let stats = client.stats();
     println!(
-        "throughput tasks={tasks} pairs={pairs} seconds={elapsed:.2} pairs/s={:.0} calls/s={:.0}",
+        "throughput tasks={tasks} pairs={pairs} seconds={elapsed:.2} pairs/s={:.0} calls/s={:.0} \
+         batching={batching} batches={} mean_batch={:.1}",
         pairs as f64 / elapsed,
-        2.0 * pairs as f64 / elapsed
+        2.0 * pairs as f64 / elapsed,
+        stats.batches,
+        stats.batched_calls as f64 / stats.batches.max(1) as f64,
     );
 }
 

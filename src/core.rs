@@ -69,10 +69,11 @@ impl Core {
         }
     }
 
-    /// A snapshot of the counters, with the transport's rebuilds.
+    /// A snapshot of the counters, with the transport's rebuilds and batches.
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.counters.snapshot();
         stats.connection_rebuilds = self.transport.rebuilds();
+        (stats.batches, stats.batched_calls) = self.transport.batches();
         stats
     }
 

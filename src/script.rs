@@ -31,6 +31,9 @@ pub(crate) struct LuaScript {
     name: &'static str,
     source: String,
     sha: String,
+    /// The script that runs this one for many keys of one node in one call (`batch.lua`
+    /// around it), for the scripts the client batches.
+    batch: Option<Box<LuaScript>>,
 }
 
 impl LuaScript {
@@ -51,13 +54,37 @@ impl LuaScript {
     /// shared [`PROLOGUE`], then each of `snippets` (the primitive's own prologue, shared rules
     /// such as [`FENCE_RULE`]) without their headers, then the rest of `file`.
     fn with_snippets(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
-        let (shebang, body) = without_header(file).split_once('\n').unwrap_or((file, ""));
-        let mut source = format!("{shebang}\n{}", without_header(PROLOGUE));
-        for snippet in snippets {
-            source.push_str(without_header(snippet));
-        }
-        source.push_str(body);
+        let (shebang, body) = split_shebang(file);
+        let source = format!(
+            "{shebang}\nlocal memo = {{}}\n{}",
+            op_source(snippets, body)
+        );
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
+    /// As [`with_snippets`](Self::with_snippets), with the twin that runs the script for many
+    /// keys of one node in one call: `batch.lua` around the same prologue, snippets and body,
+    /// flagged as the script plus `allow-cross-slot-keys`, named `<name>_batch`.
+    fn batchable(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
+        let mut script = Self::with_snippets(name, snippets, file);
+        let (shebang, body) = split_shebang(file);
+        let shebang = match shebang.split_once("flags=") {
+            Some((head, flags)) => format!("{head}flags={flags},allow-cross-slot-keys"),
+            None => format!("{} flags=allow-cross-slot-keys", shebang.trim_end()),
+        };
+        let (head, tail) = without_header(BATCH)
+            .split_once("--@body\n")
+            .expect("batch.lua has a --@body line");
+        let source = format!(
+            "{shebang}\nlocal memo = {{}}\n{head}{}\n{tail}",
+            op_source(snippets, body).trim_end_matches('\n')
+        );
+        let batch_name: &'static str = Box::leak(format!("{name}_batch").into_boxed_str());
+        script.batch = Some(Box::new(Self::from_source(
+            batch_name,
+            source.trim_end_matches('\n').to_owned(),
+        )));
+        script
     }
 
     /// A granting script: the `#!lua` line of `file`, then the shared [`PROLOGUE`] and
@@ -68,7 +95,17 @@ impl LuaScript {
 
     fn from_source(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
-        Self { name, source, sha }
+        Self {
+            name,
+            source,
+            sha,
+            batch: None,
+        }
+    }
+
+    /// The twin that runs this script for many keys of one node in one call, if it has one.
+    pub(crate) fn batch(&'static self) -> Option<&'static LuaScript> {
+        self.batch.as_deref()
     }
 
     /// The script's name, as [`ScriptSource::name`].
@@ -81,6 +118,22 @@ impl LuaScript {
         cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
         cmd
     }
+}
+
+/// The `#!lua` line of `file` (header skipped) and the rest.
+fn split_shebang(file: &str) -> (&str, &str) {
+    let file = without_header(file);
+    file.split_once('\n').unwrap_or((file, ""))
+}
+
+/// What runs for one key: the shared [`PROLOGUE`], `snippets` and `body`, headers dropped.
+fn op_source(snippets: &[&str], body: &str) -> String {
+    let mut source = without_header(PROLOGUE).to_owned();
+    for snippet in snippets {
+        source.push_str(without_header(snippet));
+    }
+    source.push_str(body);
+    source
 }
 
 /// `file` without its leading `--` comment lines.
@@ -114,6 +167,42 @@ impl ScriptCall {
     /// `KEYS[1]`: what the call is routed by, and named after in the errors of a detached call.
     pub(crate) fn first_key(&self) -> &str {
         self.keys.first().map_or("", String::as_str)
+    }
+
+    /// The script that runs this call together with others of the same script for keys of one
+    /// node, if the script has one and the call has one key.
+    pub(crate) fn batch_script(&self) -> Option<&'static LuaScript> {
+        self.script.batch().filter(|_| self.keys.len() == 1)
+    }
+
+    /// Whether the call has exactly one key (`KEYS[1]`).
+    pub(crate) fn has_one_key(&self) -> bool {
+        self.keys.len() == 1
+    }
+
+    /// One call of `batch` (the batch twin of the calls' script) running every call of `calls`
+    /// (one key each), in order: `KEYS[1]` the first call's key, `ARGV` each call's key,
+    /// number of arguments and arguments.
+    pub(crate) fn batch_of<'a>(
+        batch: &'static LuaScript,
+        calls: impl IntoIterator<Item = &'a ScriptCall>,
+    ) -> ScriptCall {
+        let mut keys = Vec::new();
+        let mut args = Vec::new();
+        for call in calls {
+            let key = call.first_key().to_owned();
+            if keys.is_empty() {
+                keys.push(key.clone());
+            }
+            args.push(key);
+            args.push(call.args.len().to_string());
+            args.extend(call.args.iter().cloned());
+        }
+        ScriptCall {
+            script: batch,
+            keys,
+            args,
+        }
     }
 
     /// `EVALSHA sha numkeys keys.. args..`.
@@ -217,14 +306,17 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 /// assert_eq!(
 ///     names,
 ///     [
-///         "acquire", "lock_all", "release", "extend", "reenter", "renew", "fenced_set",
+///         "acquire", "acquire_batch", "lock_all", "release", "release_batch", "extend",
+///         "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
-///         "rw_read", "rw_write", "rw_release", "rw_extend", "rw_renew", "rw_reenter",
+///         "rw_read", "rw_read_batch", "rw_write", "rw_write_batch", "rw_release",
+///         "rw_release_batch", "rw_extend", "rw_extend_batch", "rw_renew", "rw_reenter",
 ///         "rw_downgrade", "rw_withdraw",
-///         "fair_acquire", "fair_release", "fair_withdraw", "fair_extend", "fair_renew",
-///         "fair_renew_place",
-///         "semaphore_acquire", "semaphore_release", "semaphore_extend", "semaphore_renew",
-///         "semaphore_available", "semaphore_set_limit",
+///         "fair_acquire", "fair_acquire_batch", "fair_release", "fair_release_batch",
+///         "fair_withdraw", "fair_extend", "fair_extend_batch", "fair_renew", "fair_renew_place",
+///         "semaphore_acquire", "semaphore_acquire_batch", "semaphore_release",
+///         "semaphore_release_batch", "semaphore_extend", "semaphore_extend_batch",
+///         "semaphore_renew", "semaphore_available", "semaphore_set_limit",
 ///         "inspect", "force_unlock", "rw_force_unlock", "fair_force_unlock",
 ///         "semaphore_force_unlock", "latch_force_unlock",
 ///     ]
@@ -235,7 +327,8 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
     /// `inspect`, `force_unlock`, or a primitive's script named `<primitive>_<operation>`:
-    /// `rw_*` (read-write lock), `fair_*`, `semaphore_*`, `latch_*`.
+    /// `rw_*` (read-write lock), `fair_*`, `semaphore_*`, `latch_*`. `<name>_batch` runs
+    /// script `<name>` for many keys of one node in one call (the client's per-node batching).
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -285,6 +378,7 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*LATCH_FORCE_UNLOCK,
     ]
     .into_iter()
+    .flat_map(|script| std::iter::once(script).chain(script.batch()))
     .map(|script| ScriptSource {
         name: script.name,
         sha1: &script.sha,
@@ -298,6 +392,10 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// `fence`. The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to
 /// keep the key for good. See the file's header.
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
+
+/// The wrapper of a batchable script (`script/lua/batch.lua`): the script's code becomes a
+/// function run once per key of one node, each under `pcall`. See the file's header.
+const BATCH: &str = include_str!("script/lua/batch.lua");
 
 /// The fence rule every granting script shares, inserted after the [`PROLOGUE`]:
 /// `next_fence(stored, floor, mode, count)` returns the first of `count` (default 1)
@@ -319,13 +417,19 @@ const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
 ///   the server clock in clock mode (the node's clock is behind an earlier grant), else 0;
 /// - `{2, fence, 0}` this owner already holds the lock (a resent script): the fence granted
 ///   then, nothing changed;
-/// - `{0, pttl, 0}` held by another owner, with its remaining lease in ms;
+/// - `{0, pttl, 0}` held by another owner, with its remaining lease in ms (the lock's
+///   `waiters` flag is set, so its release announces);
 /// - an error reply (no write) when the next fence would pass 2^53 − 1, or the epoch cannot be
 ///   read.
 ///
 /// Not flagged `allow-oom`: at `maxmemory` under `noeviction` Redis refuses it with `OOM`.
-pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_fence_rule("acquire", include_str!("script/lua/acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable(
+        "acquire",
+        &[FENCE_RULE],
+        include_str!("script/lua/acquire.lua"),
+    )
+});
 
 /// Acquire several (`script/lua/lock_all.lua`): grant every lock key of one slot to one owner,
 /// or none, each with its own fence (the multi-lock's one-slot path; the mutex's data model per
@@ -344,7 +448,9 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
-/// (keeping the fence) and announces it on the lock's channel, so waiters try again at once.
+/// (keeping the fence) and, when an acquire found it busy since it was taken (`waiters`),
+/// announces it on the lock's channel, so waiters try again at once. An uncontended release
+/// publishes nothing (in a cluster, every `SPUBLISH` is also sent to the shard's replicas).
 ///
 /// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` hold id (empty for the hold the
 ///   acquire granted, else the id given to `reenter`), `ARGV[3]` how to announce the release:
@@ -359,7 +465,7 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Flagged `allow-oom`: it only removes fields and shortens the key's life, so it runs at
 /// `maxmemory` too.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_prologue("release", include_str!("script/lua/release.lua")));
+    LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("script/lua/release.lua")));
 
 /// Re-enter (`script/lua/reenter.lua`): add a hold to a lock this owner holds, returning the
 /// same fence.
@@ -373,7 +479,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> =
 /// Replies: `{1, fence, remaining lease ms}` entered; `{0, 0, 0}` no live lease; `{-1, 0, 0}`
 /// held by another owner.
 pub(crate) static REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_prologue("reenter", include_str!("script/lua/reenter.lua")));
+    LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("script/lua/reenter.lua")));
 
 /// Extend (`script/lua/extend.lua`): move this owner's lease end to now + TTL. While the lock
 /// has several holds (re-entry) the lease ends at the latest end any hold asked for: an
@@ -387,7 +493,7 @@ pub(crate) static REENTER: LazyLock<LuaScript> =
 /// Flagged `allow-oom`: it rewrites one existing field, so a held lock can be kept (and then
 /// released) at `maxmemory`.
 pub(crate) static EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_prologue("extend", include_str!("script/lua/extend.lua")));
+    LazyLock::new(|| LuaScript::batchable("extend", &[], include_str!("script/lua/extend.lua")));
 
 /// Renew (`script/lua/renew.lua`): extend many leases on one node in one call (the watchdog's
 /// batch).
@@ -469,6 +575,11 @@ fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE, RW_PROLOGUE], file)
 }
 
+/// [`rw_script`], with a batch twin (the calls on the hot path).
+fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, RW_PROLOGUE], file)
+}
+
 /// Read acquire of the read-write lock (`script/lua/rw_read.lua`).
 ///
 /// - `KEYS[1]` the lock's hash `fencelock:{NAME}:rw`.
@@ -480,7 +591,7 @@ fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
 /// live writer intent, with the ms until it ends; an error reply per the fence rule. Not
 /// `allow-oom`.
 pub(crate) static RW_READ: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_read", include_str!("script/lua/rw_read.lua")));
+    LazyLock::new(|| rw_batchable("rw_read", include_str!("script/lua/rw_read.lua")));
 
 /// Write acquire of the read-write lock (`script/lua/rw_write.lua`).
 ///
@@ -493,18 +604,18 @@ pub(crate) static RW_READ: LazyLock<LuaScript> =
 /// refreshed unless another call's is first, `ms` capped at TTL / 3 while this call keeps the
 /// intent; an error reply per the fence rule. Not `allow-oom`.
 pub(crate) static RW_WRITE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_write", include_str!("script/lua/rw_write.lua")));
+    LazyLock::new(|| rw_batchable("rw_write", include_str!("script/lua/rw_write.lua")));
 
 /// Release of a read or write hold (`script/lua/rw_release.lua`), the [`Kind`](crate::held::Kind)
 /// contract: `ARGV` owner, hold id, announce, expiry grace; replies an [`Outcome`] code. Only
 /// the owner's fields change. `allow-oom`.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_release", include_str!("script/lua/rw_release.lua")));
+    LazyLock::new(|| rw_batchable("rw_release", include_str!("script/lua/rw_release.lua")));
 
 /// Extend of a read or write hold (`script/lua/rw_extend.lua`): `ARGV` owner, TTL ms, expiry
 /// grace; replies `{code, remaining ms}`. `allow-oom`.
 pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_extend", include_str!("script/lua/rw_extend.lua")));
+    LazyLock::new(|| rw_batchable("rw_extend", include_str!("script/lua/rw_extend.lua")));
 
 /// The watchdog's batch renewal of read-write holds (`script/lua/rw_renew.lua`): `ARGV` triples
 /// key, owner, TTL ms, then the expiry grace; one [`Outcome`] code per triple. Each triple moves
@@ -539,6 +650,11 @@ fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE, FAIR], file)
 }
 
+/// [`fair_script`], with a batch twin (the calls on the hot path).
+fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, FAIR], file)
+}
+
 /// Fair acquire (`script/lua/fair_acquire.lua`): grant the fair lock in arrival order, or keep
 /// the caller's place in its queue.
 ///
@@ -563,7 +679,7 @@ fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_script("fair_acquire", include_str!("script/lua/fair_acquire.lua")));
+    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("script/lua/fair_acquire.lua")));
 
 /// Fair release (`script/lua/fair_release.lua`): free the fair lock and wake only the head of
 /// its queue, on the head's own channel (`<key>:w:<owner>`).
@@ -574,7 +690,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
 /// Replies ([`Outcome`]): `1` released; `0` no live lease (expired: this owner's leftovers are
 /// cleared and the head woken); `-1` held by another owner (left alone). Flagged `allow-oom`.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_script("fair_release", include_str!("script/lua/fair_release.lua")));
+    LazyLock::new(|| fair_batchable("fair_release", include_str!("script/lua/fair_release.lua")));
 
 /// Fair withdraw (`script/lua/fair_withdraw.lua`): a waiting call that ends without the lock
 /// gives up its place at once, and frees the lock if its last request was granted unseen.
@@ -596,7 +712,7 @@ pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
 /// the key's expiry is only raised, since it may cover a waiting place. Replies `{code,
 /// remaining lease ms}`. Flagged `allow-oom`.
 pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_script("fair_extend", include_str!("script/lua/fair_extend.lua")));
+    LazyLock::new(|| fair_batchable("fair_extend", include_str!("script/lua/fair_extend.lua")));
 
 /// Fair renew (`script/lua/fair_renew.lua`): the watchdog's batch for held fair locks, as
 /// [`RENEW`] (triples key, owner, TTL ms, then the grace; one [`Outcome`] code per triple), with
@@ -626,6 +742,11 @@ fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE, SEMAPHORE], file)
 }
 
+/// [`semaphore_script`], with a batch twin (the calls on the hot path).
+fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, SEMAPHORE], file)
+}
+
 /// Semaphore acquire (`script/lua/semaphore_acquire.lua`): take `count` permits for one owner,
 /// all or none, each with its own fence (consecutive from the one `fence` counter, first by the
 /// mutex's rule).
@@ -642,7 +763,7 @@ fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
-    semaphore_script(
+    semaphore_batchable(
         "semaphore_acquire",
         include_str!("script/lua/semaphore_acquire.lua"),
     )
@@ -662,7 +783,7 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    semaphore_script(
+    semaphore_batchable(
         "semaphore_release",
         include_str!("script/lua/semaphore_release.lua"),
     )
@@ -678,7 +799,7 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
-    semaphore_script(
+    semaphore_batchable(
         "semaphore_extend",
         include_str!("script/lua/semaphore_extend.lua"),
     )

@@ -48,6 +48,11 @@ pub struct Stats {
     pub lost: u64,
     /// Times the main connection was rebuilt after repeated timeouts.
     pub connection_rebuilds: u64,
+    /// Batch calls sent: calls of one script for keys of one node, made by concurrent tasks,
+    /// sent as one script call (see [`ClientBuilder::batching`](crate::ClientBuilder::batching)).
+    pub batches: u64,
+    /// The calls those batches carried (`batched_calls / batches` is the mean batch size).
+    pub batched_calls: u64,
     /// Grants (clock mode) where the lock's stored fence was ahead of the node's clock: the
     /// node's clock is behind the clock of an earlier grant (a failover to a node whose clock
     /// lags, or a clock stepped back), or a floor above the clock was used. Fences stay
@@ -286,6 +291,8 @@ impl Counters {
             lost: get(&self.lost),
             // The transport counts its rebuilds; `Core::stats` fills them in.
             connection_rebuilds: 0,
+            batches: 0,
+            batched_calls: 0,
             clock_behind: get(&self.clock_behind),
             clock_behind_max_us: self.clock_behind_max_us.load(Ordering::Relaxed),
             waits: self.waits.snapshot(),

@@ -2,6 +2,7 @@
 //! (a main connection rebuilt after repeated failures), WAIT lanes, and the bounded script calls
 //! everything above makes through [`Transport`].
 
+mod batch;
 mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -21,7 +22,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use crate::error::{Error, Result};
 use crate::script::ScriptCall;
 
+pub(crate) use batch::SlotMap;
 pub(crate) use tls::TlsFiles;
+
+use batch::{Batcher, Entry};
 
 /// What kind of deployment the client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -607,6 +611,8 @@ pub(crate) struct Transport {
     detached: AtomicUsize,
     /// Signalled whenever a background call finishes.
     detached_done: Notify,
+    /// Sends concurrent calls of one script for keys of one node as one call.
+    batcher: Batcher,
 }
 
 /// Counts one background call until it is dropped (finished, failed, or cancelled by a runtime
@@ -627,8 +633,10 @@ impl Transport {
         conn: Connection,
         wait_lanes: usize,
         request_timeout: Duration,
+        batching: bool,
     ) -> Self {
         Self {
+            batcher: Batcher::new(batching, endpoint.topology),
             conn: RwLock::new(conn),
             failures: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
@@ -713,9 +721,51 @@ impl Transport {
             .clone()
     }
 
+    /// How many batch calls were sent (each carrying two or more calls), and how many calls
+    /// they carried.
+    pub(crate) fn batches(&self) -> (u64, u64) {
+        let batcher = &self.batcher;
+        (
+            batcher.batches.load(Ordering::Relaxed),
+            batcher.batched_calls.load(Ordering::Relaxed),
+        )
+    }
+
     /// Runs `call` on the main connection within the request timeout; errors name `name` and
-    /// `operation`.
+    /// `operation`. Calls of a batchable script are queued for their node and sent together
+    /// with the calls of the same script that other tasks make meanwhile (see `batch.rs`).
+    ///
+    /// # Cancel safety
+    ///
+    /// A call dropped before it was sent is not sent; one dropped after may still run (the
+    /// callers arm an undo).
     pub(crate) async fn run(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        if let Some(node) = self.batcher.node(self, call) {
+            let (entry, reply) = Entry::new(call, name, operation);
+            match self.batcher.queue(self, node, entry) {
+                Ok(()) => {
+                    return match tokio::time::timeout(self.request_timeout, reply).await {
+                        Ok(Ok(outcome)) => outcome,
+                        Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+                            name: name.to_owned(),
+                            operation,
+                            after: self.request_timeout,
+                        }),
+                    };
+                }
+                Err(entry) => return self.run_alone(entry.call(), name, operation).await,
+            }
+        }
+        self.run_alone(call, name, operation).await
+    }
+
+    /// Runs `call` on its own on the main connection within the request timeout.
+    async fn run_alone(
         self: &Arc<Self>,
         call: &ScriptCall,
         name: &str,
@@ -834,6 +884,23 @@ impl Transport {
     }
 }
 
+/// A Redis call's outcome as this crate's result, naming the lock in the error.
+fn classify<T>(name: &str, operation: &'static str, outcome: RedisResult<T>) -> Result<T> {
+    match outcome {
+        Ok(value) => Ok(value),
+        Err(source) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+        Err(source) => Err(Error::Redis {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+    }
+}
+
 /// Bounds a Redis call by `limit`, naming the lock in the error.
 async fn bounded<T>(
     name: &str,
@@ -842,17 +909,7 @@ async fn bounded<T>(
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(source)) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
-            name: name.to_owned(),
-            operation,
-            source,
-        }),
-        Ok(Err(source)) => Err(Error::Redis {
-            name: name.to_owned(),
-            operation,
-            source,
-        }),
+        Ok(outcome) => classify(name, operation, outcome),
         Err(_) => Err(Error::Timeout {
             name: name.to_owned(),
             operation,

@@ -41,7 +41,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use redis::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -535,22 +534,18 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
     }
 }
 
-/// Which node serves each slot, as an index per node, from `CLUSTER SLOTS`; empty (one group)
-/// for a standalone server or when the map cannot be read.
+/// Which node serves each slot (the transport's map), read through the transport; empty (one
+/// group) for a standalone server or when the map cannot be read.
 #[derive(Default)]
-struct SlotMap {
-    node_of_slot: Vec<u16>,
-}
+struct SlotMap(crate::transport::SlotMap);
 
 impl SlotMap {
     fn is_empty(&self) -> bool {
-        self.node_of_slot.is_empty()
+        self.0.is_empty()
     }
 
     fn node_of(&self, slot: u16) -> usize {
-        self.node_of_slot
-            .get(usize::from(slot))
-            .map_or(0, |&n| usize::from(n))
+        self.0.node_of(slot).unwrap_or(0)
     }
 
     async fn refresh(&mut self, transport: &Transport) {
@@ -558,43 +553,13 @@ impl SlotMap {
             return;
         }
         match transport.cluster_slots().await {
-            Ok(reply) => self.node_of_slot = parse_slots(&reply),
+            Ok(reply) => self.0 = crate::transport::SlotMap::parse(&reply),
             Err(err) => {
                 tracing::debug!(error = %err, "cannot read the slot map: renewing lock by lock");
-                self.node_of_slot.clear();
+                self.0 = crate::transport::SlotMap::default();
             }
         }
     }
-}
-
-/// Maps each slot to an index of the master serving it, from a `CLUSTER SLOTS` reply.
-fn parse_slots(reply: &Value) -> Vec<u16> {
-    let mut map = vec![0u16; usize::from(crate::keys::SLOT_COUNT)];
-    let mut masters: Vec<Vec<u8>> = Vec::new();
-    let Value::Array(ranges) = reply else {
-        return Vec::new();
-    };
-    for range in ranges {
-        let Value::Array(fields) = range else {
-            continue;
-        };
-        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
-            (fields.first(), fields.get(1), fields.get(2))
-        else {
-            continue;
-        };
-        let id = format!("{master:?}").into_bytes();
-        let index = masters.iter().position(|m| *m == id).unwrap_or_else(|| {
-            masters.push(id);
-            masters.len() - 1
-        });
-        for slot in *start..=*end {
-            if let Some(entry) = usize::try_from(slot).ok().and_then(|s| map.get_mut(s)) {
-                *entry = u16::try_from(index + 1).unwrap_or(u16::MAX);
-            }
-        }
-    }
-    map
 }
 
 #[cfg(test)]

@@ -8,11 +8,13 @@
 --
 -- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
 -- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, no write);
--- {0, pttl, 0} held by another owner; an error reply (no write) when the next fence would
--- pass 2^53 - 1 or the epoch cannot be read. Not allow-oom: refused with OOM at maxmemory.
+-- {0, pttl, 0} held by another owner (`waiters` set, so the release announces); an error
+-- reply (no write) when the next fence would pass 2^53 - 1 or the epoch cannot be read. Not
+-- allow-oom: refused with OOM at maxmemory.
 #!lua
 if live then
   if owner == ARGV[1] then return {2, tonumber(lock[3]), 0} end
+  if not lock[5] then redis.call('HSET', KEYS[1], 'waiters', 1) end
   return {0, expires - now_ms, 0}
 end
 local stored = tonumber(lock[3]) or 0

@@ -7,7 +7,8 @@
 -- 2^32 + 1 in mode `epoch` (cluster only)); mode `counter` is a plain counter. Returns
 -- `fence, behind` (behind: µs the stored fence was ahead of the clock in clock mode, else 0),
 -- or `nil, error reply` (the caller returns it, before any write) when the fence would pass
--- 2^53 - 1 or the epoch cannot be read.
+-- 2^53 - 1 or the epoch cannot be read. The epoch is read once per call and kept in `memo`
+-- (one table per script call: a batch of many keys pays for one `CLUSTER INFO`).
 local function next_fence(stored, floor, mode, count)
   local fence = stored + 1
   floor = tonumber(floor) or 0
@@ -16,8 +17,12 @@ local function next_fence(stored, floor, mode, count)
     if now_us > floor then floor = now_us end
     if stored > now_us then behind = stored - now_us end
   elseif mode == 'epoch' then
-    local ok, info = pcall(redis.call, 'CLUSTER', 'INFO')
-    local epoch = ok and tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
+    local epoch = memo.epoch
+    if not epoch then
+      local ok, info = pcall(redis.call, 'CLUSTER', 'INFO')
+      epoch = ok and tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
+      memo.epoch = epoch
+    end
     if not epoch then
       return nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
     end

@@ -10,16 +10,20 @@
 -- Replies: {1, behind, fence_1, ..., fence_n} granted (behind: the largest µs a stored fence
 -- was ahead of the clock in clock mode, else 0); {2, 0, fence_1, ..., fence_n} this owner
 -- already holds every key (a resent script, no write); {0, pttl, i} key i is held by another
--- owner, whose lease ends in pttl ms (nothing written); an error reply (no write) when a next
--- fence would pass 2^53 - 1 or the epoch cannot be read. Not allow-oom.
+-- owner, whose lease ends in pttl ms (only its `waiters` flag written, as `acquire` does);
+-- an error reply (no write) when a next fence would pass 2^53 - 1 or the epoch cannot be
+-- read. Not allow-oom.
 #!lua
 local states = {}
 local mine = 0
 for i, key in ipairs(KEYS) do
-  local state = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds')
+  local state = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds', 'waiters')
   local holder, ends = state[1], tonumber(state[2])
   if holder and ends and ends > now_ms then
-    if holder ~= ARGV[1] then return {0, ends - now_ms, i} end
+    if holder ~= ARGV[1] then
+      if not state[5] then redis.call('HSET', key, 'waiters', 1) end
+      return {0, ends - now_ms, i}
+    end
     mine = mine + 1
   end
   states[i] = state

@@ -1,16 +1,24 @@
 -- The prologue every lock script shares (inserted after its `#!lua` line): the server's
 -- time, the lock's state and its key's lifetime.
 --
--- `now_us` is `TIME` in microseconds, `now_ms` in milliseconds; `live` is true when `owner`
--- holds an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one
--- hold). `clear()` removes every field but `fence`.
+-- `now_us` is `TIME` in microseconds, `now_ms` in milliseconds (read once per script call: the
+-- keys of a batch share it, so a lease may start up to one batch's run time early, which only
+-- shortens it); `live` is true when `owner` holds an unexpired lease; `lock[4]` is the hold
+-- count of a re-entered lock (absent for one hold); `lock[5]` is set when an acquire found the
+-- lock busy since it was last freed (a waiter may listen: the release announces). `clear()`
+-- removes every field but `fence`.
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
 -- key for good. `keep(key, fence, ends)` is called after every write: with a grace it sets the
 -- key to expire at `max(ends, fence as ms) + grace`, where `ends` is the lease end (or now, for
--- a freed lock); without one it removes any expiry. In clock mode the next grant after the key
+-- a freed lock); without one it removes any expiry. `memo` (declared before the prologue, one
+-- table per script call, shared by the keys of a batch) caches what one call reads once. In clock mode the next grant after the key
 -- expired is `TIME µs + 1`, above `fence` because the clock has passed it by `grace`.
-local now = redis.call('TIME')
+local now = memo.now
+if not now then
+  now = redis.call('TIME')
+  memo.now = now
+end
 local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local now_ms = math.floor(now_us / 1000)
 local grace = tonumber(ARGV[#ARGV])
@@ -20,11 +28,11 @@ local function keep(key, fence, ends)
   if fence_ms > ends then ends = fence_ms end
   redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
 end
-local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds')
+local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds', 'waiters')
 local owner, expires = lock[1], tonumber(lock[2])
 local live = owner and expires and expires > now_ms
 local function clear()
-  if not lock[4] then return redis.call('HDEL', KEYS[1], 'owner', 'until') end
+  if not lock[4] then return redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters') end
   for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
     if field ~= 'fence' then redis.call('HDEL', KEYS[1], field) end
   end

@@ -1,5 +1,7 @@
--- release: end one hold of this owner; the last hold frees the lock (keeping the fence) and
--- announces it on the lock's channel (lock prologue first).
+-- release: end one hold of this owner; the last hold frees the lock (keeping the fence) and,
+-- when an acquire found it busy meanwhile (`waiters`), announces it on the lock's channel (lock
+-- prologue first). Without waiters nothing is published: in a cluster every SPUBLISH is also
+-- sent to the shard's replicas.
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the acquire
 -- granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the
@@ -27,6 +29,7 @@ if lock[4] or ARGV[2] ~= '' then
 end
 clear()
 keep(KEYS[1], lock[3], now_ms)
+if not lock[5] then return 1 end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
 return 1

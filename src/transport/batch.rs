@@ -1,0 +1,416 @@
+//! Per-node auto-batching: concurrent calls of a batchable script (acquire, release, extend …)
+//! whose keys live on the same node are sent as one call of the script's batch twin
+//! (`script/lua/batch.lua`), each caller getting its own reply.
+//!
+//! One driver task per node takes what callers queued, sends it, and while that call is in
+//! flight the next callers queue up: there is no timer, so a lone call goes out at once, and the
+//! batch grows only with the load. A driver has at most one batch of each script in flight and
+//! starts the next round only when the last one answered, so a call queued after another call
+//! for the same key was sent (an acquire's undo after a cancelled acquire) is sent after it.
+//! A caller dropped before its call was sent is left out of the batch.
+//!
+//! A key of a slot its node no longer serves fails alone inside the batch, before any write
+//! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
+//! `MOVED`/`ASK` like any other, and the slot map is read again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock, Weak};
+use std::task::Poll;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisError, RedisResult, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, Result};
+use crate::keys::slot_of;
+use crate::script::{LuaScript, ScriptCall};
+
+use super::{classify, Connection, Topology, Transport};
+
+/// The most calls one batch carries (a batch runs as one script: this bounds how long it blocks
+/// the server, ≈ 10 µs per call).
+const MAX_BATCH: usize = 64;
+
+/// A driver with nothing to send for this long ends (the next call starts another).
+const IDLE: Duration = Duration::from_millis(500);
+
+/// One queued call and where its reply goes.
+pub(super) struct Entry {
+    call: ScriptCall,
+    name: String,
+    operation: &'static str,
+    reply: oneshot::Sender<Result<Value>>,
+}
+
+/// The drivers of one client, one per node, and the slot map that says which node a key is on.
+pub(super) struct Batcher {
+    enabled: bool,
+    topology: Topology,
+    /// Node index (1-based, as [`SlotMap`] numbers them; 0 on a standalone server) → driver.
+    drivers: RwLock<Vec<Option<mpsc::UnboundedSender<Entry>>>>,
+    slots: RwLock<SlotMap>,
+    refreshing: AtomicBool,
+    /// Batch calls sent (two or more callers each) and the callers they carried.
+    pub(super) batches: AtomicU64,
+    pub(super) batched_calls: AtomicU64,
+}
+
+impl Batcher {
+    pub(super) fn new(enabled: bool, topology: Topology) -> Self {
+        Self {
+            enabled,
+            topology,
+            drivers: RwLock::new(Vec::new()),
+            slots: RwLock::new(SlotMap::default()),
+            refreshing: AtomicBool::new(false),
+            batches: AtomicU64::new(0),
+            batched_calls: AtomicU64::new(0),
+        }
+    }
+
+    /// The node whose driver sends `call`, or `None` to send it directly (batching off, a call
+    /// of several keys, no slot map yet: one is then read in the background).
+    ///
+    /// Every one-key call goes through its node's driver, also the calls of scripts without
+    /// a batch twin (sent alone), so a call queued after another for the same key is sent
+    /// after it whatever their scripts: a cancelled acquire's undo never overtakes it.
+    pub(super) fn node(&self, transport: &Arc<Transport>, call: &ScriptCall) -> Option<usize> {
+        if !self.enabled || !call.has_one_key() {
+            return None;
+        }
+        match self.topology {
+            Topology::Standalone => Some(0),
+            Topology::Cluster => {
+                let node = self
+                    .slots
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .node_of(slot_of(call.first_key().as_bytes()));
+                if node.is_none() {
+                    self.refresh(transport);
+                }
+                node
+            }
+        }
+    }
+
+    /// Queues `entry` on `node`'s driver, starting it if needed; gives the entry back when the
+    /// call must be sent alone.
+    pub(super) fn queue(
+        &self,
+        transport: &Arc<Transport>,
+        node: usize,
+        entry: Entry,
+    ) -> std::result::Result<(), Entry> {
+        let queued = {
+            let drivers = self.drivers.read().unwrap_or_else(PoisonError::into_inner);
+            match drivers.get(node).and_then(Option::as_ref) {
+                Some(driver) => driver.send(entry).map_err(|e| e.0),
+                None => Err(entry),
+            }
+        };
+        let Err(entry) = queued else { return Ok(()) };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(entry);
+        };
+        let mut drivers = self.drivers.write().unwrap_or_else(PoisonError::into_inner);
+        if drivers.len() <= node {
+            drivers.resize_with(node + 1, || None);
+        }
+        let driver = match &drivers[node] {
+            Some(driver) if !driver.is_closed() => driver.clone(),
+            _ => {
+                let (driver, queue) = mpsc::unbounded_channel();
+                runtime.spawn(drive(Arc::downgrade(transport), queue));
+                drivers[node] = Some(driver.clone());
+                driver
+            }
+        };
+        driver.send(entry).map_err(|e| e.0)
+    }
+
+    /// Reads the slot map again in the background (one read at a time).
+    fn refresh(&self, transport: &Arc<Transport>) {
+        if self.topology != Topology::Cluster || self.refreshing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.refreshing.store(false, Ordering::Release);
+            return;
+        };
+        let transport = Arc::clone(transport);
+        runtime.spawn(async move {
+            let map = match transport.cluster_slots().await {
+                Ok(reply) => SlotMap::parse(&reply),
+                Err(err) => {
+                    tracing::debug!(error = %err, "cannot read the slot map: calls go one by one");
+                    SlotMap::default()
+                }
+            };
+            let batcher = &transport.batcher;
+            *batcher
+                .slots
+                .write()
+                .unwrap_or_else(PoisonError::into_inner) = map;
+            batcher.refreshing.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl Entry {
+    pub(super) fn new(
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> (Self, oneshot::Receiver<Result<Value>>) {
+        let (reply, receiver) = oneshot::channel();
+        let entry = Self {
+            call: call.clone(),
+            name: name.to_owned(),
+            operation,
+            reply,
+        };
+        (entry, receiver)
+    }
+
+    pub(super) fn call(&self) -> &ScriptCall {
+        &self.call
+    }
+
+    fn answer(self, outcome: Result<Value>) {
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// A node's driver: takes every queued call, sends one batch per script, and goes again once
+/// they all answered. Ends with its queue (the client dropped) or its transport.
+async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
+    let mut pending = Vec::new();
+    loop {
+        match tokio::time::timeout(IDLE, queue.recv()).await {
+            Ok(Some(first)) => pending.push(first),
+            Ok(None) => return,
+            Err(_) => {
+                // Idle: no new call can queue after `close`; what did is still sent.
+                queue.close();
+                while let Ok(entry) = queue.try_recv() {
+                    pending.push(entry);
+                }
+                if pending.is_empty() {
+                    return;
+                }
+            }
+        }
+        while let Ok(entry) = queue.try_recv() {
+            pending.push(entry);
+        }
+        let Some(transport) = transport.upgrade() else {
+            return;
+        };
+        pending.retain(|entry| !entry.reply.is_closed());
+        let mut rounds: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = Vec::new();
+        while !pending.is_empty() {
+            let Some(script) = pending[0].call.batch_script() else {
+                let alone = pending.remove(0);
+                rounds.push(Box::pin(send(&transport, vec![alone])));
+                continue;
+            };
+            let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
+                .into_iter()
+                .partition(|entry| same_script(entry.call.batch_script(), script));
+            pending = rest;
+            let mut same = same.into_iter().peekable();
+            while same.peek().is_some() {
+                let chunk: Vec<Entry> = same.by_ref().take(MAX_BATCH).collect();
+                rounds.push(Box::pin(send(&transport, chunk)));
+            }
+        }
+        join_all(rounds).await;
+    }
+}
+
+/// Whether two calls have the same batch script.
+fn same_script(a: Option<&'static LuaScript>, b: &'static LuaScript) -> bool {
+    a.is_some_and(|a| std::ptr::eq(a, b))
+}
+
+/// Polls every future until all are done.
+async fn join_all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>>) {
+    std::future::poll_fn(|cx| {
+        futures.retain_mut(|future| future.as_mut().poll(cx).is_pending());
+        if futures.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
+/// Sends `entries` (calls of one script, keys on one node): alone when there is one, else as
+/// one batch call, and answers each.
+async fn send(transport: &Arc<Transport>, mut entries: Vec<Entry>) {
+    if entries.len() == 1 {
+        let entry = entries.remove(0);
+        let outcome = transport
+            .run_alone(&entry.call, &entry.name, entry.operation)
+            .await;
+        entry.answer(outcome);
+        return;
+    }
+    let script: &'static LuaScript = entries[0]
+        .call
+        .batch_script()
+        .expect("only batchable calls are queued");
+    let batch = ScriptCall::batch_of(script, entries.iter().map(|entry| &entry.call));
+    let (name, operation) = (entries[0].name.clone(), entries[0].operation);
+    let mut conn = transport.connection();
+    let outcome =
+        tokio::time::timeout(transport.request_timeout, eval_raw(&mut conn, &batch)).await;
+    let batcher = &transport.batcher;
+    batcher.batches.fetch_add(1, Ordering::Relaxed);
+    batcher
+        .batched_calls
+        .fetch_add(entries.len() as u64, Ordering::Relaxed);
+    let replies = match outcome {
+        Ok(Ok(Value::Array(replies))) if replies.len() == entries.len() => replies,
+        Ok(Ok(other)) => {
+            let detail = format!("batch of {} calls answered {other:?}", entries.len());
+            for entry in entries {
+                let error = Error::UnexpectedReply {
+                    name: entry.name.clone(),
+                    operation: entry.operation,
+                    detail: detail.clone(),
+                };
+                entry.answer(Err(error));
+            }
+            return;
+        }
+        Ok(Err(source)) => {
+            transport.observe::<()>(&classify(&name, operation, Err(source.clone())));
+            for entry in entries {
+                let outcome = classify(&entry.name, entry.operation, Err(source.clone()));
+                entry.answer(outcome);
+            }
+            return;
+        }
+        Err(_) => {
+            let after = transport.request_timeout;
+            transport.observe::<()>(&Err(Error::Timeout {
+                name,
+                operation,
+                after,
+            }));
+            for entry in entries {
+                let error = Error::Timeout {
+                    name: entry.name.clone(),
+                    operation: entry.operation,
+                    after,
+                };
+                entry.answer(Err(error));
+            }
+            return;
+        }
+    };
+    transport.observe::<()>(&Ok(()));
+    let mut misrouted = Vec::new();
+    for (entry, reply) in entries.into_iter().zip(replies) {
+        match reply {
+            Value::ServerError(error) => {
+                let error = RedisError::from(error);
+                if is_misrouted(&error) {
+                    misrouted.push(entry);
+                } else {
+                    let outcome = classify(&entry.name, entry.operation, Err(error));
+                    entry.answer(outcome);
+                }
+            }
+            reply => entry.answer(Ok(reply)),
+        }
+    }
+    if !misrouted.is_empty() {
+        batcher.refresh(transport);
+        for entry in misrouted {
+            let outcome = transport
+                .run_alone(&entry.call, &entry.name, entry.operation)
+                .await;
+            entry.answer(outcome);
+        }
+    }
+}
+
+/// The key of this entry is not served by the node the batch went to (moved, migrating).
+fn is_misrouted(error: &RedisError) -> bool {
+    matches!(error.code(), Some("MOVED" | "ASK" | "TRYAGAIN"))
+        || error.to_string().contains("non local key")
+}
+
+/// Runs a batch call by SHA (falling back to the source on `NOSCRIPT`) and returns its reply
+/// as it came: the per-call error replies inside it stay values.
+async fn eval_raw(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+    let raw = |reply: RedisResult<Value>| match reply {
+        Ok(Value::ServerError(error)) => Err(RedisError::from(error)),
+        other => other,
+    };
+    match raw(conn.req_packed_command(&call.evalsha()).await) {
+        Err(err) if err.code() == Some("NOSCRIPT") => {
+            raw(conn.req_packed_command(&call.eval()).await)
+        }
+        other => other,
+    }
+}
+
+/// Which node serves each slot, as an index per node (from 1), from `CLUSTER SLOTS`; empty
+/// when unknown.
+#[derive(Default)]
+pub(crate) struct SlotMap {
+    node_of_slot: Vec<u16>,
+}
+
+impl SlotMap {
+    /// Whether no map was read (a standalone server, or the map cannot be read).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.node_of_slot.is_empty()
+    }
+
+    /// The index of the node serving `slot`, `None` when unknown.
+    pub(crate) fn node_of(&self, slot: u16) -> Option<usize> {
+        self.node_of_slot
+            .get(usize::from(slot))
+            .map(|&n| usize::from(n))
+            .filter(|&n| n > 0)
+    }
+
+    /// Maps each slot to an index of the master serving it, from a `CLUSTER SLOTS` reply.
+    pub(crate) fn parse(reply: &Value) -> Self {
+        let mut map = vec![0u16; usize::from(crate::keys::SLOT_COUNT)];
+        let mut masters: Vec<Vec<u8>> = Vec::new();
+        let Value::Array(ranges) = reply else {
+            return Self::default();
+        };
+        for range in ranges {
+            let Value::Array(fields) = range else {
+                continue;
+            };
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            let id = format!("{master:?}").into_bytes();
+            let index = masters.iter().position(|m| *m == id).unwrap_or_else(|| {
+                masters.push(id);
+                masters.len() - 1
+            });
+            for slot in *start..=*end {
+                if let Some(entry) = usize::try_from(slot).ok().and_then(|s| map.get_mut(s)) {
+                    *entry = u16::try_from(index + 1).unwrap_or(u16::MAX);
+                }
+            }
+        }
+        Self { node_of_slot: map }
+    }
+}

@@ -1,0 +1,260 @@
+//! Per-node auto-batching on real servers: concurrent calls for keys of one node go out as one
+//! script call, each caller gets its own reply (grants, busy answers, errors), a key whose slot
+//! moved away falls back to a call of its own, a caller cancelled before its call was answered
+//! leaves nothing held, and epoch mode reads the node's epoch once per batch.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{eventually, Cluster, Standalone};
+use fencelock::{Client, Error, FenceMode, LockOptions};
+use tokio::sync::Barrier;
+
+/// `count` tasks call `try_lock` on `names` at once (after a barrier); returns their results.
+async fn lock_at_once(
+    client: &Client,
+    names: &[String],
+    options: &LockOptions,
+) -> Vec<fencelock::Result<fencelock::LockGuard>> {
+    let barrier = Arc::new(Barrier::new(names.len()));
+    let mut tasks = Vec::new();
+    for name in names {
+        let (client, options, barrier, name) = (
+            client.clone(),
+            options.clone(),
+            Arc::clone(&barrier),
+            name.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            client.try_lock(&name, &options).await
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    results
+}
+
+/// A cluster client reads its slot map in the background after its first call and batches
+/// from then on: takes locks concurrently until it has sent a batch.
+async fn warm_up(client: &Client, options: &LockOptions) {
+    let warm: Vec<String> = (0..20).map(|i| format!("warm:{i}")).collect();
+    for _ in 0..100 {
+        for result in lock_at_once(client, &warm, options).await {
+            result.unwrap().release().await.unwrap();
+        }
+        if client.stats().batches > 0 {
+            return;
+        }
+    }
+    panic!("the client never batched");
+}
+
+fn evalsha_calls(node: &common::Node) -> u64 {
+    let stats = node.info("commandstats");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    // One name is a string key: its caller alone gets Redis's WRONGTYPE error.
+    server
+        .node
+        .cmd::<()>(redis::cmd("SET").arg("fencelock:{wrong}:lock").arg("x"));
+    let held = client.try_lock("held", &options).await.unwrap();
+    let mut names: Vec<String> = (0..200).map(|i| format!("batch:{i}")).collect();
+    names.push("held".into());
+    names.push("wrong".into());
+
+    let calls_before = evalsha_calls(&server.node);
+    let results = lock_at_once(&client, &names, &options).await;
+    let calls = evalsha_calls(&server.node) - calls_before;
+
+    let mut guards = Vec::new();
+    for (name, result) in names.iter().zip(results) {
+        match name.as_str() {
+            "held" => assert!(matches!(result, Err(Error::Busy { .. })), "{result:?}"),
+            "wrong" => {
+                let err = result.unwrap_err();
+                assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+                assert!(err.to_string().contains("wrong"), "names the lock: {err}");
+            }
+            _ => {
+                let guard = result.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(guard.name(), name);
+                let owner: String = server.node.cmd(
+                    redis::cmd("HGET")
+                        .arg(format!("fencelock:{{{name}}}:lock"))
+                        .arg("owner"),
+                );
+                assert_eq!(owner.len(), 32, "{name} is held in Redis");
+                guards.push(guard);
+            }
+        }
+    }
+    let stats = client.stats();
+    assert!(stats.batches > 0, "{stats:?}");
+    assert!(
+        calls < names.len() as u64,
+        "{calls} script calls for {} acquires",
+        names.len()
+    );
+
+    let releases: Vec<_> = guards
+        .into_iter()
+        .map(|guard| tokio::spawn(guard.release()))
+        .collect();
+    for release in releases {
+        release.await.unwrap().expect("release");
+    }
+    held.release().await.unwrap();
+    let keys: Vec<String> = server.node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
+    for key in keys.iter().filter(|k| !k.contains("wrong")) {
+        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("owner"));
+        assert_eq!(owner, None, "{key} released");
+    }
+    assert!(
+        client.stats().batches > stats.batches,
+        "releases batched too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_batching_off_every_call_goes_alone() {
+    let server = Standalone::start();
+    let client = Client::builder([server.url()])
+        .batching(false)
+        .connect()
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..50).map(|i| format!("alone:{i}")).collect();
+    let calls_before = evalsha_calls(&server.node);
+    let results = lock_at_once(&client, &names, &LockOptions::new()).await;
+    assert_eq!(evalsha_calls(&server.node) - calls_before, 50);
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(client.stats().batches, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_callers_leave_nothing_held() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(60));
+    // 300 acquires; each is cancelled after a random short time, some before their call was
+    // sent, some while their batch is in flight, some after the grant reached them.
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        let (client, options) = (client.clone(), options.clone());
+        tasks.push(tokio::spawn(async move {
+            let name = format!("cancel:{i}");
+            let cut = Duration::from_micros((i * 7919) % 3000);
+            tokio::time::timeout(cut, client.try_lock(&name, &options))
+                .await
+                .ok()
+        }));
+    }
+    let mut kept = Vec::new();
+    for task in tasks {
+        if let Some(Ok(guard)) = task.await.unwrap() {
+            kept.push(guard);
+        }
+    }
+    let kept_names: HashSet<String> = kept.iter().map(|g| g.name().to_owned()).collect();
+    let node = &server.node;
+    let held_now = || {
+        let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
+        keys.into_iter()
+            .filter(|key| {
+                let owner: Option<String> = node.cmd(redis::cmd("HGET").arg(key).arg("owner"));
+                owner.is_some()
+            })
+            .count()
+    };
+    eventually(
+        "only the locks whose callers got their guard to stay held",
+        Duration::from_secs(10),
+        || held_now() == kept_names.len(),
+    )
+    .await;
+    for guard in kept {
+        guard.release().await.unwrap();
+    }
+    assert_eq!(held_now(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_whose_slot_moved_after_the_map_was_read_falls_back_to_a_call_of_its_own() {
+    let cluster = Cluster::start();
+    let client = Client::connect(cluster.urls()).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let source = cluster.master_of_slot(100).port;
+    let target = cluster.master_of_slot(10_000).port;
+    assert_ne!(source, target);
+    // Slots 100..110 and 200..210 are on the same master; read the client's slot map by
+    // batching once.
+    let on = |slot: u16, i: usize| (format!("n{i}"), options.clone().slot(slot));
+    warm_up(&client, &options).await;
+    cluster.migrate_slot(100, source, target, || {});
+
+    let barrier = Arc::new(Barrier::new(40));
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (name, opts) = if i % 2 == 0 { on(100, i) } else { on(200, i) };
+        let (client, barrier) = (client.clone(), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            client.try_lock(&name, &opts).await
+        }));
+    }
+    let mut granted = 0;
+    for task in tasks {
+        let guard = task.await.unwrap().expect("granted through the fallback");
+        guard.release().await.unwrap();
+        granted += 1;
+    }
+    assert_eq!(granted, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn epoch_mode_reads_the_epoch_once_per_batch() {
+    let cluster = Cluster::start();
+    let client = Client::builder(cluster.urls())
+        .fence_mode(FenceMode::Epoch)
+        .connect()
+        .await
+        .unwrap();
+    let master = cluster.master_of_slot(0);
+    let options = LockOptions::new().ttl(Duration::from_secs(30)).slot(0);
+    let info_calls = || {
+        master
+            .info("commandstats")
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_cluster|info:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    warm_up(&client, &options).await;
+    let names: Vec<String> = (0..200).map(|i| format!("epoch:{i}")).collect();
+    let before = info_calls();
+    let results = lock_at_once(&client, &names, &options).await;
+    let reads = info_calls() - before;
+    for result in results {
+        let guard = result.unwrap();
+        assert!(guard.fence().get() > 1 << 32, "an epoch fence");
+    }
+    assert!(reads < 200, "{reads} CLUSTER INFO reads for 200 grants");
+}
