@@ -35,6 +35,7 @@ const HELD_MARGIN: Duration = Duration::from_millis(2);
 
 /// The release of an owner token on one node where the guard keeps no hold (the node did not
 /// grant in time, or did not answer): sent anyway, since a late grant may sit there.
+#[derive(Clone)]
 pub(super) struct NodeRelease {
     core: Arc<Core>,
     call: ScriptCall,
@@ -45,6 +46,13 @@ impl NodeRelease {
         Self {
             core: Arc::clone(core),
             call: QUORUM.release_call(core, keys.lock_key(), owner, ""),
+        }
+    }
+
+    /// Runs the release now (bounded by the request timeout); the reply is not looked at.
+    pub(super) async fn run(&self, name: &str) {
+        if let Err(err) = self.core.transport.run(&self.call, name, "release").await {
+            tracing::debug!(lock = name, error = %err, "quorum release failed on a node");
         }
     }
 

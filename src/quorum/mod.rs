@@ -353,6 +353,36 @@ impl QuorumClient {
         self.shared.majority
     }
 
+    /// Waits for the background work of every connected deployment's client to finish (the
+    /// releases of dropped guards, of nodes slower than a majority, of cancelled attempts), at
+    /// most one request timeout, all deployments at once; see [`Client::shutdown`]. Call it
+    /// before the process exits. The client stays usable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ShutdownIncomplete`] (the first one) when some deployment's releases were still
+    /// running at the bound.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn shutdown(&self) -> Result<()> {
+        let clients: Vec<Client> = self
+            .shared
+            .deployments
+            .iter()
+            .filter_map(|d| lock(&d.client).clone())
+            .collect();
+        let mut first = None;
+        let mut race = Race::new(clients.iter().map(Client::shutdown));
+        while let Some((_, outcome)) = race.next().await {
+            if let Err(err) = outcome {
+                first = first.or(Some(err));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
     /// Makes one attempt to acquire quorum lock `name` (both rounds).
     ///
     /// # Errors
@@ -527,7 +557,8 @@ impl QuorumClient {
         })
         .await;
         if granted.len() < majority || Instant::now() >= valid_until {
-            undo.now();
+            let holding: Vec<usize> = granted.iter().map(|&(index, _)| index).collect();
+            undo.now(&holding, name, shared.request_timeout).await;
             return Ok(Err(if granted.len() + busy >= majority && busy > 0 {
                 Refused::Busy { retry_after }
             } else {
@@ -580,7 +611,7 @@ impl QuorumClient {
             })
             .await;
             if committed < majority || Instant::now() >= valid_until {
-                undo.now();
+                undo.now(&holding, name, shared.request_timeout).await;
                 return Ok(Err(if not_owner.is_empty() {
                     Refused::Unanswered
                 } else {
@@ -647,9 +678,36 @@ struct Undo {
 }
 
 impl Undo {
-    /// Releases everywhere now, in the background (each call bounded by its request timeout).
-    fn now(self) {
-        drop(self);
+    /// Releases everywhere now: on the nodes in `granted` (which answered, so answer again
+    /// soon) awaited, at most `limit`, so that a process that gives up and exits leaves no
+    /// lease there; on the others in the background. A call dropped meanwhile leaves the
+    /// releases not yet answered to the background.
+    async fn now(mut self, granted: &[usize], name: &str, limit: Duration) {
+        let mut awaited = Vec::new();
+        for (index, release) in self.releases.take().unwrap_or_default().into_iter().enumerate() {
+            match release {
+                Some(release) if granted.contains(&index) => awaited.push(release),
+                Some(release) => release.detach(),
+                None => {}
+            }
+        }
+        // Dropped while waiting: the releases not answered yet go on in the background.
+        let mut unanswered = Undo {
+            releases: Some(awaited.iter().cloned().map(Some).collect()),
+        };
+        let started = Instant::now();
+        {
+            let race = Race::new(awaited.iter().map(|release| release.run(name)));
+            gather(race, started, instant_after(started, limit), |index, (), _| {
+                if let Some(releases) = unanswered.releases.as_mut() {
+                    releases[index] = None;
+                }
+                Progress::Open
+            })
+            .await;
+        }
+        // Those that did not answer within the limit were sent: nothing to add.
+        unanswered.disarm();
     }
 
     /// The attempt succeeded: hands back the release calls, nothing is released.
