@@ -816,5 +816,8 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static QUORUM_COMMIT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_prologue("quorum_commit", include_str!("script/lua/quorum_commit.lua"))
+    LuaScript::with_prologue(
+        "quorum_commit",
+        include_str!("script/lua/quorum_commit.lua"),
+    )
 });

@@ -9,7 +9,9 @@ use common::Standalone;
 
 fn fencelock(urls: &[String], args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    command.env_remove("FENCELOCK_URL").env_remove("FENCELOCK_QUORUM");
+    command
+        .env_remove("FENCELOCK_URL")
+        .env_remove("FENCELOCK_QUORUM");
     command.arg("--quorum");
     for url in urls {
         command.arg("--url").arg(url);
@@ -39,7 +41,14 @@ fn exec_with_quorum_exports_the_committed_token_and_passes_the_exit_status() {
     let key = "fencelock:{job}:lock";
     let output = fencelock(
         &urls,
-        &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7"],
+        &[
+            "exec",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_TOKEN $FENCELOCK_NAME; exit 7",
+        ],
     );
     assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
@@ -61,9 +70,16 @@ fn exec_with_quorum_exports_the_committed_token_and_passes_the_exit_status() {
             .arg("until")
             .arg(u64::MAX / 4),
     );
-    let again = fencelock(&urls, &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"]);
+    let again = fencelock(
+        &urls,
+        &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"],
+    );
     assert!(again.status.success(), "{}", stderr(&again));
-    let next: u64 = String::from_utf8(again.stdout).unwrap().trim().parse().unwrap();
+    let next: u64 = String::from_utf8(again.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     assert!(next > token, "tokens grow across runs");
 
     // Held on two of three: not acquired within --timeout, exit 75.
@@ -77,7 +93,11 @@ fn exec_with_quorum_exports_the_committed_token_and_passes_the_exit_status() {
     );
     let busy = fencelock(&urls, &["exec", "--timeout", "300ms", "job", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
-    assert!(stderr(&busy).contains("held by another owner"), "{}", stderr(&busy));
+    assert!(
+        stderr(&busy).contains("held by another owner"),
+        "{}",
+        stderr(&busy)
+    );
 }
 
 #[test]
@@ -99,7 +119,12 @@ fn bad_quorum_usage_exits_64() {
         args.extend_from_slice(flags);
         args.extend_from_slice(&["job", "--", "true"]);
         let output = fencelock(&urls, &args);
-        assert_eq!(output.status.code(), Some(64), "{flags:?}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{flags:?}: {}",
+            stderr(&output)
+        );
     }
     let several = fencelock(&urls, &["exec", "a", "b", "--", "true"]);
     assert_eq!(several.status.code(), Some(64), "{}", stderr(&several));
@@ -110,9 +135,16 @@ fn bad_quorum_usage_exits_64() {
 #[test]
 fn exec_with_quorum_exits_75_when_fewer_than_a_majority_answer() {
     let started = Instant::now();
-    let down = fencelock(&closed_urls(3), &["exec", "--timeout", "1s", "job", "--", "true"]);
+    let down = fencelock(
+        &closed_urls(3),
+        &["exec", "--timeout", "1s", "job", "--", "true"],
+    );
     assert_eq!(down.status.code(), Some(75), "{}", stderr(&down));
-    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
 
     let server = Standalone::start();
     let mut urls = closed_urls(2);
@@ -126,5 +158,8 @@ fn exec_with_quorum_exits_75_when_fewer_than_a_majority_answer() {
         stderr(&minority)
     );
     assert!(started.elapsed() < Duration::from_secs(8));
-    assert!(!server.node.held("fencelock:{job}:lock"), "nothing left held");
+    assert!(
+        !server.node.held("fencelock:{job}:lock"),
+        "nothing left held"
+    );
 }

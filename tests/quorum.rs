@@ -40,7 +40,8 @@ impl Server {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let dir = std::env::temp_dir().join(format!("fencelock-quorum-{}-{port}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("fencelock-quorum-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let mut server = Server {
@@ -225,7 +226,11 @@ async fn grants_refuses_releases_and_grants_again_with_the_fence_committed_every
     assert!(guard.valid_until() > Instant::now() + Duration::from_millis(4000));
     for server in &servers {
         assert!(server.held("job"));
-        assert_eq!(server.fence("job"), first, "the commit round set T on every node");
+        assert_eq!(
+            server.fence("job"),
+            first,
+            "the commit round set T on every node"
+        );
     }
 
     let other = QuorumClient::connect(urls(&servers)).await.unwrap();
@@ -259,9 +264,11 @@ async fn grants_refuses_releases_and_grants_again_with_the_fence_committed_every
         });
         tokio::spawn(async move { other.lock("job", &options).await })
     };
-    eventually("the waiter found the lock held", Duration::from_secs(2), || {
-        waiting.load(std::sync::atomic::Ordering::SeqCst)
-    })
+    eventually(
+        "the waiter found the lock held",
+        Duration::from_secs(2),
+        || waiting.load(std::sync::atomic::Ordering::SeqCst),
+    )
     .await;
     let fence = held.fence();
     held.release().await.unwrap();
@@ -274,7 +281,9 @@ async fn grants_refuses_releases_and_grants_again_with_the_fence_committed_every
 async fn bad_counts_and_options_are_refused_with_clear_errors() {
     let servers: Vec<Server> = (0..2).map(|_| Server::start()).collect();
     for count in [1, 2] {
-        let err = QuorumClient::connect(urls(&servers[..count])).await.unwrap_err();
+        let err = QuorumClient::connect(urls(&servers[..count]))
+            .await
+            .unwrap_err();
         assert!(
             matches!(&err, Error::InvalidConfig { reason } if reason.contains(&format!("got {count}"))),
             "{err}"
@@ -287,7 +296,10 @@ async fn bad_counts_and_options_are_refused_with_clear_errors() {
     let three: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let quorum = quorum(&three).await;
     let err = quorum
-        .try_lock("job", &LockOptions::new().wait_replicas(1, Duration::from_millis(100)))
+        .try_lock(
+            "job",
+            &LockOptions::new().wait_replicas(1, Duration::from_millis(100)),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidOptions { .. }), "{err}");
@@ -298,7 +310,8 @@ async fn bad_counts_and_options_are_refused_with_clear_errors() {
 /// The case of issue 12: A's fence is far ahead of B's and C's. A grant on {A, B} takes A's
 /// fence; a later grant on {B, C} is larger only because the commit round raised B.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_commit_round_keeps_tokens_rising_when_majorities_change_and_redlock_without_it_does_not() {
+async fn the_commit_round_keeps_tokens_rising_when_majorities_change_and_redlock_without_it_does_not(
+) {
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let (a, b, c) = (&servers[0], &servers[1], &servers[2]);
     // A is "ahead": its stored fence 1000 s past the clock (as after a floor, or a grant on a
@@ -326,7 +339,10 @@ async fn the_commit_round_keeps_tokens_rising_when_majorities_change_and_redlock
         if name == "with-commit" {
             assert_eq!(b.fence(name), t1, "the commit raised B to T");
         } else {
-            assert!(b.fence(name) < t1, "without the commit B keeps its own fence");
+            assert!(
+                b.fence(name) < t1,
+                "without the commit B keeps its own fence"
+            );
         }
         c.resume();
         a.pause();
@@ -420,8 +436,14 @@ async fn five_nodes_two_killed_grants_go_on_three_killed_time_out_cleanly() {
         "three of five down: {err}"
     );
     assert!(took >= Duration::from_millis(1000));
-    assert!(took < Duration::from_millis(1000 + 2 * 500 + 300), "{took:?}");
-    let err = quorum.try_lock("five", &options(2000, 0)).await.unwrap_err();
+    assert!(
+        took < Duration::from_millis(1000 + 2 * 500 + 300),
+        "{took:?}"
+    );
+    let err = quorum
+        .try_lock("five", &options(2000, 0))
+        .await
+        .unwrap_err();
     assert!(matches!(&err, Error::Timeout { .. }), "{err}");
 }
 
@@ -469,7 +491,13 @@ async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_wi
     let mut outcomes = Vec::new();
     for aof in [false, true] {
         let mut servers: Vec<Server> = (0..3)
-            .map(|_| if aof { Server::start_aof() } else { Server::start() })
+            .map(|_| {
+                if aof {
+                    Server::start_aof()
+                } else {
+                    Server::start()
+                }
+            })
             .collect();
         // B ahead of the clock; the hold is taken on {A, B} (C paused), so C never sees T.
         let now_us: Vec<u64> = servers[1].cmd(&mut redis::cmd("TIME"));
@@ -509,9 +537,15 @@ async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_wi
         outcomes.push((aof, t1, t2));
     }
     let (_, t1, t2) = outcomes[0];
-    assert!(t2 < t1, "no persistence: the empty node lets the token go back ({t1} then {t2})");
+    assert!(
+        t2 < t1,
+        "no persistence: the empty node lets the token go back ({t1} then {t2})"
+    );
     let (_, t1, t2) = outcomes[1];
-    assert!(t2 > t1, "AOF always: the token keeps rising ({t1} then {t2})");
+    assert!(
+        t2 > t1,
+        "AOF always: the token keeps rising ({t1} then {t2})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -564,7 +598,10 @@ async fn dropped_calls_and_guards_leave_nothing_held() {
     let quorum = quorum(&servers).await;
     // A guard dropped without release: released on every node in the background, done once
     // shutdown returns.
-    let guard = quorum.lock("dropped", &options(10_000, 2000)).await.unwrap();
+    let guard = quorum
+        .lock("dropped", &options(10_000, 2000))
+        .await
+        .unwrap();
     drop(guard);
     quorum.shutdown().await.unwrap();
     assert!(servers.iter().all(|s| !s.held("dropped")));
@@ -583,7 +620,10 @@ async fn dropped_calls_and_guards_leave_nothing_held() {
         .await;
     }
     // And the lock is free for a grant at once.
-    let guard = quorum.try_lock("dropped", &options(10_000, 0)).await.unwrap();
+    let guard = quorum
+        .try_lock("dropped", &options(10_000, 0))
+        .await
+        .unwrap();
     guard.release().await.unwrap();
 }
 

@@ -163,7 +163,8 @@ impl QuorumGuard {
 
     /// True while [`valid_until`](Self::valid_until) lies in the future.
     pub fn is_valid(&self) -> bool {
-        self.quorum_until().is_some_and(|until| Instant::now() < until)
+        self.quorum_until()
+            .is_some_and(|until| Instant::now() < until)
     }
 
     /// The majority-th latest end among the valid holds, less the drift beyond [`Held`]'s

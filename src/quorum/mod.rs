@@ -130,7 +130,7 @@ impl QuorumClientBuilder {
     /// Cancel safe: nothing outlives a dropped call.
     pub async fn connect(self) -> Result<QuorumClient> {
         let count = self.deployments.len();
-        if count < 3 || count % 2 == 0 {
+        if count < 3 || count.is_multiple_of(2) {
             return Err(Error::InvalidConfig {
                 reason: format!(
                     "a quorum lock needs an odd number of at least 3 deployments, got {count}: \
@@ -408,8 +408,8 @@ impl QuorumClient {
 
     /// Acquires quorum lock `name`, trying again with jittered backoff (5 to 50 ms, or until
     /// the holder's lease ends if sooner) while it is held or too few nodes answer, for up to
-    /// `options.timeout`. Returns within the timeout plus two request timeouts (one attempt's
-    /// two rounds).
+    /// `options.timeout`. Returns within the timeout plus three request timeouts (the last
+    /// attempt's two rounds and the release of what it took when it failed).
     ///
     /// # Errors
     ///
@@ -684,7 +684,13 @@ impl Undo {
     /// releases not yet answered to the background.
     async fn now(mut self, granted: &[usize], name: &str, limit: Duration) {
         let mut awaited = Vec::new();
-        for (index, release) in self.releases.take().unwrap_or_default().into_iter().enumerate() {
+        for (index, release) in self
+            .releases
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+        {
             match release {
                 Some(release) if granted.contains(&index) => awaited.push(release),
                 Some(release) => release.detach(),
@@ -698,12 +704,17 @@ impl Undo {
         let started = Instant::now();
         {
             let race = Race::new(awaited.iter().map(|release| release.run(name)));
-            gather(race, started, instant_after(started, limit), |index, (), _| {
-                if let Some(releases) = unanswered.releases.as_mut() {
-                    releases[index] = None;
-                }
-                Progress::Open
-            })
+            gather(
+                race,
+                started,
+                instant_after(started, limit),
+                |index, (), _| {
+                    if let Some(releases) = unanswered.releases.as_mut() {
+                        releases[index] = None;
+                    }
+                    Progress::Open
+                },
+            )
             .await;
         }
         // Those that did not answer within the limit were sent: nothing to add.
