@@ -405,6 +405,7 @@ async fn tokens_strictly_increase_over_200_grants_while_nodes_are_killed_and_res
         last = fence;
         guard.release().await.unwrap();
     }
+    println!("200 grants over rotating majorities: strictly increasing, last {last}");
     for index in down {
         servers[index].restart();
     }
@@ -435,6 +436,7 @@ async fn five_nodes_two_killed_grants_go_on_three_killed_time_out_cleanly() {
         matches!(&err, Error::Timeout { .. }),
         "three of five down: {err}"
     );
+    println!("three of five killed: {err} after {took:?}");
     assert!(took >= Duration::from_millis(1000));
     assert!(
         took < Duration::from_millis(1000 + 2 * 500 + 300),
@@ -455,6 +457,7 @@ async fn a_node_paused_past_the_ttl_does_not_stop_or_slow_grants() {
     let started = Instant::now();
     let mut last = 0;
     let mut slowest = Duration::ZERO;
+    let mut grants = 0;
     // 300 ms TTL: the pause outlasts many leases.
     while started.elapsed() < Duration::from_millis(1500) {
         let attempt = Instant::now();
@@ -463,8 +466,10 @@ async fn a_node_paused_past_the_ttl_does_not_stop_or_slow_grants() {
         last = guard.fence().get();
         guard.release().await.unwrap();
         slowest = slowest.max(attempt.elapsed());
+        grants += 1;
     }
     servers[1].resume();
+    println!("one of five paused for 1.5 s, 300 ms TTL: {grants} grants, slowest grant+release {slowest:?}");
     assert!(
         slowest < Duration::from_millis(400),
         "a grant and release took {slowest:?} with one node paused"
