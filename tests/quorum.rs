@@ -656,3 +656,30 @@ async fn a_deployment_down_at_connect_joins_when_it_comes_up() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_extend_failing_on_a_majority_is_an_error_and_lost_fires_at_the_old_validity() {
+    let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let quorum = quorum(&servers).await;
+    let mut guard = quorum.lock("manual", &options(1000, 2000)).await.unwrap();
+    let until = guard.extend(Duration::from_millis(1500)).await.unwrap();
+    assert!(until > Instant::now() + Duration::from_millis(1300));
+    servers[0].kill();
+    servers[1].kill();
+    let err = guard.extend(Duration::from_secs(5)).await.unwrap_err();
+    println!("extend with two of three down: {err}");
+    assert!(
+        matches!(err, Error::Redis { .. } | Error::Timeout { .. }),
+        "{err}"
+    );
+    // Still valid on the live node and on a killed node's last lease: the majority-th
+    // latest lease end, about where the last good extend left it.
+    let until = guard.valid_until();
+    assert!(until > Instant::now() && until < Instant::now() + Duration::from_millis(1600));
+    let lost = tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("lost() fires");
+    assert!(matches!(lost, Error::Expired { .. }), "{lost}");
+    assert!(Instant::now() >= until);
+    assert!(Instant::now() < until + Duration::from_millis(200));
+}

@@ -258,8 +258,9 @@ impl QuorumGuard {
     /// # Errors
     ///
     /// [`Error::Expired`] or [`Error::NotOwner`] when fewer than a majority extended and some
-    /// node said the lock was lost there; [`Error::Timeout`] when fewer than a majority
-    /// answered in time; [`Error::InvalidOptions`] for a bad TTL.
+    /// node said the lock was lost there; [`Error::Timeout`] or [`Error::Redis`] (one node's
+    /// error) when fewer than a majority answered in time; [`Error::InvalidOptions`] for a bad
+    /// TTL.
     ///
     /// # Cancel safety
     ///
@@ -310,16 +311,11 @@ impl QuorumGuard {
         if ok >= majority {
             return Ok(self.valid_until());
         }
-        Err(lost.unwrap_or_else(|| Error::Timeout {
+        Err(lost.or(other).unwrap_or_else(|| Error::Timeout {
             name: self.name.clone(),
             operation: "quorum extend (fewer than a majority of deployments confirmed)",
             after: started.elapsed(),
         }))
-        .inspect_err(|_| {
-            if let Some(err) = other {
-                tracing::debug!(lock = %self.name, error = %err, "quorum extend failed on a node");
-            }
-        })
     }
 
     /// Releases the lock on every node at once (each call bounded by the request timeout;

@@ -1,7 +1,7 @@
 //! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
 //!
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
-//! `--timeout`; 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
+//! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
 //! lost while the command ran (the command is terminated); 64 for bad input; 69 when Redis
 //! cannot be reached; 127 when the command cannot be started.
 //!
@@ -64,9 +64,9 @@ struct Cli {
 }
 
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
---timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few replicas confirmed; 70 lock lost while the command ran (the command is \
-terminated) or found lost at the release; 64 bad input; 69 Redis unreachable; 127 the command \
-cannot be started.
+--timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few \
+replicas confirmed; 70 lock lost while the command ran (the command is terminated) or found \
+lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
