@@ -683,3 +683,72 @@ async fn an_extend_failing_on_a_majority_is_an_error_and_lost_fires_at_the_old_v
     assert!(Instant::now() >= until);
     assert!(Instant::now() < until + Duration::from_millis(200));
 }
+
+/// Two clients with four tasks each contend for one quorum lock: holders never overlap, no
+/// read-modify-write update is lost, and fences rise in grant order.
+#[tokio::test(flavor = "multi_thread")]
+async fn contending_clients_never_overlap_and_fences_rise_in_grant_order() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let clients = [quorum(&servers).await, quorum(&servers).await];
+    let inside = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(Mutex::new((0u64, 0u64))); // (counter, last fence admitted)
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let client = clients[task % 2].clone();
+        let (inside, state) = (Arc::clone(&inside), Arc::clone(&state));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..15 {
+                let guard = client
+                    .lock("contended", &options(2000, 20_000))
+                    .await
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let read = {
+                    let mut state = state.lock().unwrap();
+                    assert!(guard.fence().get() > state.1, "fences rise in grant order");
+                    state.1 = guard.fence().get();
+                    state.0
+                };
+                tokio::task::yield_now().await;
+                state.lock().unwrap().0 = read + 1;
+                inside.store(false, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(state.lock().unwrap().0, 8 * 15, "no update lost");
+}
+
+/// A deployment may be a whole cluster: the quorum's requests are routed by the lock's key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deployment_can_be_a_cluster() {
+    let cluster = common::Cluster::start();
+    let servers: Vec<Server> = (0..2).map(|_| Server::start()).collect();
+    let quorum = QuorumClient::connect([
+        cluster.urls()[0].clone(),
+        servers[0].url(),
+        servers[1].url(),
+    ])
+    .await
+    .unwrap();
+    let keys =
+        fencelock::LockKeys::new("fencelock", "spread", &fencelock::Placement::ByName).unwrap();
+    let master = cluster.master_of_slot(keys.slot());
+    let mut last = 0;
+    for _ in 0..5 {
+        let guard = quorum.lock("spread", &options(2000, 2000)).await.unwrap();
+        assert_eq!(guard.nodes(), 3);
+        assert!(master.held(keys.lock_key()), "held on the cluster's master");
+        let fence: u64 = master.cmd(redis::cmd("HGET").arg(keys.lock_key()).arg("fence"));
+        assert_eq!(fence, guard.fence().get(), "committed on the cluster too");
+        assert!(fence > last);
+        last = fence;
+        guard.release().await.unwrap();
+    }
+}
