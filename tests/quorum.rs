@@ -284,8 +284,9 @@ async fn bad_counts_and_options_are_refused_with_clear_errors() {
         let err = QuorumClient::connect(urls(&servers[..count]))
             .await
             .unwrap_err();
+        let expected = format!("got {count}");
         assert!(
-            matches!(&err, Error::InvalidConfig { reason } if reason.contains(&format!("got {count}"))),
+            matches!(&err, Error::InvalidConfig { reason } if reason.contains(&expected)),
             "{err}"
         );
     }
@@ -310,8 +311,7 @@ async fn bad_counts_and_options_are_refused_with_clear_errors() {
 /// The case of issue 12: A's fence is far ahead of B's and C's. A grant on {A, B} takes A's
 /// fence; a later grant on {B, C} is larger only because the commit round raised B.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_commit_round_keeps_tokens_rising_when_majorities_change_and_redlock_without_it_does_not(
-) {
+async fn commit_round_keeps_tokens_rising_across_majorities_and_redlock_without_it_does_not() {
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let (a, b, c) = (&servers[0], &servers[1], &servers[2]);
     // A is "ahead": its stored fence 1000 s past the clock (as after a floor, or a grant on a
@@ -469,7 +469,10 @@ async fn a_node_paused_past_the_ttl_does_not_stop_or_slow_grants() {
         grants += 1;
     }
     servers[1].resume();
-    println!("one of five paused for 1.5 s, 300 ms TTL: {grants} grants, slowest grant+release {slowest:?}");
+    println!(
+        "one of five paused for 1.5 s, 300 ms TTL: {grants} grants, \
+         slowest grant+release {slowest:?}"
+    );
     assert!(
         slowest < Duration::from_millis(400),
         "a grant and release took {slowest:?} with one node paused"

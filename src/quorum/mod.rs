@@ -168,7 +168,11 @@ impl QuorumClientBuilder {
                 Ok(client) => connected[index] = Some(client),
                 Err(err @ Error::InvalidConfig { .. }) => return Err(err),
                 Err(err) => {
-                    tracing::warn!(deployment = index, error = %err, "deployment not reachable, tried again later");
+                    tracing::warn!(
+                        deployment = index,
+                        error = %err,
+                        "deployment not reachable, tried again later"
+                    );
                 }
             }
         }
@@ -230,7 +234,11 @@ impl Shared {
                     match outcome {
                         Ok(client) => *lock(&deployment.client) = Some(client),
                         Err(err) => {
-                            tracing::debug!(deployment = index, error = %err, "deployment still not reachable");
+                            tracing::debug!(
+                                deployment = index,
+                                error = %err,
+                                "deployment still not reachable"
+                            );
                         }
                     }
                     deployment.reconnecting.store(false, Ordering::Release);
@@ -530,11 +538,18 @@ impl QuorumClient {
                     // Expected after a commit raised this node's fence to another node's
                     // clock: not the failover symptom `Core::clock_behind` warns about.
                     if behind > 0 {
-                        tracing::trace!(lock = name, deployment = index, behind, "stored fence ahead of the node's clock");
+                        tracing::trace!(
+                            lock = name,
+                            deployment = index,
+                            behind,
+                            "stored fence ahead of the node's clock"
+                        );
                     }
                     match parse_fence(name, "quorum acquire", "fence", value) {
                         Ok(fence) => granted.push((index, fence)),
-                        Err(err) => tracing::warn!(lock = name, deployment = index, error = %err),
+                        Err(err) => {
+                            tracing::warn!(lock = name, deployment = index, error = %err);
+                        }
                     }
                 }
                 Some(Ok((0, pttl, _))) => {
@@ -542,10 +557,20 @@ impl QuorumClient {
                     retry_after = retry_after.max(Duration::from_millis(pttl.max(0) as u64));
                 }
                 Some(Ok((status, _, _))) => {
-                    tracing::warn!(lock = name, deployment = index, status, "unexpected acquire reply");
+                    tracing::warn!(
+                        lock = name,
+                        deployment = index,
+                        status,
+                        "unexpected acquire reply"
+                    );
                 }
                 Some(Err(err)) => {
-                    tracing::debug!(lock = name, deployment = index, error = %err, "quorum acquire failed on a node");
+                    tracing::debug!(
+                        lock = name,
+                        deployment = index,
+                        error = %err,
+                        "quorum acquire failed on a node"
+                    );
                 }
                 None => {}
             }
@@ -593,22 +618,32 @@ impl QuorumClient {
             let round_ends = valid_until.min(instant_after(commit_started, shared.request_timeout));
             let mut committed = 0;
             let mut not_owner = Vec::new();
-            gather(round, commit_started, round_ends, |slot, outcome, pending| {
-                match outcome {
-                    Ok(1) => committed += 1,
-                    Ok(_) => not_owner.push(holding[slot]),
-                    Err(err) => {
-                        tracing::debug!(lock = name, deployment = holding[slot], error = %err, "quorum commit failed on a node");
+            gather(
+                round,
+                commit_started,
+                round_ends,
+                |slot, outcome, pending| {
+                    match outcome {
+                        Ok(1) => committed += 1,
+                        Ok(_) => not_owner.push(holding[slot]),
+                        Err(err) => {
+                            tracing::debug!(
+                                lock = name,
+                                deployment = holding[slot],
+                                error = %err,
+                                "quorum commit failed on a node"
+                            );
+                        }
                     }
-                }
-                if committed + pending < majority {
-                    Progress::Done
-                } else if committed >= majority {
-                    Progress::Decided
-                } else {
-                    Progress::Open
-                }
-            })
+                    if committed + pending < majority {
+                        Progress::Done
+                    } else if committed >= majority {
+                        Progress::Decided
+                    } else {
+                        Progress::Open
+                    }
+                },
+            )
             .await;
             if committed < majority || Instant::now() >= valid_until {
                 undo.now(&holding, name, shared.request_timeout).await;

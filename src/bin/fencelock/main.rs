@@ -1,9 +1,10 @@
 //! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
 //!
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
-//! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
-//! lost while the command ran (the command is terminated); 64 for bad input; 69 when Redis
-//! cannot be reached; 127 when the command cannot be started.
+//! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76
+//! when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was lost while the
+//! command ran (the command is terminated); 64 for bad input; 69 when Redis cannot be reached;
+//! 127 when the command cannot be started.
 //!
 //! `exec` runs the command in its own process group with a guardian process that kills the whole
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
