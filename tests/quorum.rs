@@ -490,26 +490,44 @@ async fn a_node_paused_past_the_ttl_does_not_stop_or_slow_grants() {
     }
 }
 
+/// How a node comes back in `a_node_restarted_during_a_hold_…`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Restart {
+    /// At once, with no data.
+    Empty,
+    /// At once, from its append-only file (`appendfsync always`).
+    Aof,
+    /// With no data, but only once its keys would have expired anyway: the lease is over and
+    /// the clock has passed every fence it stored.
+    EmptyDelayed,
+}
+
 /// A node restarted during a hold: without persistence it comes back empty, and a later
 /// majority that pairs it with a node the commit never reached hands out a smaller token; with
-/// an append-only file fsynced on every write it comes back with the committed fence and the
-/// token keeps rising.
+/// an append-only file fsynced on every write it comes back with the committed fence, and an
+/// empty node kept out until its keys would have expired answers above it too.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_with_aof() {
     let mut outcomes = Vec::new();
-    for aof in [false, true] {
+    for restart in [Restart::Empty, Restart::Aof, Restart::EmptyDelayed] {
         let mut servers: Vec<Server> = (0..3)
             .map(|_| {
-                if aof {
+                if restart == Restart::Aof {
                     Server::start_aof()
                 } else {
                     Server::start()
                 }
             })
             .collect();
-        // B ahead of the clock; the hold is taken on {A, B} (C paused), so C never sees T.
+        // B ahead of the clock (1000 s; 2 s for the delayed restart, which waits it out); the
+        // hold is taken on {A, B} (C paused), so C never sees T.
+        let lead = if restart == Restart::EmptyDelayed {
+            2_000_000
+        } else {
+            1_000_000_000
+        };
         let now_us: Vec<u64> = servers[1].cmd(&mut redis::cmd("TIME"));
-        let ahead = now_us[0] * 1_000_000 + now_us[1] + 1_000_000_000;
+        let ahead = now_us[0] * 1_000_000 + now_us[1] + lead;
         let _: i64 = servers[1].cmd(
             redis::cmd("HSET")
                 .arg("fencelock:{restarted}:lock")
@@ -525,12 +543,22 @@ async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_wi
         let t1 = guard.fence().get();
         assert_eq!(servers[0].fence("restarted"), t1, "A has the commit");
         // A restarts during the hold.
-        if aof {
-            servers[0].restart();
-        } else {
-            servers[0].restart_empty();
+        match restart {
+            Restart::Empty => servers[0].restart_empty(),
+            Restart::Aof => servers[0].restart(),
+            Restart::EmptyDelayed => servers[0].kill(),
         }
         let released = guard.release().await;
+        if restart == Restart::EmptyDelayed {
+            // Kept down until the 1 s lease is over and the clock has passed T: the moment
+            // A's key would have expired (grace aside) had it survived.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            let until = Duration::from_micros(t1) + Duration::from_millis(1000);
+            tokio::time::sleep(until.saturating_sub(now)).await;
+            servers[0].restart_empty();
+        }
         servers[2].resume();
         // The next majority is {A, C}: B is paused.
         servers[1].pause();
@@ -541,19 +569,21 @@ async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_wi
         let t2 = next.fence().get();
         next.release().await.unwrap();
         servers[1].resume();
-        println!("aof {aof}: t1 {t1}, t2 {t2}, release after the restart: {released:?}");
-        outcomes.push((aof, t1, t2));
+        println!("{restart:?}: t1 {t1}, t2 {t2}, release after the restart: {released:?}");
+        outcomes.push((restart, t1, t2));
     }
-    let (_, t1, t2) = outcomes[0];
-    assert!(
-        t2 < t1,
-        "no persistence: the empty node lets the token go back ({t1} then {t2})"
-    );
-    let (_, t1, t2) = outcomes[1];
-    assert!(
-        t2 > t1,
-        "AOF always: the token keeps rising ({t1} then {t2})"
-    );
+    for (restart, t1, t2) in outcomes {
+        match restart {
+            Restart::Empty => assert!(
+                t2 < t1,
+                "no persistence: the empty node lets the token go back ({t1} then {t2})"
+            ),
+            Restart::Aof | Restart::EmptyDelayed => assert!(
+                t2 > t1,
+                "{restart:?}: the token keeps rising ({t1} then {t2})"
+            ),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
