@@ -163,3 +163,36 @@ fn exec_with_quorum_exits_75_when_fewer_than_a_majority_answer() {
         "nothing left held"
     );
 }
+
+#[test]
+fn quorum_is_named_in_help_and_taken_from_the_environment() {
+    let help = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .args(["exec", "--help"])
+        .output()
+        .expect("run fencelock");
+    assert!(String::from_utf8_lossy(&help.stdout).contains("[env: FENCELOCK_QUORUM"));
+
+    let servers: Vec<Standalone> = (0..3).map(|_| Standalone::start()).collect();
+    let urls: Vec<String> = servers.iter().map(Standalone::url).collect();
+    let run = |urls: &[String]| {
+        Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .env("FENCELOCK_QUORUM", "1")
+            .env("FENCELOCK_URL", urls.join(","))
+            .args(["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"])
+            .output()
+            .expect("run fencelock")
+    };
+    let two = run(&urls[..2]);
+    assert_eq!(two.status.code(), Some(64), "{}", stderr(&two));
+    let three = run(&urls);
+    assert!(three.status.success(), "{}", stderr(&three));
+    let token: u64 = String::from_utf8(three.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let fence: u64 = servers[2]
+        .node
+        .cmd(redis::cmd("HGET").arg("fencelock:{job}:lock").arg("fence"));
+    assert_eq!(token, fence);
+}
