@@ -101,8 +101,8 @@ pub struct QuorumGuard {
     holds: Vec<Held>,
     /// Releases for the nodes without a hold, sent when the guard is released or dropped.
     others: Vec<NodeRelease>,
-    /// When the grant's first request was sent less nothing: a past instant reported by
-    /// `valid_until` once no majority is valid.
+    /// The validity the grant had; once no majority is valid, `valid_until` reports the
+    /// earlier of it and the moment asked (a past instant either way).
     granted_valid_until: Instant,
 }
 
