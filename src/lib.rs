@@ -39,6 +39,7 @@ mod lock;
 mod options;
 #[cfg(feature = "serde")]
 mod options_serde;
+mod quorum;
 mod runtime;
 mod rwlock;
 mod script;
@@ -55,6 +56,7 @@ pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_CO
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};
 pub use lock::{LockGuard, MultiGuard, Reentry, MAX_MULTI_LOCKS};
 pub use options::{LockOptions, Waiting, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
+pub use quorum::{QuorumClient, QuorumClientBuilder, QuorumGuard};
 pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};
 pub use semaphore::{Permit, PermitGuard, Semaphore};

@@ -318,7 +318,7 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 ///         "semaphore_release_batch", "semaphore_extend", "semaphore_extend_batch",
 ///         "semaphore_renew", "semaphore_available", "semaphore_set_limit",
 ///         "inspect", "force_unlock", "rw_force_unlock", "fair_force_unlock",
-///         "semaphore_force_unlock", "latch_force_unlock",
+///         "semaphore_force_unlock", "latch_force_unlock", "quorum_commit",
 ///     ]
 /// );
 /// ```
@@ -326,9 +326,10 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
-    /// `inspect`, `force_unlock`, or a primitive's script named `<primitive>_<operation>`:
-    /// `rw_*` (read-write lock), `fair_*`, `semaphore_*`, `latch_*`. `<name>_batch` runs
-    /// script `<name>` for many keys of one node in one call (the client's per-node batching).
+    /// `inspect`, `force_unlock`, `quorum_commit` (the quorum lock's second round), or a
+    /// primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock), `fair_*`,
+    /// `semaphore_*`, `latch_*`. `<name>_batch` runs script `<name>` for many keys of one node
+    /// in one call (the client's per-node batching).
     pub name: &'static str,
     /// The SHA1 Redis caches it under (`EVALSHA`).
     pub sha1: &'static str,
@@ -376,6 +377,7 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*FAIR_FORCE_UNLOCK,
         &*SEMAPHORE_FORCE_UNLOCK,
         &*LATCH_FORCE_UNLOCK,
+        &*QUORUM_COMMIT,
     ]
     .into_iter()
     .flat_map(|script| std::iter::once(script).chain(script.batch()))
@@ -920,5 +922,23 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
         "latch_force_unlock",
         &[INSPECT_SNIPPET],
         include_str!("script/lua/latch_force_unlock.lua"),
+    )
+});
+
+/// Quorum commit (`script/lua/quorum_commit.lua`): the quorum lock's second round. Raises the
+/// node's stored fence to the token the client chose, `max(stored, T)`, only while the owner
+/// still holds the lock there, and applies the clock-mode expiry rule with the new fence.
+///
+/// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` T (decimal, below 2^53), `ARGV[3]`
+///   expiry grace.
+///
+/// Replies: `1` committed; `0` this owner holds no live lease on this node (nothing written);
+/// an error reply when T is not a number. Idempotent.
+///
+/// Not flagged `allow-oom`.
+pub(crate) static QUORUM_COMMIT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_prologue(
+        "quorum_commit",
+        include_str!("script/lua/quorum_commit.lua"),
     )
 });

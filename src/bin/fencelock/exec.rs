@@ -15,7 +15,7 @@ use clap::builder::FalseyValueParser;
 use clap::Args;
 use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    MultiGuard, PermitGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
+    MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
 };
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -165,7 +165,22 @@ const FORWARDED: [(SignalKind, libc::c_int); 4] = [
 /// Exit status when the command (or its guardian) cannot be started, as in shells.
 const NOT_STARTED: u8 = 127;
 
-pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
+/// What exec locks on: one deployment (the URLs are its seeds), or with `--quorum` one
+/// deployment per URL.
+pub enum Target {
+    /// One client over all URLs.
+    Single(ClientBuilder),
+    /// A quorum lock over one deployment per URL.
+    Quorum(Vec<ClientBuilder>),
+}
+
+/// A connected [`Target`].
+enum Connected {
+    Single(Client),
+    Quorum(QuorumClient),
+}
+
+pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     let mut options = LockOptions::new()
         .ttl(args.ttl)
         .timeout(args.timeout)
@@ -180,12 +195,23 @@ pub async fn run(client: ClientBuilder, args: ExecArgs) -> ExitCode {
     if let Some(replicas) = args.wait_replicas {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
-    let client = client.fence_mode(args.fence_mode.into());
-    if let Err(usage) = check_names(&args) {
+    let quorum = matches!(target, Target::Quorum(_));
+    if let Err(usage) = check_names(&args).and_then(|()| check_quorum(&args, quorum)) {
         eprintln!("fencelock: {usage}");
         return ExitCode::from(code::USAGE);
     }
-    let client = match client.connect().await {
+    let connected = match target {
+        Target::Single(client) => client
+            .fence_mode(args.fence_mode.into())
+            .connect()
+            .await
+            .map(Connected::Single),
+        Target::Quorum(deployments) => QuorumClient::builder(deployments)
+            .connect()
+            .await
+            .map(Connected::Quorum),
+    };
+    let client = match connected {
         Ok(client) => client,
         Err(err) => return fail(&err),
     };
@@ -295,6 +321,41 @@ enum Hold {
     Fair(FairLockGuard),
     Permit(PermitGuard),
     Multi(MultiGuard),
+    Quorum(QuorumGuard),
+}
+
+/// `--quorum` takes one NAME of a plain lock, always with the clock fence rule and no WAIT.
+fn check_quorum(args: &ExecArgs, quorum: bool) -> Result<(), String> {
+    if !quorum {
+        return Ok(());
+    }
+    let flag = if args.read {
+        Some("--read")
+    } else if args.write {
+        Some("--write")
+    } else if args.fair {
+        Some("--fair")
+    } else if args.permits.is_some() {
+        Some("--permits")
+    } else if args.wait_replicas.is_some() {
+        Some("--wait-replicas")
+    } else if !matches!(args.fence_mode, FenceModeArg::Clock) {
+        Some("--fence-mode other than clock")
+    } else {
+        None
+    };
+    if let Some(flag) = flag {
+        return Err(format!(
+            "--quorum takes a plain lock: {flag} cannot be combined with it"
+        ));
+    }
+    if args.names.len() != 1 {
+        return Err(format!(
+            "--quorum takes one NAME, got {}: a quorum multi-lock does not exist",
+            args.names.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Several names only for the mutex (a multi-lock), and then without spaces (the environment
@@ -334,10 +395,16 @@ fn check_names(args: &ExecArgs) -> Result<(), String> {
 
 impl Hold {
     async fn acquire(
-        client: &Client,
+        client: &Connected,
         args: &ExecArgs,
         options: &LockOptions,
     ) -> Result<Self, Error> {
+        let client = match client {
+            Connected::Quorum(quorum) => {
+                return Ok(Hold::Quorum(quorum.lock(&args.names[0], options).await?))
+            }
+            Connected::Single(client) => client,
+        };
         if args.names.len() > 1 {
             let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
             return Ok(Hold::Multi(client.lock_all(&names, options).await?));
@@ -367,6 +434,7 @@ impl Hold {
             Hold::Fair(guard) => guard.fence(),
             Hold::Permit(guard) => guard.fence(),
             Hold::Multi(guard) => guard.fences()[0].1,
+            Hold::Quorum(guard) => guard.fence(),
         }
     }
 
@@ -391,6 +459,7 @@ impl Hold {
             Hold::Fair(guard) => guard.lost().await,
             Hold::Permit(guard) => guard.lost().await,
             Hold::Multi(guard) => guard.lost().await,
+            Hold::Quorum(guard) => guard.lost().await,
         }
     }
 
@@ -402,6 +471,7 @@ impl Hold {
             Hold::Fair(guard) => guard.release().await,
             Hold::Permit(guard) => guard.release().await,
             Hold::Multi(guard) => guard.release().await,
+            Hold::Quorum(guard) => guard.release().await,
         }
     }
 }

@@ -1,9 +1,10 @@
 //! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
 //!
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
-//! `--timeout`; 76 when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was
-//! lost while the command ran (the command is terminated); 64 for bad input; 69 when Redis
-//! cannot be reached; 127 when the command cannot be started.
+//! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76
+//! when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was lost while the
+//! command ran (the command is terminated); 64 for bad input; 69 when Redis cannot be reached;
+//! 127 when the command cannot be started.
 //!
 //! `exec` runs the command in its own process group with a guardian process that kills the whole
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
@@ -48,14 +49,25 @@ struct Cli {
     #[command(flatten)]
     tls: TlsArgs,
 
+    /// exec only: each --url is a separate deployment (a standalone server, or one seed node of
+    /// a cluster), and NAME is a quorum lock over them, granted by a majority (an odd number of
+    /// at least 3 deployments).
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_QUORUM",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    quorum: bool,
+
     #[command(subcommand)]
     command: Command,
 }
 
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
---timeout; 76 too few replicas confirmed; 70 lock lost while the command ran (the command is \
-terminated) or found lost at the release; 64 bad input; 69 Redis unreachable; 127 the command \
-cannot be started.
+--timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few \
+replicas confirmed; 70 lock lost while the command ran (the command is terminated) or found \
+lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
@@ -116,7 +128,7 @@ enum Command {
 }
 
 /// TLS files for rediss:// URLs.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 struct TlsArgs {
     /// PEM file of CA certificates to trust for rediss:// servers, instead of the system's.
     #[arg(
@@ -249,6 +261,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
+    if cli.quorum && !matches!(cli.command, Command::Exec(_)) {
+        eprintln!("fencelock: --quorum applies to exec only: run other commands per deployment");
+        return ExitCode::from(code::USAGE);
+    }
     if !matches!(cli.command, Command::Exec(_)) {
         // The printing subcommands end quietly, as Unix tools do, when their reader goes away
         // (`fencelock script acquire | head -1`): Rust ignores SIGPIPE, and println! would
@@ -305,8 +321,17 @@ fn main() -> ExitCode {
                     return ExitCode::from(code::UNAVAILABLE);
                 }
             };
-            let client = client_builder(cli.urls, cli.prefix, cli.tls);
-            runtime.block_on(exec::run(client, args))
+            let target = if cli.quorum {
+                exec::Target::Quorum(
+                    cli.urls
+                        .into_iter()
+                        .map(|url| client_builder(vec![url], cli.prefix.clone(), cli.tls.clone()))
+                        .collect(),
+                )
+            } else {
+                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls))
+            };
+            runtime.block_on(exec::run(target, args))
         }
         Command::Latch(args) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()

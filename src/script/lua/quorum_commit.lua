@@ -1,0 +1,22 @@
+-- quorum_commit: the quorum lock's second round. Raise this node's stored fence to the token T
+-- the client chose (the highest fence the granting nodes answered in round one), but only while
+-- this owner still holds the lock here (lock prologue first). Idempotent: max(stored, T) again
+-- changes nothing.
+--
+-- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] T (decimal, below 2^53), ARGV[3] expiry grace.
+--
+-- Replies: 1 committed (the stored fence is now max(stored, T), and the key expires at
+-- max(lease end, ceil(fence / 1000)) + grace); 0 this owner holds no live lease here (nothing
+-- written); an error reply (no write) when T is not a number. Not allow-oom (it may grow the
+-- stored number).
+#!lua
+local fence = tonumber(ARGV[2])
+if not fence then
+  return redis.error_reply('ERR fencelock: quorum_commit needs a decimal fence, got ' .. tostring(ARGV[2]))
+end
+if not live or owner ~= ARGV[1] then return 0 end
+local stored = tonumber(lock[3]) or 0
+if stored > fence then fence = stored end
+redis.call('HSET', KEYS[1], 'fence', string.format('%.0f', fence))
+keep(KEYS[1], fence, expires)
+return 1
