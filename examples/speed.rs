@@ -369,8 +369,10 @@ impl ServerProbe {
                 .expect("connect for INFO")
         };
         let mut first = open(url.to_owned()).await;
-        let nodes: redis::RedisResult<String> =
-            redis::cmd("CLUSTER").arg("NODES").query_async(&mut first).await;
+        let nodes: redis::RedisResult<String> = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut first)
+            .await;
         let (mut masters, mut replicas) = (Vec::new(), Vec::new());
         match nodes {
             Ok(nodes) => {
@@ -445,11 +447,12 @@ impl ServerProbe {
     }
 }
 
-/// Commands that clients send (not those scripts run inside), for `sent/pair`.
+/// Commands that clients send (not those scripts run inside), for `sent/op`: neither library's
+/// scripts call these (rslock's GET and DEL run inside its unlock script, so they are not here).
 fn sent_by_clients(cmd: &str) -> bool {
     matches!(
         cmd,
-        "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "set" | "get" | "del" | "wait" | "ping"
+        "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "set" | "wait" | "ping" | "hello"
     ) || cmd.starts_with("script|")
         || cmd.starts_with("cluster|")
 }
