@@ -44,6 +44,14 @@ echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, loa
   "rslock $(grep -A1 '^name = "rslock"' Cargo.lock | grep -o '[0-9][0-9.]*'), ${seconds}s per measurement"
 run() { "$speed" --seconds "$seconds" "$@" | tee -a "$out"; }
 
+# Warm-up, not printed: without it the first cluster measurement of a run came out ~30% below
+# the same measurement later in the run (three runs out of three), which would favour rslock,
+# measured second.
+for target in standalone cluster; do
+  url=$standalone; [ $target = cluster ] && url=$cluster
+  "$speed" --seconds 3 --url "$url" --target $target --libs fencelock,rslock pairs >/dev/null
+done
+
 echo "== (a) uncontended acquire + release, 64 tasks, random names of their own"
 run --url "$standalone" --target standalone pairs --tasks 64
 run --url "$cluster" --target cluster pairs --tasks 64
