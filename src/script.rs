@@ -464,7 +464,10 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 /// both times and counts once; releasing a hold that was never added (a re-entry cancelled
 /// before it reached Redis) answers `1` and changes nothing.
 ///
-/// Flagged `allow-oom`: it only removes fields and shortens the key's life, so it runs at
+/// It leaves the key's expiry as the grant or the last extension set it (lease end or fence,
+/// plus the grace), which already covers what the key must outlive.
+///
+/// Flagged `allow-oom`: it only removes fields, so it runs at
 /// `maxmemory` too.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("script/lua/release.lua")));

@@ -23,7 +23,7 @@ if not fence then return behind end
 if lock[4] then clear() end
 local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
-  'until', string.format('%.0f', ends),
-  'fence', string.format('%.0f', fence))
+  'until', string.format('%d', ends),
+  'fence', string.format('%d', fence))
 keep(KEYS[1], fence, ends)
 return {1, fence, behind}

@@ -10,6 +10,6 @@ if not live then return {0, 0} end
 if owner ~= ARGV[1] then return {-1, 0} end
 local ends = now_ms + tonumber(ARGV[2])
 if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
-redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
 keep(KEYS[1], lock[3], ends)
 return {1, ends - now_ms}

@@ -9,11 +9,13 @@
 -- removes every field but `fence`.
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
--- key for good. `keep(key, fence, ends)` is called after every write: with a grace it sets the
--- key to expire at `max(ends, fence as ms) + grace`, where `ends` is the lease end (or now, for
--- a freed lock); without one it removes any expiry. `memo` (declared before the prologue, one
--- table per script call, shared by the keys of a batch) caches what one call reads once. In clock mode the next grant after the key
--- expired is `TIME µs + 1`, above `fence` because the clock has passed it by `grace`.
+-- key for good. `keep(key, fence, ends)` is called after every write that grants or extends:
+-- with a grace it sets the key to expire at `max(ends, fence as ms) + grace`, where `ends` is
+-- the lease end (or now, for a freed lock); without one it removes any expiry. A release only
+-- removes fields and leaves the expiry alone: it already covers the lease and the fence. In
+-- clock mode the next grant after the key expired is `TIME µs + 1`, above `fence` because the
+-- clock has passed it by `grace`. `memo` (declared before the prologue, one table per script
+-- call, shared by the keys of a batch) caches what one call reads once.
 local now = memo.now
 if not now then
   now = redis.call('TIME')
@@ -26,7 +28,7 @@ local function keep(key, fence, ends)
   if not grace then return redis.call('PERSIST', key) end
   local fence_ms = math.ceil((tonumber(fence) or 0) / 1000)
   if fence_ms > ends then ends = fence_ms end
-  redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+  redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
 end
 local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds', 'waiters')
 local owner, expires = lock[1], tonumber(lock[2])

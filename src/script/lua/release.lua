@@ -5,7 +5,7 @@
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the acquire
 -- granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the
--- lock key); ARGV[4] expiry grace.
+-- lock key); ARGV[4] expiry grace (unused: a release leaves the key's expiry alone).
 --
 -- Replies: 1 released (or one hold of several; again 1 for a hold released twice or never
 -- added); 0 no live lease (expired); -1 held by another owner (left alone). allow-oom.
@@ -16,7 +16,6 @@ if owner ~= ARGV[1] then
 end
 if not live then
   clear()
-  keep(KEYS[1], lock[3], now_ms)
   return 0
 end
 if lock[4] or ARGV[2] ~= '' then
@@ -28,7 +27,6 @@ if lock[4] or ARGV[2] ~= '' then
   end
 end
 clear()
-keep(KEYS[1], lock[3], now_ms)
 if not lock[5] then return 1 end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
