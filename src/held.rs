@@ -356,11 +356,27 @@ impl Held {
     async fn release_unspanned(mut self) -> Result<()> {
         self.unwatch();
         let call = self.release_call();
-        let reply = self
-            .core
-            .transport
-            .run(&call, self.name(), "release")
-            .await?;
+        let transport = &self.core.transport;
+        let channel = self.keys.lock_key();
+        // A waiter of this client is woken as soon as the release is queued: its attempt is
+        // queued after it, so it reaches Redis after the release. Sent on its own, the release
+        // must be answered first.
+        let freeing = self.hold.is_empty();
+        let reply = match transport.queue(&call, self.name(), "release") {
+            Some(reply) => {
+                if freeing {
+                    self.core.wakeups.wake_one(channel);
+                }
+                transport.reply(reply, self.name(), "release").await?
+            }
+            None => {
+                let reply = transport.run(&call, self.name(), "release").await?;
+                if freeing {
+                    self.core.wakeups.wake_one(channel);
+                }
+                reply
+            }
+        };
         self.released = true;
         let held = self.granted.elapsed();
         self.core.counters.holds.record(held);

@@ -27,6 +27,9 @@ pub(crate) use tls::TlsFiles;
 
 use batch::{Batcher, Entry};
 
+/// Where the reply of a queued call arrives ([`Transport::queue`]).
+pub(crate) type Reply = tokio::sync::oneshot::Receiver<Result<Value>>;
+
 /// What kind of deployment the client talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -745,23 +748,42 @@ impl Transport {
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
-        if let Some(node) = self.batcher.node(self, call) {
-            let (entry, reply) = Entry::new(call, name, operation);
-            match self.batcher.queue(self, node, entry) {
-                Ok(()) => {
-                    return match tokio::time::timeout(self.request_timeout, reply).await {
-                        Ok(Ok(outcome)) => outcome,
-                        Ok(Err(_)) | Err(_) => Err(Error::Timeout {
-                            name: name.to_owned(),
-                            operation,
-                            after: self.request_timeout,
-                        }),
-                    };
-                }
-                Err(entry) => return self.run_alone(entry.call(), name, operation).await,
-            }
+        match self.queue(call, name, operation) {
+            Some(reply) => self.reply(reply, name, operation).await,
+            None => self.run_alone(call, name, operation).await,
         }
-        self.run_alone(call, name, operation).await
+    }
+
+    /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
+    /// then it is sent after every call queued before it for that node, and the reply arrives
+    /// on the receiver ([`reply`](Self::reply)). `None`: send it with
+    /// [`run`](Self::run).
+    pub(crate) fn queue(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Option<Reply> {
+        let node = self.batcher.node(self, call)?;
+        let (entry, reply) = Entry::new(call, name, operation);
+        self.batcher.queue(self, node, entry).ok().map(|()| reply)
+    }
+
+    /// The reply of a queued call, within the request timeout.
+    pub(crate) async fn reply(
+        &self,
+        reply: Reply,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        match tokio::time::timeout(self.request_timeout, reply).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+                name: name.to_owned(),
+                operation,
+                after: self.request_timeout,
+            }),
+        }
     }
 
     /// Runs `call` on its own on the main connection within the request timeout.

@@ -24,7 +24,7 @@ use std::time::Duration;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Notify};
 
 use crate::error::Error;
 use crate::transport::{Subscriber, Transport};
@@ -47,8 +47,12 @@ struct State {
 
 struct Channel {
     waiters: usize,
-    /// Bumped on every message on the channel, and when the subscription may have missed one.
+    /// Bumped when the subscription may have missed a message (dropped by the server, a
+    /// connection lost): every waiter looks again.
     rung: watch::Sender<u64>,
+    /// Wakes one waiter: on every message on the channel, and when a hold of this client on
+    /// the lock is being released (see [`Wakeups::wake_one`]).
+    next: Arc<Notify>,
 }
 
 enum Command {
@@ -70,6 +74,7 @@ pub(crate) struct Subscription {
     wakeups: Arc<Wakeups>,
     channel: String,
     rung: watch::Receiver<u64>,
+    next: Arc<Notify>,
     confirmed: Option<oneshot::Receiver<bool>>,
 }
 
@@ -103,9 +108,11 @@ impl Wakeups {
             .or_insert_with(|| Channel {
                 waiters: 0,
                 rung: watch::Sender::new(0),
+                next: Arc::new(Notify::new()),
             });
         entry.waiters += 1;
         let rung = entry.rung.subscribe();
+        let next = Arc::clone(&entry.next);
         let (done, confirmed) = oneshot::channel();
         let command = Command::Sync {
             channel: channel.to_owned(),
@@ -127,8 +134,21 @@ impl Wakeups {
             wakeups: Arc::clone(self),
             channel: channel.to_owned(),
             rung,
+            next,
             confirmed: Some(confirmed),
         })
+    }
+
+    /// Wakes one of this client's waiters on `channel`, if any waits: a release announced on
+    /// the channel, or a hold of this client being released (its release is queued, so the
+    /// waiter's attempt, queued after it on the same node's driver, reaches Redis after it and
+    /// finds the lock free: a handoff between two tasks of one client costs one round trip).
+    /// One waiter, not all: the others would only find the lock taken again. A woken waiter
+    /// that finds it busy marks the lock (`waiters`), so the next release announces.
+    pub(crate) fn wake_one(&self, channel: &str) {
+        if let Some(entry) = self.state().channels.get(channel) {
+            entry.next.notify_one();
+        }
     }
 
     /// Wakes every waiter on `channel`.
@@ -182,21 +202,24 @@ impl Subscription {
         subscribed
     }
 
-    /// Sleeps for `pause` or until the channel rings, whichever comes first; true when it
-    /// rang.
+    /// Sleeps for `pause` or until this waiter is woken (it is the one a message or a local
+    /// release wakes, or the channel rings for all), whichever comes first; true when woken.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe.
+    /// Cancel safe: a wake-up that reached this waiter as it was dropped goes to another.
     pub(crate) async fn wait(&mut self, pause: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + pause;
-        match tokio::time::timeout_at(deadline, self.rung.changed()).await {
-            Ok(Ok(())) => true,
-            Ok(Err(_)) => {
-                tokio::time::sleep_until(deadline).await;
-                false
+        let rung = async {
+            match self.rung.changed().await {
+                Ok(()) => true,
+                Err(_) => std::future::pending().await,
             }
-            Err(_) => false,
+        };
+        tokio::select! {
+            woken = rung => woken,
+            () = self.next.notified() => true,
+            () = tokio::time::sleep_until(deadline) => false,
         }
     }
 }
@@ -333,7 +356,7 @@ fn on_push(wakeups: &Weak<Wakeups>, commands: &WeakUnboundedSender<Command>, pus
     let command = match push.kind {
         PushKind::SMessage | PushKind::Message => {
             if let Some(channel) = channel() {
-                wakeups.ring(&channel);
+                wakeups.wake_one(&channel);
             }
             return;
         }

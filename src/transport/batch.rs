@@ -2,12 +2,16 @@
 //! whose keys live on the same node are sent as one call of the script's batch twin
 //! (`script/lua/batch.lua`), each caller getting its own reply.
 //!
-//! One driver task per node takes what callers queued, sends it, and while that call is in
-//! flight the next callers queue up: there is no timer, so a lone call goes out at once, and the
-//! batch grows only with the load. A driver has at most one batch of each script in flight and
-//! starts the next round only when the last one answered, so a call queued after another call
-//! for the same key was sent (an acquire's undo after a cancelled acquire) is sent after it.
-//! A caller dropped before its call was sent is left out of the batch.
+//! One driver task per node takes what callers queued and sends it as one round; while a
+//! round is in flight the next callers queue up: there is no timer, so a lone call goes out at
+//! once, and batches grow only with the load. A driver keeps up to two rounds in flight and
+//! hands each round's calls to the connection before the next round's, so Redis runs a node's
+//! calls in the order they were queued: a call queued after another for the same key (an
+//! acquire's undo after a cancelled acquire, an attempt woken by a release of this client) runs
+//! after it. A caller dropped before its call was sent is left out of its round. (A call that
+//! redis-rs resends after `MOVED`, or that this module resends alone after `NOSCRIPT` or a
+//! moved key, may run after later rounds; the cases are rare and each acquire's undo covers
+//! what it could leave held.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
@@ -36,6 +40,11 @@ const MAX_BATCH: usize = 64;
 
 /// A driver with nothing to send for this long ends (the next call starts another).
 const IDLE: Duration = Duration::from_millis(500);
+
+/// Rounds a driver has in flight at most. Two: the next round is on its way while the last is
+/// answered (a release and the attempt it wakes cost one round trip together), and calls that
+/// arrive meanwhile still gather into batches.
+const IN_FLIGHT: usize = 2;
 
 /// One queued call and where its reply goes.
 pub(super) struct Entry {
@@ -176,33 +185,53 @@ impl Entry {
         (entry, receiver)
     }
 
-    pub(super) fn call(&self) -> &ScriptCall {
-        &self.call
-    }
-
     fn answer(self, outcome: Result<Value>) {
         let _ = self.reply.send(outcome);
     }
 }
 
-/// A node's driver: takes every queued call, sends one batch per script, and goes again once
-/// they all answered. Ends with its queue (the client dropped) or its transport.
+/// A round of calls in flight: the batch calls and lone calls of one take from the queue.
+type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A node's driver: takes every queued call and sends it as one round (one batch call per
+/// script, lone calls alone), up to [`IN_FLIGHT`] rounds at a time; what queues meanwhile goes
+/// in the next round. Each round is polled once as soon as it is made, which hands its calls
+/// to the connection before any later round's: Redis runs a node's calls in queue order. Ends
+/// with its queue (the client dropped), its transport, or after [`IDLE`] without a call.
 async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
-    let mut pending = Vec::new();
+    let mut in_flight: Vec<Round> = Vec::new();
     loop {
-        match tokio::time::timeout(IDLE, queue.recv()).await {
-            Ok(Some(first)) => pending.push(first),
-            Ok(None) => return,
-            Err(_) => {
-                // Idle: no new call can queue after `close`; what did is still sent.
-                queue.close();
-                while let Ok(entry) = queue.try_recv() {
-                    pending.push(entry);
-                }
-                if pending.is_empty() {
-                    return;
+        let mut pending = Vec::new();
+        if in_flight.is_empty() {
+            match tokio::time::timeout(IDLE, queue.recv()).await {
+                Ok(Some(first)) => pending.push(first),
+                Ok(None) => return,
+                Err(_) => {
+                    // Idle: no new call can queue after `close`; what did is still sent.
+                    queue.close();
+                    while let Ok(entry) = queue.try_recv() {
+                        pending.push(entry);
+                    }
+                    if pending.is_empty() {
+                        return;
+                    }
                 }
             }
+        } else if in_flight.len() < IN_FLIGHT {
+            tokio::select! {
+                biased;
+                () = any_done(&mut in_flight) => continue,
+                entry = queue.recv() => match entry {
+                    Some(entry) => pending.push(entry),
+                    None => {
+                        join_all(std::mem::take(&mut in_flight)).await;
+                        return;
+                    }
+                },
+            }
+        } else {
+            any_done(&mut in_flight).await;
+            continue;
         }
         while let Ok(entry) = queue.try_recv() {
             pending.push(entry);
@@ -211,25 +240,36 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
             return;
         };
         pending.retain(|entry| !entry.reply.is_closed());
-        let mut rounds: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = Vec::new();
-        while !pending.is_empty() {
-            let Some(script) = pending[0].call.batch_script() else {
-                let alone = pending.remove(0);
-                rounds.push(Box::pin(send(&transport, vec![alone])));
-                continue;
-            };
-            let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
-                .into_iter()
-                .partition(|entry| same_script(entry.call.batch_script(), script));
-            pending = rest;
-            let mut same = same.into_iter().peekable();
-            while same.peek().is_some() {
-                let chunk: Vec<Entry> = same.by_ref().take(MAX_BATCH).collect();
-                rounds.push(Box::pin(send(&transport, chunk)));
-            }
+        let mut round: Round = Box::pin(join_all(sends(&transport, pending)));
+        if std::future::poll_fn(|cx| Poll::Ready(round.as_mut().poll(cx)))
+            .await
+            .is_pending()
+        {
+            in_flight.push(round);
         }
-        join_all(rounds).await;
     }
+}
+
+/// The sends of one round: one batch per script (chunks of [`MAX_BATCH`]), lone calls alone.
+fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
+    let mut sends: Vec<Round> = Vec::new();
+    while !pending.is_empty() {
+        let Some(script) = pending[0].call.batch_script() else {
+            let alone = pending.remove(0);
+            sends.push(Box::pin(send(Arc::clone(transport), vec![alone])));
+            continue;
+        };
+        let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
+            .into_iter()
+            .partition(|entry| same_script(entry.call.batch_script(), script));
+        pending = rest;
+        let mut same = same.into_iter().peekable();
+        while same.peek().is_some() {
+            let chunk: Vec<Entry> = same.by_ref().take(MAX_BATCH).collect();
+            sends.push(Box::pin(send(Arc::clone(transport), chunk)));
+        }
+    }
+    sends
 }
 
 /// Whether two calls have the same batch script.
@@ -238,7 +278,7 @@ fn same_script(a: Option<&'static LuaScript>, b: &'static LuaScript) -> bool {
 }
 
 /// Polls every future until all are done.
-async fn join_all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>>) {
+async fn join_all(mut futures: Vec<Round>) {
     std::future::poll_fn(|cx| {
         futures.retain_mut(|future| future.as_mut().poll(cx).is_pending());
         if futures.is_empty() {
@@ -250,9 +290,23 @@ async fn join_all(mut futures: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>
     .await;
 }
 
+/// Polls every future of `rounds` until at least one is done (removed).
+async fn any_done(rounds: &mut Vec<Round>) {
+    std::future::poll_fn(|cx| {
+        let before = rounds.len();
+        rounds.retain_mut(|round| round.as_mut().poll(cx).is_pending());
+        if rounds.len() < before {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
 /// Sends `entries` (calls of one script, keys on one node): alone when there is one, else as
 /// one batch call, and answers each.
-async fn send(transport: &Arc<Transport>, mut entries: Vec<Entry>) {
+async fn send(transport: Arc<Transport>, mut entries: Vec<Entry>) {
     if entries.len() == 1 {
         let entry = entries.remove(0);
         let outcome = transport
@@ -332,7 +386,7 @@ async fn send(transport: &Arc<Transport>, mut entries: Vec<Entry>) {
         }
     }
     if !misrouted.is_empty() {
-        batcher.refresh(transport);
+        batcher.refresh(&transport);
         for entry in misrouted {
             let outcome = transport
                 .run_alone(&entry.call, &entry.name, entry.operation)
