@@ -929,13 +929,16 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Quorum commit (`script/lua/quorum_commit.lua`): the quorum lock's second round. Raises the
-/// node's stored fence to the token the client chose, `max(stored, T)`, only while the owner
-/// still holds the lock there, and applies the clock-mode expiry rule with the new fence.
+/// node's stored fence to the token the client chose, T, only while the owner still holds the
+/// lock there and the stored fence is not above T (a resent round-one acquire may have granted
+/// this owner again, higher: see docs/safety.md), and applies the clock-mode expiry rule with
+/// the new fence.
 ///
 /// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` T (decimal, below 2^53), `ARGV[3]`
 ///   expiry grace.
 ///
-/// Replies: `1` committed; `0` this owner holds no live lease on this node (nothing written);
+/// Replies: `1` committed; `0` this owner holds no live lease on this node, or its stored fence
+/// is above T (nothing written);
 /// an error reply when T is not a number. Idempotent.
 ///
 /// Not flagged `allow-oom`.

@@ -1,0 +1,57 @@
+//! The quorum lock's second round on a real server: `quorum_commit` raises the stored fence to
+//! T only for the live owner and never when the node already granted above T (a resent
+//! round-one acquire; docs/safety.md, "A gap the model found").
+
+mod common;
+
+use common::Standalone;
+
+fn commit_script() -> &'static str {
+    fencelock::lua_scripts()
+        .find(|s| s.name == "quorum_commit")
+        .expect("quorum_commit is listed")
+        .source
+}
+
+#[test]
+fn quorum_commit_refuses_a_t_below_the_stored_fence_and_commits_otherwise() {
+    let server = Standalone::start();
+    let node = &server.node;
+    let key = "fencelock:{q}:lock";
+    let until_ms = |node: &common::Node| {
+        let (secs, micros): (String, String) = node.cmd(&mut redis::cmd("TIME"));
+        secs.parse::<i64>().unwrap() * 1000 + micros.parse::<i64>().unwrap() / 1000 + 60_000
+    };
+    let until = until_ms(node);
+    node.cmd::<()>(
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("owner")
+            .arg("o1")
+            .arg("until")
+            .arg(until)
+            .arg("fence")
+            .arg(100),
+    );
+    let commit = |owner: &str, t: i64| -> i64 {
+        node.cmd(
+            redis::cmd("EVAL")
+                .arg(commit_script())
+                .arg(1)
+                .arg(key)
+                .arg(owner)
+                .arg(t)
+                .arg(10_000),
+        )
+    };
+    let fence = || -> i64 { node.cmd(redis::cmd("HGET").arg(key).arg("fence")) };
+    assert_eq!(commit("o1", 50), 0, "T below the stored fence is refused");
+    assert_eq!(fence(), 100);
+    assert_eq!(commit("o2", 150), 0, "not the owner");
+    assert_eq!(fence(), 100);
+    assert_eq!(commit("o1", 100), 1, "T equal to the stored fence commits");
+    assert_eq!(commit("o1", 150), 1);
+    assert_eq!(fence(), 150);
+    assert_eq!(commit("o1", 150), 1, "idempotent");
+    assert_eq!(fence(), 150);
+}
