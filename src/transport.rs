@@ -5,6 +5,7 @@
 mod batch;
 mod tls;
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -580,7 +581,7 @@ async fn eval_then_wait(
             .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
         pipe
     };
-    match pipe(call.evalsha()).query_async(conn).await {
+    match pipe(call.evalsha().clone()).query_async(conn).await {
         Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
         other => other,
     }
@@ -739,14 +740,17 @@ impl Transport {
     ///
     /// A call dropped before it was sent is not sent; one dropped after may still run (the
     /// callers arm an undo).
-    pub(crate) async fn run(
+    ///
+    /// A call given by value is queued as it is; one given by reference is copied when queued.
+    pub(crate) async fn run<'c>(
         self: &Arc<Self>,
-        call: &ScriptCall,
+        call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
-        if let Some(node) = self.batcher.node(self, call) {
-            let (entry, reply) = Entry::new(call, name, operation);
+        let call = call.into();
+        if let Some(node) = self.batcher.node(self, &call) {
+            let (entry, reply) = Entry::new(call.into_owned(), name, operation);
             match self.batcher.queue(self, node, entry) {
                 Ok(()) => {
                     return match tokio::time::timeout(self.request_timeout, reply).await {
@@ -761,7 +765,7 @@ impl Transport {
                 Err(entry) => return self.run_alone(entry.call(), name, operation).await,
             }
         }
-        self.run_alone(call, name, operation).await
+        self.run_alone(&call, name, operation).await
     }
 
     /// Runs `call` on its own on the main connection within the request timeout.

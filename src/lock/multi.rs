@@ -233,7 +233,7 @@ impl Request for AcquireAll<'_> {
                     .map(|(fence, k)| parse_fence(k.name(), "acquire", "fence", *fence))
                     .collect::<Result<Vec<_>>>()?;
                 in_flight.into_iter().for_each(InFlight::disarm);
-                let replicas_acked = match replicas::confirm(core, name, acks, &undos[0]).await {
+                let replicas_acked = match replicas::confirm(core, name, acks, || undos[0].clone()).await {
                     Ok(acked) => acked,
                     Err(err) => {
                         for undo in &undos[1..] {

@@ -162,13 +162,13 @@ impl Batcher {
 
 impl Entry {
     pub(super) fn new(
-        call: &ScriptCall,
+        call: ScriptCall,
         name: &str,
         operation: &'static str,
     ) -> (Self, oneshot::Receiver<Result<Value>>) {
         let (reply, receiver) = oneshot::channel();
         let entry = Self {
-            call: call.clone(),
+            call,
             name: name.to_owned(),
             operation,
             reply,
@@ -355,7 +355,7 @@ async fn eval_raw(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value
         Ok(Value::ServerError(error)) => Err(RedisError::from(error)),
         other => other,
     };
-    match raw(conn.req_packed_command(&call.evalsha()).await) {
+    match raw(conn.req_packed_command(call.evalsha()).await) {
         Err(err) if err.code() == Some("NOSCRIPT") => {
             raw(conn.req_packed_command(&call.eval()).await)
         }
