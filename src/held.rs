@@ -359,7 +359,7 @@ impl Held {
         let reply = self
             .core
             .transport
-            .run(&call, self.name(), "release")
+            .run(call, self.name(), "release")
             .await?;
         self.released = true;
         let held = self.granted.elapsed();
