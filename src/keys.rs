@@ -167,8 +167,11 @@ impl LockKeys {
         } else {
             tag.len()
         };
-        let key_len = if prefix.is_empty() { 0 } else { prefix.len() + 1 }
-            + tag_len
+        let key_len = if prefix.is_empty() {
+            0
+        } else {
+            prefix.len() + 1
+        } + tag_len
             + 2
             + if named { 1 + escaped_len(name) } else { 0 }
             + 1
@@ -324,8 +327,22 @@ mod tests {
     #[test]
     fn keys_are_built_as_before_for_tricky_names() {
         let names = [
-            "orders:42", "a}b", "{x}", "}{", "a{b}c", "%7B", "{", "}", "%", "%%{{}}", "ü{é}ß%",
-            "日本{語}", "a b\tc", "x", ":", "{}",
+            "orders:42",
+            "a}b",
+            "{x}",
+            "}{",
+            "a{b}c",
+            "%7B",
+            "{",
+            "}",
+            "%",
+            "%%{{}}",
+            "ü{é}ß%",
+            "日本{語}",
+            "a b\tc",
+            "x",
+            ":",
+            "{}",
         ];
         let placements = [
             Placement::ByName,
@@ -356,7 +373,10 @@ mod tests {
         let keys = LockKeys::new("p", "n", &Placement::ByName).unwrap();
         assert_eq!(
             format!("{keys:?}"),
-            format!("LockKeys {{ name: \"n\", lock: \"p:{{n}}:lock\", slot: {} }}", keys.slot())
+            format!(
+                "LockKeys {{ name: \"n\", lock: \"p:{{n}}:lock\", slot: {} }}",
+                keys.slot()
+            )
         );
     }
 

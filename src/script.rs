@@ -170,7 +170,11 @@ const HEAD: usize = 3;
 impl ScriptCall {
     /// `script` with `KEYS` `keys` and `ARGV` `args`.
     pub(crate) fn new(script: &'static LuaScript, keys: &[&str], args: &[&str]) -> Self {
-        let bytes = keys.iter().chain(args).map(|part| part.len()).sum::<usize>();
+        let bytes = keys
+            .iter()
+            .chain(args)
+            .map(|part| part.len())
+            .sum::<usize>();
         let mut call = Self::start(script, keys, args.len(), bytes);
         for arg in args {
             call.cmd.arg(*arg);
@@ -251,7 +255,10 @@ impl ScriptCall {
         for call in calls {
             let mut parts = call.parts();
             let key = parts.next().unwrap_or_default();
-            batch_call.cmd.arg(key).arg(call.cmd.args_iter().len() - HEAD - 1);
+            batch_call
+                .cmd
+                .arg(key)
+                .arg(call.cmd.args_iter().len() - HEAD - 1);
             for arg in parts {
                 batch_call.cmd.arg(arg);
             }

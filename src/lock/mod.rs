@@ -105,7 +105,9 @@ impl Request for Acquire<'_> {
 fn new_owner_token() -> String {
     let mut buffer = uuid::Uuid::encode_buffer();
     let bits: u128 = rand::random();
-    let token: &str = uuid::Uuid::from_u128(bits).simple().encode_lower(&mut buffer);
+    let token: &str = uuid::Uuid::from_u128(bits)
+        .simple()
+        .encode_lower(&mut buffer);
     token.to_owned()
 }
 

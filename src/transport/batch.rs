@@ -99,6 +99,9 @@ impl Batcher {
 
     /// Queues `entry` on `node`'s driver, starting it if needed; gives the entry back when the
     /// call must be sent alone.
+    // The entry (its command inline) is given back by value on the rare path: boxing it would
+    // cost an allocation on every call.
+    #[allow(clippy::result_large_err)]
     pub(super) fn queue(
         &self,
         transport: &Arc<Transport>,
