@@ -362,15 +362,15 @@ impl Held {
         // queued after it, so it reaches Redis after the release. Sent on its own, the release
         // must be answered first.
         let freeing = self.hold.is_empty();
-        let reply = match transport.queue(&call, self.name(), "release") {
-            Some(reply) => {
+        let reply = match transport.queue(call, self.name(), "release") {
+            Ok(reply) => {
                 if freeing {
                     self.core.wakeups.wake_one(channel);
                 }
                 transport.reply(reply, self.name(), "release").await?
             }
-            None => {
-                let reply = transport.run(&call, self.name(), "release").await?;
+            Err(call) => {
+                let reply = transport.run(call, self.name(), "release").await?;
                 if freeing {
                     self.core.wakeups.wake_one(channel);
                 }

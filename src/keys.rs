@@ -4,7 +4,7 @@
 //! Slots are computed here exactly as Redis does (CRC16/XMODEM of the hash tag, mod 16384).
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 
@@ -93,11 +93,24 @@ pub enum Placement {
 /// assert_eq!(keys.lock_key(), "fencelock:{orders:42}:lock");
 /// assert_eq!(keys.slot(), fencelock::slot_of(b"orders:42"));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct LockKeys {
-    name: String,
-    lock: String,
+    /// The lock key followed by the name, in one shared allocation: cloning is a reference
+    /// count (a grant, a guard and its re-entry handle share it).
+    text: Arc<str>,
+    /// Where the key ends and the name starts in `text`.
+    key_len: usize,
     slot: u16,
+}
+
+impl fmt::Debug for LockKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockKeys")
+            .field("name", &self.name())
+            .field("lock", &self.lock_key())
+            .field("slot", &self.slot)
+            .finish()
+    }
 }
 
 impl LockKeys {
@@ -125,9 +138,9 @@ impl LockKeys {
     ) -> Result<Self> {
         validate_name(name)?;
         validate_prefix(prefix, name)?;
-        let escaped = escape(name);
-        let base = match placement {
-            Placement::ByName => format!("{{{escaped}}}"),
+        // `{tag}` and, unless the name is the tag, `:name`, both escaped.
+        let (tag, tag_escaped, named) = match placement {
+            Placement::ByName => (name, true, false),
             Placement::Slot(slot) => {
                 let tag = tag_for_slot(*slot).ok_or_else(|| Error::InvalidOptions {
                     name: name.to_owned(),
@@ -136,7 +149,7 @@ impl LockKeys {
                         SLOT_COUNT - 1
                     ),
                 })?;
-                format!("{{{tag}}}:{escaped}")
+                (tag, false, true)
             }
             Placement::Tag(tag) => {
                 if tag.is_empty() {
@@ -146,33 +159,61 @@ impl LockKeys {
                             .into(),
                     });
                 }
-                format!("{{{}}}:{escaped}", escape(tag))
+                (tag.as_str(), true, true)
             }
         };
-        let base = if prefix.is_empty() {
-            base
+        let tag_len = if tag_escaped {
+            escaped_len(tag)
         } else {
-            format!("{prefix}:{base}")
+            tag.len()
         };
-        let lock = format!("{base}:{kind}");
-        let slot = slot_of(lock.as_bytes());
+        let key_len = if prefix.is_empty() {
+            0
+        } else {
+            prefix.len() + 1
+        } + tag_len
+            + 2
+            + if named { 1 + escaped_len(name) } else { 0 }
+            + 1
+            + kind.len();
+        let mut text = String::with_capacity(key_len + name.len());
+        if !prefix.is_empty() {
+            text.push_str(prefix);
+            text.push(':');
+        }
+        text.push('{');
+        if tag_escaped {
+            push_escaped(&mut text, tag);
+        } else {
+            text.push_str(tag);
+        }
+        text.push('}');
+        if named {
+            text.push(':');
+            push_escaped(&mut text, name);
+        }
+        text.push(':');
+        text.push_str(kind);
+        debug_assert_eq!(text.len(), key_len);
+        let slot = slot_of(text.as_bytes());
+        text.push_str(name);
         Ok(Self {
-            name: name.to_owned(),
-            lock,
+            text: text.into(),
+            key_len,
             slot,
         })
     }
 
     /// The lock's name as the caller gave it.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.text[self.key_len..]
     }
 
     /// The lock's key: a hash with the last fence granted and the current owner and lease end
     /// (removed on release). In clock mode the key expires once its lease and fence are past by
     /// the client's expiry grace; in counter and epoch modes it has no TTL.
     pub fn lock_key(&self) -> &str {
-        &self.lock
+        &self.text[..self.key_len]
     }
 
     /// The hash slot the key lives in.
@@ -183,7 +224,7 @@ impl LockKeys {
 
 impl fmt::Display for LockKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "slot {} key {}", self.slot, self.lock)
+        write!(f, "slot {} key {}", self.slot, self.lock_key())
     }
 }
 
@@ -214,18 +255,30 @@ fn validate_prefix(prefix: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Percent-escapes `%`, `{` and `}`, so escaped text never forms or breaks a hash tag.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            c => out.push(c),
-        }
+/// Whether `byte` is escaped by [`push_escaped`].
+fn is_escaped(byte: u8) -> bool {
+    matches!(byte, b'%' | b'{' | b'}')
+}
+
+/// The length of `text` once escaped: each escaped byte becomes three.
+fn escaped_len(text: &str) -> usize {
+    text.len() + 2 * text.bytes().filter(|&b| is_escaped(b)).count()
+}
+
+/// Appends `text` to `out` with `%`, `{` and `}` percent-escaped, so escaped text never forms
+/// or breaks a hash tag.
+fn push_escaped(out: &mut String, text: &str) {
+    let mut rest = text;
+    while let Some(at) = rest.bytes().position(is_escaped) {
+        out.push_str(&rest[..at]);
+        out.push_str(match rest.as_bytes()[at] {
+            b'%' => "%25",
+            b'{' => "%7B",
+            _ => "%7D",
+        });
+        rest = &rest[at + 1..];
     }
-    out
+    out.push_str(rest);
 }
 
 /// Shortens a name for an error message.
@@ -240,6 +293,92 @@ pub(crate) fn truncate(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The escaping as first written (one `char` at a time), for comparison.
+    fn escape(text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                '{' => out.push_str("%7B"),
+                '}' => out.push_str("%7D"),
+                c => out.push(c),
+            }
+        }
+        out
+    }
+
+    /// The key as first built (three `format!`s), for comparison.
+    fn old_key(prefix: &str, name: &str, placement: &Placement, kind: &str) -> String {
+        let escaped = escape(name);
+        let base = match placement {
+            Placement::ByName => format!("{{{escaped}}}"),
+            Placement::Slot(slot) => format!("{{{}}}:{escaped}", tag_for_slot(*slot).unwrap()),
+            Placement::Tag(tag) => format!("{{{}}}:{escaped}", escape(tag)),
+        };
+        let base = if prefix.is_empty() {
+            base
+        } else {
+            format!("{prefix}:{base}")
+        };
+        format!("{base}:{kind}")
+    }
+
+    #[test]
+    fn keys_are_built_as_before_for_tricky_names() {
+        let names = [
+            "orders:42",
+            "a}b",
+            "{x}",
+            "}{",
+            "a{b}c",
+            "%7B",
+            "{",
+            "}",
+            "%",
+            "%%{{}}",
+            "ü{é}ß%",
+            "日本{語}",
+            "a b\tc",
+            "x",
+            ":",
+            "{}",
+        ];
+        let placements = [
+            Placement::ByName,
+            Placement::Slot(0),
+            Placement::Slot(16383),
+            Placement::Tag("orders".into()),
+            Placement::Tag("{a%b}".into()),
+            Placement::Tag("é}".into()),
+        ];
+        for prefix in ["", "fencelock", "app:v2"] {
+            for placement in &placements {
+                for kind in ["lock", "rw", "sem"] {
+                    for name in names {
+                        let keys = LockKeys::of_kind(prefix, name, placement, kind).unwrap();
+                        let old = old_key(prefix, name, placement, kind);
+                        assert_eq!(keys.lock_key(), old, "{prefix:?} {name:?} {placement:?}");
+                        assert_eq!(keys.name(), name);
+                        assert_eq!(keys.slot(), slot_of(old.as_bytes()));
+                        assert_eq!(keys.clone(), keys);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn debug_shows_name_key_and_slot() {
+        let keys = LockKeys::new("p", "n", &Placement::ByName).unwrap();
+        assert_eq!(
+            format!("{keys:?}"),
+            format!(
+                "LockKeys {{ name: \"n\", lock: \"p:{{n}}:lock\", slot: {} }}",
+                keys.slot()
+            )
+        );
+    }
 
     #[test]
     fn slot_vectors_match_redis() {

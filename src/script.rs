@@ -112,12 +112,6 @@ impl LuaScript {
     pub(crate) fn name(&self) -> &'static str {
         self.name
     }
-
-    fn invocation(&self, verb: &str, body: &str, keys: &[String], args: &[String]) -> Cmd {
-        let mut cmd = redis::cmd(verb);
-        cmd.arg(body).arg(keys.len()).arg(keys).arg(args);
-        cmd
-    }
 }
 
 /// The `#!lua` line of `file` (header skipped) and the rest.
@@ -145,39 +139,101 @@ fn without_header(file: &str) -> &str {
     rest
 }
 
+impl From<ScriptCall> for std::borrow::Cow<'_, ScriptCall> {
+    fn from(call: ScriptCall) -> Self {
+        std::borrow::Cow::Owned(call)
+    }
+}
+
+impl<'a> From<&'a ScriptCall> for std::borrow::Cow<'a, ScriptCall> {
+    fn from(call: &'a ScriptCall) -> Self {
+        std::borrow::Cow::Borrowed(call)
+    }
+}
+
 /// One script call with everything it needs, owned: it can be kept, cloned and run later (a
 /// background release, a compensating release after WAIT).
+///
+/// It holds the `EVALSHA sha numkeys keys.. args..` command itself, built once into buffers
+/// sized up front: sending it copies nothing, and a batch reads its calls' arguments from it.
 #[derive(Debug, Clone)]
 pub(crate) struct ScriptCall {
     script: &'static LuaScript,
-    keys: Vec<String>,
-    args: Vec<String>,
+    /// How many of the arguments after `numkeys` are keys.
+    keys: usize,
+    cmd: Cmd,
 }
+
+/// Arguments of `EVALSHA` before the keys: the verb, the SHA and the number of keys.
+const HEAD: usize = 3;
 
 impl ScriptCall {
     /// `script` with `KEYS` `keys` and `ARGV` `args`.
     pub(crate) fn new(script: &'static LuaScript, keys: &[&str], args: &[&str]) -> Self {
+        let bytes = keys
+            .iter()
+            .chain(args)
+            .map(|part| part.len())
+            .sum::<usize>();
+        let mut call = Self::start(script, keys, args.len(), bytes);
+        for arg in args {
+            call.cmd.arg(*arg);
+        }
+        call
+    }
+
+    /// `script` with `KEYS` `keys`, and room for `args` more arguments of about `bytes` bytes
+    /// in all (keys included), given with [`arg`](Self::arg).
+    pub(crate) fn start(
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        let mut cmd = Cmd::with_capacity(HEAD + keys.len() + args, 8 + 40 + 4 + bytes);
+        cmd.arg("EVALSHA").arg(&script.sha).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
         Self {
             script,
-            keys: keys.iter().map(|&key| key.to_owned()).collect(),
-            args: args.iter().map(|&arg| arg.to_owned()).collect(),
+            keys: keys.len(),
+            cmd,
         }
+    }
+
+    /// Appends one `ARGV` argument (a string, or a number written in decimal).
+    pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The arguments after `numkeys`: the keys, then the `ARGV` arguments.
+    fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.cmd.args_iter().skip(HEAD).filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        })
     }
 
     /// `KEYS[1]`: what the call is routed by, and named after in the errors of a detached call.
     pub(crate) fn first_key(&self) -> &str {
-        self.keys.first().map_or("", String::as_str)
+        self.parts()
+            .next()
+            .filter(|_| self.keys > 0)
+            .and_then(|key| std::str::from_utf8(key).ok())
+            .unwrap_or("")
     }
 
     /// The script that runs this call together with others of the same script for keys of one
     /// node, if the script has one and the call has one key.
     pub(crate) fn batch_script(&self) -> Option<&'static LuaScript> {
-        self.script.batch().filter(|_| self.keys.len() == 1)
+        self.script.batch().filter(|_| self.keys == 1)
     }
 
     /// Whether the call has exactly one key (`KEYS[1]`).
     pub(crate) fn has_one_key(&self) -> bool {
-        self.keys.len() == 1
+        self.keys == 1
     }
 
     /// One call of `batch` (the batch twin of the calls' script) running every call of `calls`
@@ -185,36 +241,49 @@ impl ScriptCall {
     /// number of arguments and arguments.
     pub(crate) fn batch_of<'a>(
         batch: &'static LuaScript,
-        calls: impl IntoIterator<Item = &'a ScriptCall>,
+        calls: impl IntoIterator<Item = &'a ScriptCall> + Clone,
     ) -> ScriptCall {
-        let mut keys = Vec::new();
-        let mut args = Vec::new();
+        let (mut args, mut bytes, mut first) = (0, 0, None);
+        for call in calls.clone() {
+            let parts = call.cmd.args_iter().len() - HEAD;
+            args += parts + 1;
+            bytes += call.cmd_bytes() + 4;
+            first = first.or(Some(call.first_key()));
+        }
+        let first = first.unwrap_or("");
+        let mut batch_call = ScriptCall::start(batch, &[first], args, bytes + first.len());
         for call in calls {
-            let key = call.first_key().to_owned();
-            if keys.is_empty() {
-                keys.push(key.clone());
+            let mut parts = call.parts();
+            let key = parts.next().unwrap_or_default();
+            batch_call
+                .cmd
+                .arg(key)
+                .arg(call.cmd.args_iter().len() - HEAD - 1);
+            for arg in parts {
+                batch_call.cmd.arg(arg);
             }
-            args.push(key);
-            args.push(call.args.len().to_string());
-            args.extend(call.args.iter().cloned());
         }
-        ScriptCall {
-            script: batch,
-            keys,
-            args,
-        }
+        batch_call
+    }
+
+    /// The bytes of the call's keys and arguments.
+    fn cmd_bytes(&self) -> usize {
+        self.parts().map(<[u8]>::len).sum()
     }
 
     /// `EVALSHA sha numkeys keys.. args..`.
-    pub(crate) fn evalsha(&self) -> Cmd {
-        self.script
-            .invocation("EVALSHA", &self.script.sha, &self.keys, &self.args)
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.cmd
     }
 
     /// `EVAL source numkeys keys.. args..`, the fallback after `NOSCRIPT`.
     pub(crate) fn eval(&self) -> Cmd {
-        self.script
-            .invocation("EVAL", &self.script.source, &self.keys, &self.args)
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(&self.script.source).arg(self.keys);
+        for part in self.parts() {
+            cmd.arg(part);
+        }
+        cmd
     }
 }
 
@@ -285,7 +354,7 @@ pub(crate) fn parse_reply<T: redis::FromRedisValue>(
     operation: &'static str,
     reply: Value,
 ) -> Result<T> {
-    redis::from_redis_value(reply.clone()).map_err(|_| Error::UnexpectedReply {
+    redis::from_redis_value_ref(&reply).map_err(|_| Error::UnexpectedReply {
         name: name.to_owned(),
         operation,
         detail: format!("{reply:?}"),
@@ -294,7 +363,12 @@ pub(crate) fn parse_reply<T: redis::FromRedisValue>(
 
 /// A duration as the scripts' milliseconds argument (at least 1).
 pub(crate) fn ttl_millis(ttl: Duration) -> String {
-    ttl.as_millis().max(1).to_string()
+    ttl_ms(ttl).to_string()
+}
+
+/// A duration as the scripts' milliseconds argument (at least 1), as a number.
+pub(crate) fn ttl_ms(ttl: Duration) -> u128 {
+    ttl.as_millis().max(1)
 }
 
 /// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.

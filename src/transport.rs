@@ -5,6 +5,7 @@
 mod batch;
 mod tls;
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -583,7 +584,7 @@ async fn eval_then_wait(
             .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
         pipe
     };
-    match pipe(call.evalsha()).query_async(conn).await {
+    match pipe(call.evalsha().clone()).query_async(conn).await {
         Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
         other => other,
     }
@@ -742,31 +743,39 @@ impl Transport {
     ///
     /// A call dropped before it was sent is not sent; one dropped after may still run (the
     /// callers arm an undo).
-    pub(crate) async fn run(
+    ///
+    /// A call given by value is queued as it is; one given by reference is copied when queued.
+    pub(crate) async fn run<'c>(
         self: &Arc<Self>,
-        call: &ScriptCall,
+        call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
         match self.queue(call, name, operation) {
-            Some(reply) => self.reply(reply, name, operation).await,
-            None => self.run_alone(call, name, operation).await,
+            Ok(reply) => self.reply(reply, name, operation).await,
+            Err(call) => self.run_alone(&call, name, operation).await,
         }
     }
 
     /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
     /// then it is sent after every call queued before it for that node, and the reply arrives
-    /// on the receiver ([`reply`](Self::reply)). `None`: send it with
-    /// [`run`](Self::run).
-    pub(crate) fn queue(
+    /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
+    /// its own (with [`run`](Self::run)).
+    pub(crate) fn queue<'c>(
         self: &Arc<Self>,
-        call: &ScriptCall,
+        call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
         operation: &'static str,
-    ) -> Option<Reply> {
-        let node = self.batcher.node(self, call)?;
-        let (entry, reply) = Entry::new(call, name, operation);
-        self.batcher.queue(self, node, entry).ok().map(|()| reply)
+    ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
+        let call = call.into();
+        let Some(node) = self.batcher.node(self, &call) else {
+            return Err(call);
+        };
+        let (entry, reply) = Entry::new(call.into_owned(), name, operation);
+        match self.batcher.queue(self, node, entry) {
+            Ok(()) => Ok(reply),
+            Err(entry) => Err(Cow::Owned(entry.into_call())),
+        }
     }
 
     /// The reply of a queued call, within the request timeout.

@@ -1,6 +1,7 @@
 //! Grants confirmed by replicas: the granting script and `WAIT` in one pipeline on a WAIT lane,
 //! and a compensating release when fewer replicas acknowledged than asked for.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +24,9 @@ pub(crate) struct Acks {
 /// # Cancel safety
 ///
 /// As [`crate::transport::Transport::run`]: the caller arms an undo before calling.
-pub(crate) async fn run_granting(
+pub(crate) async fn run_granting<'c>(
     core: &Arc<Core>,
-    call: &ScriptCall,
+    call: impl Into<Cow<'c, ScriptCall>>,
     name: &str,
     operation: &'static str,
     wait: Option<(u32, Duration)>,
@@ -35,7 +36,7 @@ pub(crate) async fn run_granting(
         Some((required, timeout)) => {
             let (reply, acked) = core
                 .transport
-                .run_then_wait(call, name, operation, required, timeout)
+                .run_then_wait(&call.into(), name, operation, required, timeout)
                 .await?;
             Ok((reply, Some(Acks { required, acked })))
         }
@@ -43,20 +44,21 @@ pub(crate) async fn run_granting(
 }
 
 /// After a grant: the number of replicas that acknowledged it (`None` when none were asked
-/// for), or, when fewer acknowledged than asked, [`Error::ReplicasNotConfirmed`] once `undo`
-/// (the grant's release) has run.
+/// for), or, when fewer acknowledged than asked, [`Error::ReplicasNotConfirmed`] once the call
+/// `undo` builds (the grant's release) has run.
 pub(crate) async fn confirm(
     core: &Arc<Core>,
     name: &str,
     acks: Option<Acks>,
-    undo: &ScriptCall,
+    undo: impl FnOnce() -> ScriptCall,
 ) -> Result<Option<u32>> {
     let Some(Acks { required, acked }) = acks else {
         return Ok(None);
     };
     let acked = u32::try_from(acked).unwrap_or(0);
     if acked < required {
-        let _ = core.transport.run(undo, undo.first_key(), "release").await;
+        let undo = undo();
+        let _ = core.transport.run(&undo, undo.first_key(), "release").await;
         return Err(Error::ReplicasNotConfirmed {
             name: name.to_owned(),
             acked,

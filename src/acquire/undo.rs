@@ -3,34 +3,83 @@
 
 use std::sync::Arc;
 
+use crate::core::Core;
+use crate::held::Kind;
 use crate::script::ScriptCall;
 use crate::transport::Transport;
 
 /// While armed, dropping it runs its undo call (a release) in the background.
-pub(crate) struct InFlight {
-    transport: Arc<Transport>,
-    undo: Option<ScriptCall>,
+pub(crate) struct InFlight<'a> {
+    transport: &'a Arc<Transport>,
+    undo: Undo<'a>,
 }
 
-impl InFlight {
+/// What an armed [`InFlight`] releases when it fires.
+enum Undo<'a> {
+    /// Nothing: disarmed.
+    None,
+    /// A ready call.
+    Call(ScriptCall),
+    /// `owner`'s hold `hold` (empty for the first) on `key`, released with `kind`'s script; the
+    /// call is built only if the undo fires.
+    Release {
+        core: &'a Core,
+        kind: &'static Kind,
+        key: &'a str,
+        owner: &'a str,
+        hold: &'a str,
+    },
+}
+
+impl<'a> InFlight<'a> {
     /// Arms `undo` (the release of what the request may grant) until [`disarm`](Self::disarm).
-    pub(crate) fn arm(transport: &Arc<Transport>, undo: ScriptCall) -> Self {
+    pub(crate) fn arm(transport: &'a Arc<Transport>, undo: ScriptCall) -> Self {
         Self {
-            transport: Arc::clone(transport),
-            undo: Some(undo),
+            transport,
+            undo: Undo::Call(undo),
+        }
+    }
+
+    /// Arms the release of `owner`'s hold `hold` (empty for the first) on `key` with `kind`'s
+    /// release script until [`disarm`](Self::disarm); the call is built only if it fires.
+    pub(crate) fn release(
+        core: &'a Arc<Core>,
+        kind: &'static Kind,
+        key: &'a str,
+        owner: &'a str,
+        hold: &'a str,
+    ) -> Self {
+        Self {
+            transport: &core.transport,
+            undo: Undo::Release {
+                core,
+                kind,
+                key,
+                owner,
+                hold,
+            },
         }
     }
 
     /// The request's reply was read: nothing to undo.
     pub(crate) fn disarm(mut self) {
-        self.undo = None;
+        self.undo = Undo::None;
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(undo) = self.undo.take() {
-            self.transport.run_detached(undo, "release");
-        }
+        let undo = match std::mem::replace(&mut self.undo, Undo::None) {
+            Undo::None => return,
+            Undo::Call(call) => call,
+            Undo::Release {
+                core,
+                kind,
+                key,
+                owner,
+                hold,
+            } => kind.release_call(core, key, owner, hold),
+        };
+        self.transport.run_detached(undo, "release");
     }
 }

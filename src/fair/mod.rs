@@ -205,7 +205,7 @@ impl Request for Acquire<'_> {
                 let fence = parse_fence(keys.name(), "fair acquire", "fence", value)?;
                 self.unwatch_place();
                 let replicas_acked =
-                    replicas::confirm(core, keys.name(), acks, &self.withdraw_call()).await?;
+                    replicas::confirm(core, keys.name(), acks, || self.withdraw_call()).await?;
                 self.granted.store(true, Ordering::Relaxed);
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
                 let grant = Grant {

@@ -233,15 +233,16 @@ impl Request for AcquireAll<'_> {
                     .map(|(fence, k)| parse_fence(k.name(), "acquire", "fence", *fence))
                     .collect::<Result<Vec<_>>>()?;
                 in_flight.into_iter().for_each(InFlight::disarm);
-                let replicas_acked = match replicas::confirm(core, name, acks, &undos[0]).await {
-                    Ok(acked) => acked,
-                    Err(err) => {
-                        for undo in &undos[1..] {
-                            let _ = core.transport.run(undo, name, "release").await;
+                let replicas_acked =
+                    match replicas::confirm(core, name, acks, || undos[0].clone()).await {
+                        Ok(acked) => acked,
+                        Err(err) => {
+                            for undo in &undos[1..] {
+                                let _ = core.transport.run(undo, name, "release").await;
+                            }
+                            return Err(err);
                         }
-                        return Err(err);
-                    }
-                };
+                    };
                 tracing::debug!(lock = name, members = keys.len(), "acquired all");
                 let guards = keys
                     .iter()

@@ -111,7 +111,7 @@ impl Request for Acquire<'_> {
                 }
                 let fence = parse_fence(keys.name(), operation, "fence", value)?;
                 in_flight.disarm();
-                let replicas_acked = replicas::confirm(core, keys.name(), acks, &undo).await?;
+                let replicas_acked = replicas::confirm(core, keys.name(), acks, || undo).await?;
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, operation, "acquired");
                 let grant = Grant {
                     keys: keys.clone(),

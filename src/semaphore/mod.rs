@@ -415,7 +415,7 @@ impl Request for Acquire<'_> {
                         fence: parse_fence(name, "acquire", "fence", pair[1])?,
                     });
                 }
-                let replicas_acked = replicas::confirm(core, name, acks, &undo).await?;
+                let replicas_acked = replicas::confirm(core, name, acks, || undo).await?;
                 let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
                 tracing::debug!(semaphore = name, ?permits, "acquired");
                 let grant = Grant {

@@ -108,6 +108,9 @@ impl Batcher {
 
     /// Queues `entry` on `node`'s driver, starting it if needed; gives the entry back when the
     /// call must be sent alone.
+    // The entry (its command inline) is given back by value on the rare path: boxing it would
+    // cost an allocation on every call.
+    #[allow(clippy::result_large_err)]
     pub(super) fn queue(
         &self,
         transport: &Arc<Transport>,
@@ -171,18 +174,23 @@ impl Batcher {
 
 impl Entry {
     pub(super) fn new(
-        call: &ScriptCall,
+        call: ScriptCall,
         name: &str,
         operation: &'static str,
     ) -> (Self, oneshot::Receiver<Result<Value>>) {
         let (reply, receiver) = oneshot::channel();
         let entry = Self {
-            call: call.clone(),
+            call,
             name: name.to_owned(),
             operation,
             reply,
         };
         (entry, receiver)
+    }
+
+    /// The call, for sending it on its own after all.
+    pub(super) fn into_call(self) -> ScriptCall {
+        self.call
     }
 
     fn answer(self, outcome: Result<Value>) {
@@ -409,7 +417,7 @@ async fn eval_raw(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value
         Ok(Value::ServerError(error)) => Err(RedisError::from(error)),
         other => other,
     };
-    match raw(conn.req_packed_command(&call.evalsha()).await) {
+    match raw(conn.req_packed_command(call.evalsha()).await) {
         Err(err) if err.code() == Some("NOSCRIPT") => {
             raw(conn.req_packed_command(&call.eval()).await)
         }
