@@ -12,6 +12,7 @@
 //! persistence). Default: all.
 //! Locks: mutex, rwlock, fair, semaphore, latch, plain (default: all).
 //! Fence modes: each fault runs once per mode given (default: clock); the plain lane ignores it.
+//! `--ttl-ms`: every lane's lease (default 500 ms).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -25,7 +26,7 @@ fn usage() -> ! {
          [--faults kill,pause,failover,force,takeover,forced-loss,migrate,client-pause,\
          minority,latency,client-partition,skew-0s,skew-1s,skew-5s,skew-60s,restart-empty,\
          standalone-restart-empty] [--locks mutex,rwlock,fair,semaphore,latch,plain] \
-         [--fence clock,epoch,counter]"
+         [--fence clock,epoch,counter] [--ttl-ms 500]"
     );
     std::process::exit(64);
 }
@@ -36,6 +37,7 @@ async fn main() {
     let mut faults = Fault::ALL.to_vec();
     let mut kinds = Kind::ALL.to_vec();
     let mut fences = vec![FenceMode::Clock];
+    let mut ttl = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -51,6 +53,11 @@ async fn main() {
                     .split(',')
                     .map(|id| Kind::parse(id).unwrap_or_else(|| usage()))
                     .collect()
+            }
+            ("--ttl-ms", Some(ms)) => {
+                ttl = Some(std::time::Duration::from_millis(
+                    ms.parse().unwrap_or_else(|_| usage()),
+                ))
             }
             ("--fence", Some(list)) => {
                 fences = list

@@ -7,9 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::chaos::{self, Fault, Kind, Plan, Report};
 use common::netns::{self, ClockShim, Net, Shape};
 use common::{Cluster, Launch, Standalone};
-use fencelock::{Client, LockOptions};
+use fencelock::{Client, FenceMode, LockOptions};
 
 /// Runs are serialised: each starts its own servers, and failover timing needs the CPU.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -193,4 +194,152 @@ async fn the_clock_shim_moves_a_running_servers_wall_clock_and_nothing_else() {
     })
     .await
     .unwrap();
+}
+
+// ---- The new chaos faults, short: 100 grants per lane, one run each (two for the fence-mode
+// contrasts). The long run with 1,000 grants is `scripts/chaos.sh` (docs/safety.md).
+
+const GRANTS: usize = 100;
+
+/// Runs `fault` with `fence` on `kinds`, prints the table, and checks what every mode
+/// promises everywhere: each fencelock lane kept granting, and its store accepted no stale
+/// write and lost no update (the store rejects lower tokens, whatever the mode).
+async fn chaos_run(fault: Fault, fence: FenceMode, kinds: &[Kind]) -> Vec<Report> {
+    let _serial = SERIAL.lock().await;
+    let started = Instant::now();
+    let plan = Plan {
+        kinds: kinds.to_vec(),
+        fence,
+        ..Plan::new(fault, GRANTS)
+    };
+    let reports = chaos::run(&plan).await;
+    eprintln!("{:?} {fence:?}: {:?}", fault, started.elapsed());
+    eprintln!("{}", Report::HEADER);
+    for report in &reports {
+        eprintln!("{}", report.row());
+    }
+    assert_eq!(reports.len(), kinds.len(), "one report per lane");
+    for report in reports.iter().filter(|r| r.kind.is_fencelock()) {
+        assert!(report.grants >= GRANTS, "lane kept granting: {report:?}");
+        assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
+        assert_eq!(report.lost_updates, 0, "{report:?}");
+    }
+    reports
+}
+
+fn lane(reports: &[Report], kind: Kind) -> &Report {
+    reports
+        .iter()
+        .find(|r| r.kind == kind)
+        .expect("every lane reports")
+}
+
+fn fencelock(reports: &[Report]) -> impl Iterator<Item = &Report> {
+    reports.iter().filter(|r| r.kind.is_fencelock())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn minority_master_partition_never_duplicates_a_token() {
+    let reports = chaos_run(Fault::MinorityPartition, FenceMode::Clock, &Kind::ALL).await;
+    for report in fencelock(&reports) {
+        assert_eq!(report.duplicate_tokens, 0, "{report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delayed_lossy_client_links_keep_fences_and_every_call_within_its_deadline() {
+    let reports = chaos_run(Fault::ClientLatency, FenceMode::Clock, &Kind::ALL).await;
+    for report in &reports {
+        assert!(
+            report.longest_call <= chaos::CALL_DEADLINE + Duration::from_millis(500),
+            "a call outlived its deadline: {report:?}"
+        );
+    }
+    for report in fencelock(&reports) {
+        assert_eq!(report.fencing_violations(), 0, "{report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_partitioned_past_its_ttl_has_its_late_write_rejected_only_with_fencing() {
+    let reports = chaos_run(Fault::ClientPartition, FenceMode::Clock, &Kind::ALL).await;
+    for report in fencelock(&reports) {
+        assert_eq!(report.fencing_violations(), 0, "{report:?}");
+        if report.kind.has_store() {
+            assert!(
+                report.writes_rejected > 0,
+                "late write rejected: {report:?}"
+            );
+        }
+    }
+    let plain = lane(&reports, Kind::Plain);
+    assert!(
+        plain.stale_writes_accepted + plain.lost_updates > 0,
+        "the plain lock lets the late writer through: {plain:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forced_loss_onto_a_replica_5s_behind_regresses_clock_tokens_visibly_not_epoch_ones() {
+    // Known unsafe: clock mode trusts the promoted replica's clock. The checker must show it.
+    let clock = chaos_run(
+        Fault::SkewedLoss(5_000),
+        FenceMode::Clock,
+        &[Kind::Mutex, Kind::Plain],
+    )
+    .await;
+    let mutex = lane(&clock, Kind::Mutex);
+    assert!(
+        mutex.duplicate_tokens + mutex.regressions > 0,
+        "clock mode's regression is reported: {mutex:?}"
+    );
+    assert!(mutex.writes_rejected > 0, "the store caught it: {mutex:?}");
+    let epoch = chaos_run(Fault::SkewedLoss(5_000), FenceMode::Epoch, &Kind::ALL).await;
+    for report in fencelock(&epoch) {
+        assert_eq!(report.fencing_violations(), 0, "{report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_restarted_empty_keeps_clock_tokens_rising_and_regresses_epoch_ones_visibly() {
+    let clock = chaos_run(Fault::MasterRestartEmpty, FenceMode::Clock, &Kind::ALL).await;
+    for report in fencelock(&clock) {
+        assert_eq!(report.fencing_violations(), 0, "{report:?}");
+    }
+    // Known unsafe (docs/safety.md): same master, same epoch, key gone: epoch × 2^32 + 1 again.
+    let epoch = chaos_run(
+        Fault::MasterRestartEmpty,
+        FenceMode::Epoch,
+        &[Kind::Mutex, Kind::Plain],
+    )
+    .await;
+    let mutex = lane(&epoch, Kind::Mutex);
+    assert!(
+        mutex.duplicate_tokens + mutex.regressions > 0,
+        "epoch mode's restart from the epoch floor is reported: {mutex:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standalone_server_restarted_empty_keeps_clock_tokens_rising_and_counters_regress() {
+    let clock = chaos_run(Fault::StandaloneRestartEmpty, FenceMode::Clock, &Kind::ALL).await;
+    for report in fencelock(&clock) {
+        assert_eq!(report.fencing_violations(), 0, "{report:?}");
+    }
+    let plain = lane(&clock, Kind::Plain);
+    assert!(
+        plain.duplicate_tokens + plain.regressions > 0,
+        "the plain INCR counter restarts at 1: {plain:?}"
+    );
+    let counter = chaos_run(
+        Fault::StandaloneRestartEmpty,
+        FenceMode::Counter,
+        &[Kind::Mutex],
+    )
+    .await;
+    let mutex = lane(&counter, Kind::Mutex);
+    assert!(
+        mutex.duplicate_tokens + mutex.regressions > 0,
+        "counter mode's restart at 1 is reported: {mutex:?}"
+    );
 }

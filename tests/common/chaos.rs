@@ -47,6 +47,9 @@ const PLAIN_LOCK: &str = "plain:{chaos}:lock";
 const PLAIN_COUNTER: &str = "plain:{chaos}:counter";
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// What bounds a worker's acquire call: the lock timeout plus one request timeout (there is
+/// no WAIT in these runs).
+pub const CALL_DEADLINE: Duration = ACQUIRE_TIMEOUT.saturating_add(REQUEST_TIMEOUT);
 /// How long a worker "works" while holding the lock, between its read and its write.
 const WORK: Duration = Duration::from_millis(1);
 /// Client pauses per run of [`Fault::ClientPause`].
@@ -80,13 +83,14 @@ pub enum Fault {
     /// and the old master rejoins as a replica. The store is reachable from both sides.
     MinorityPartition,
     /// Network namespaces: 50 ms ± 20 ms of delay and 5% frame loss on every client link, for
-    /// a fifth of the run's grants.
+    /// a tenth of the run's grants per lane (at most 30 s).
     ClientLatency,
     /// Network namespaces: a holder in client namespace 0 (one per lane with a store) is cut
     /// off from everything for 2.5 × TTL between its read and its write, then writes.
     ClientPartition,
     /// Forced loss ([`Fault::ForcedLoss`]) onto a replica whose wall clock runs this many ms
-    /// behind (LD_PRELOAD clock shim, set before the cut).
+    /// behind (LD_PRELOAD clock shim, set before the cut); the cut lasts 50 grants per lane
+    /// and at least 2 × TTL.
     SkewedLoss(i64),
     /// The slot's master is SIGKILLed and restarted empty (no persistence, `nodes.conf` kept)
     /// before the cluster notices; its replica resynchronises from it and is emptied too.
@@ -454,14 +458,19 @@ impl Env {
         }
     }
 
-    /// Stops everything; call outside async code.
-    fn stop(mut self) {
+    /// Stops everything; call outside async code (stopping servers blocks).
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Env {
+    /// Also on a panic: the client runtimes stop without blocking; then the servers, the
+    /// namespaces and the shim go (fields drop in declaration order).
+    fn drop(&mut self) {
         for runtime in self.runtimes.drain(..) {
             runtime.shutdown_background();
         }
-        drop(self.servers);
-        drop(self.net);
-        drop(self.shim);
     }
 }
 
@@ -550,23 +559,23 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
             let grants: Vec<_> = lanes.iter().map(|l| l.shared.grants.subscribe()).collect();
             let handle = tokio::runtime::Handle::current();
             let env = Arc::clone(&env);
-            let degraded_grants = (plan.grants / 5).max(10);
+            let degraded_grants = (plan.grants / 10).max(10);
+            let ttl = plan.ttl;
             tokio::task::spawn_blocking(move || {
-                let await_grants = |n: usize| {
+                // Waits until every lane made `n` more grants, or `cap` has passed.
+                let await_grants = |n: usize, cap: Duration| {
                     handle.block_on(async {
+                        let until = tokio::time::Instant::now() + cap;
                         for rx in &grants {
                             let target = *rx.borrow() + n;
                             let mut rx = rx.clone();
-                            let _ = tokio::time::timeout(
-                                Duration::from_secs(120),
-                                rx.wait_for(|g| *g >= target),
-                            )
-                            .await;
+                            let _ =
+                                tokio::time::timeout_at(until, rx.wait_for(|g| *g >= target)).await;
                         }
                     })
                 };
                 let mut env = env.lock().unwrap_or_else(|e| e.into_inner());
-                inject(&mut env, fault, slot, degraded_grants, await_grants);
+                inject(&mut env, fault, slot, ttl, degraded_grants, await_grants);
             })
             .await
             .expect("fault injection");
@@ -608,13 +617,14 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
 /// servers have settled.
 ///
 /// `degraded_grants`: how many grants per lane the client links stay degraded for
-/// ([`Fault::ClientLatency`]).
+/// ([`Fault::ClientLatency`], at most 30 s).
 fn inject(
     env: &mut Env,
     fault: Fault,
     slot: u16,
+    ttl: Duration,
     degraded_grants: usize,
-    await_grants: impl Fn(usize),
+    await_grants: impl Fn(usize, Duration),
 ) {
     if fault == Fault::StandaloneRestartEmpty {
         let Servers::Standalone(server) = &mut env.servers else {
@@ -649,13 +659,19 @@ fn inject(
         }
         Fault::ForcedLoss => {
             cluster.cut_off_replica(master, replica);
-            await_grants(50);
+            await_grants(50, Duration::from_secs(30));
             cluster.take_over_with_lagging_replica(master, replica, slot);
         }
         Fault::SkewedLoss(behind) => {
             netns::set_clock_offset(cluster.node(replica), -behind);
+            let cut = Instant::now();
             cluster.cut_off_replica(master, replica);
-            await_grants(50);
+            await_grants(50, Duration::from_secs(30));
+            // The lost window outlasts a lease: a promoted master whose clock is behind sees
+            // the last replicated lease as running longer and waits it out, which hides the
+            // skew when fewer than a lease's worth of grants were lost. The fault is this long:
+            // a wait for time itself.
+            std::thread::sleep((cut + ttl * 2).saturating_duration_since(Instant::now()));
             cluster.take_over_with_lagging_replica(master, replica, slot);
         }
         Fault::SlotMigration => {
@@ -665,7 +681,9 @@ fn inject(
                 .find(|n| n.port != master && n.info("replication").contains("role:master"))
                 .expect("another master")
                 .port;
-            cluster.migrate_slot(slot, master, target, || await_grants(20));
+            cluster.migrate_slot(slot, master, target, || {
+                await_grants(20, Duration::from_secs(30))
+            });
         }
         Fault::MasterRestartEmpty => {
             cluster.node_mut(master).restart_empty();
@@ -688,8 +706,10 @@ fn inject(
             let majority: Vec<&str> = majority.iter().map(String::as_str).collect();
             net.partition(&minority, &majority);
             cluster.wait_promoted(replica, slot, &[master]);
-            // The majority side grants on the new master for a while before the heal.
-            await_grants(20);
+            // The majority side grants on the new master for a while before the heal (lanes
+            // whose clients stay stuck on the old master, like redis-rs's for the plain
+            // recipe, get no more than 5 s).
+            await_grants(20, Duration::from_secs(5));
             net.heal();
             cluster.wait_replica(master);
         }
@@ -698,7 +718,7 @@ fn inject(
             for i in 0..net.clients() {
                 net.shape(i, Shape::degraded());
             }
-            await_grants(degraded_grants);
+            await_grants(degraded_grants, Duration::from_secs(30));
             for i in 0..net.clients() {
                 net.shape(i, Shape::default());
             }

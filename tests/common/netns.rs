@@ -80,6 +80,15 @@ pub fn sweep() {
     {
         let name = line.split_whitespace().next().unwrap_or("");
         if dead(name) {
+            // Servers the dead run started in it (it had no chance to stop them): ours.
+            let pids = Command::new("ip").args(["netns", "pids", name]).output();
+            for pid in pids
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+                .split_whitespace()
+            {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
             ip_quiet(&["netns", "del", name]);
         }
     }
