@@ -12,7 +12,8 @@
 //! persistence). Default: all.
 //! Locks: mutex, rwlock, fair, semaphore, latch, plain (default: all).
 //! Fence modes: each fault runs once per mode given (default: clock); the plain lane ignores it.
-//! `--ttl-ms`: every lane's lease (default 500 ms).
+//! `--ttl-ms`: every lane's lease (default 500 ms); `--work-ms`: how long a writer holds between
+//! its read and its write (default 1 ms).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -26,7 +27,7 @@ fn usage() -> ! {
          [--faults kill,pause,failover,force,takeover,forced-loss,migrate,client-pause,\
          minority,latency,client-partition,skew-0s,skew-1s,skew-5s,skew-60s,restart-empty,\
          standalone-restart-empty] [--locks mutex,rwlock,fair,semaphore,latch,plain] \
-         [--fence clock,epoch,counter] [--ttl-ms 500]"
+         [--fence clock,epoch,counter] [--ttl-ms 500] [--work-ms 1]"
     );
     std::process::exit(64);
 }
@@ -38,6 +39,7 @@ async fn main() {
     let mut kinds = Kind::ALL.to_vec();
     let mut fences = vec![FenceMode::Clock];
     let mut ttl = None;
+    let mut work = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -59,6 +61,11 @@ async fn main() {
                     ms.parse().unwrap_or_else(|_| usage()),
                 ))
             }
+            ("--work-ms", Some(ms)) => {
+                work = Some(std::time::Duration::from_millis(
+                    ms.parse().unwrap_or_else(|_| usage()),
+                ))
+            }
             ("--fence", Some(list)) => {
                 fences = list
                     .split(',')
@@ -72,11 +79,13 @@ async fn main() {
     let mut violations = 0;
     for fault in faults {
         for &fence in &fences {
-            let plan = Plan {
+            let mut plan = Plan {
                 kinds: kinds.clone(),
                 fence,
                 ..Plan::new(fault, grants)
             };
+            plan.ttl = ttl.unwrap_or(plan.ttl);
+            plan.work = work.unwrap_or(plan.work);
             for report in chaos::run(&plan).await {
                 println!("{}", report.row());
                 if report.kind.is_fencelock() {

@@ -195,6 +195,9 @@ pub struct Plan {
     pub kinds: Vec<Kind>,
     /// How the fencelock lanes' client computes tokens.
     pub fence: FenceMode,
+    /// How long a writer holds between its read and its write (default 1 ms); longer holds
+    /// let holders on both sides of a partition overlap.
+    pub work: Duration,
 }
 
 impl Plan {
@@ -206,6 +209,7 @@ impl Plan {
             ttl: Duration::from_millis(500),
             kinds: Kind::ALL.to_vec(),
             fence: FenceMode::Clock,
+            work: WORK,
         }
     }
 }
@@ -868,7 +872,8 @@ impl Lane {
             .into_iter()
             .map(|(i, locker)| {
                 let side = i % handles.len();
-                handles[side].spawn(work(locker, Arc::clone(&shared), plan.ttl, side))
+                let task = work(locker, Arc::clone(&shared), plan.ttl, plan.work, side);
+                handles[side].spawn(task)
             })
             .collect();
         Lane {
@@ -900,7 +905,13 @@ impl Lane {
     }
 }
 
-async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration, side: usize) -> History {
+async fn work(
+    mut locker: Locker,
+    shared: Arc<LaneShared>,
+    ttl: Duration,
+    work_for: Duration,
+    side: usize,
+) -> History {
     let role = locker.role();
     let mut history = History::default();
     while !shared.stop.load(Ordering::SeqCst) {
@@ -940,7 +951,7 @@ async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration, side: 
                     let _ = tokio::time::timeout(Duration::from_secs(60), healed.wait_for(|h| *h))
                         .await;
                 } else {
-                    tokio::time::sleep(if pause { ttl * 5 / 2 } else { WORK }).await;
+                    tokio::time::sleep(if pause { ttl * 5 / 2 } else { work_for }).await;
                 }
                 if let Some(version) = read {
                     shared.store.write(&holder, version);
