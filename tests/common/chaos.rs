@@ -402,7 +402,7 @@ struct Env {
 
 enum Servers {
     Cluster(Cluster),
-    Standalone(Standalone),
+    Standalone(Box<Standalone>),
 }
 
 impl Env {
@@ -410,7 +410,7 @@ impl Env {
         let (mut net, mut runtimes, mut shim) = (None, Vec::new(), None);
         let servers = match fault {
             Fault::StandaloneRestartEmpty => {
-                Servers::Standalone(Standalone::start_launched(Launch::default()))
+                Servers::Standalone(Box::new(Standalone::start_launched(Launch::default())))
             }
             Fault::SkewedLoss(_) => {
                 let built = ClockShim::build();
