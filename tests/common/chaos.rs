@@ -14,14 +14,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fencelock::{
-    Client, FairLockGuard, Latch, LockGuard, LockOptions, PermitGuard, Placement, ReadGuard,
-    Semaphore, WriteGuard,
+    Client, FairLockGuard, FenceMode, Latch, LockGuard, LockOptions, PermitGuard, Placement,
+    ReadGuard, Semaphore, WriteGuard,
 };
 use redis::cluster_async::ClusterConnection;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::Cluster;
+use super::netns::{self, ClockShim, Net, Shape};
+use super::{Cluster, Launch, Standalone};
 
 /// Every lock of a run lives in this tag's slot.
 const TAG: &str = "chaos";
@@ -45,10 +47,16 @@ const PLAIN_LOCK: &str = "plain:{chaos}:lock";
 const PLAIN_COUNTER: &str = "plain:{chaos}:counter";
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// What bounds a worker's acquire call: the lock timeout plus one request timeout (there is
+/// no WAIT in these runs).
+pub const CALL_DEADLINE: Duration = ACQUIRE_TIMEOUT.saturating_add(REQUEST_TIMEOUT);
 /// How long a worker "works" while holding the lock, between its read and its write.
 const WORK: Duration = Duration::from_millis(1);
 /// Client pauses per run of [`Fault::ClientPause`].
 const CLIENT_PAUSES: usize = 3;
+/// Client namespaces of the network faults: worker `i` of every lane runs in namespace
+/// `i % SIDES`; side 0 is the one cut off.
+const SIDES: usize = 2;
 
 /// What goes wrong midway through a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,10 +78,29 @@ pub enum Fault {
     SlotMigration,
     /// A holder stalls for 2.5 × TTL between its read and its write (a GC pause).
     ClientPause,
+    /// Network namespaces: the slot's master and client namespace 0 are cut off from the other
+    /// nodes and client namespace 1; the majority promotes the replica; then the partition heals
+    /// and the old master rejoins as a replica. The store is reachable from both sides.
+    MinorityPartition,
+    /// Network namespaces: 50 ms ± 20 ms of delay and 5% frame loss on every client link, for
+    /// a tenth of the run's grants per lane (at most 30 s).
+    ClientLatency,
+    /// Network namespaces: a holder in client namespace 0 (one per lane with a store) is cut
+    /// off from everything for 2.5 × TTL between its read and its write, then writes.
+    ClientPartition,
+    /// Forced loss ([`Fault::ForcedLoss`]) onto a replica whose wall clock runs this many ms
+    /// behind (LD_PRELOAD clock shim, set before the cut); the cut lasts 50 grants per lane
+    /// and at least 2 × TTL.
+    SkewedLoss(i64),
+    /// The slot's master is SIGKILLed and restarted empty (no persistence, `nodes.conf` kept)
+    /// before the cluster notices; its replica resynchronises from it and is emptied too.
+    MasterRestartEmpty,
+    /// A standalone server (the only one) is SIGKILLed and restarted empty.
+    StandaloneRestartEmpty,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 17] = [
         Fault::MasterKill,
         Fault::MasterPause,
         Fault::Failover,
@@ -82,7 +109,24 @@ impl Fault {
         Fault::ForcedLoss,
         Fault::SlotMigration,
         Fault::ClientPause,
+        Fault::MinorityPartition,
+        Fault::ClientLatency,
+        Fault::ClientPartition,
+        Fault::SkewedLoss(1_000),
+        Fault::SkewedLoss(5_000),
+        Fault::SkewedLoss(60_000),
+        Fault::MasterRestartEmpty,
+        Fault::StandaloneRestartEmpty,
+        Fault::SkewedLoss(0),
     ];
+
+    /// Whether the run puts servers and clients in network namespaces.
+    pub fn needs_netns(self) -> bool {
+        matches!(
+            self,
+            Fault::MinorityPartition | Fault::ClientLatency | Fault::ClientPartition
+        )
+    }
 
     /// The short name used on the command line.
     pub fn id(self) -> &'static str {
@@ -95,6 +139,16 @@ impl Fault {
             Fault::ForcedLoss => "forced-loss",
             Fault::SlotMigration => "migrate",
             Fault::ClientPause => "client-pause",
+            Fault::MinorityPartition => "minority",
+            Fault::ClientLatency => "latency",
+            Fault::ClientPartition => "client-partition",
+            Fault::SkewedLoss(1_000) => "skew-1s",
+            Fault::SkewedLoss(5_000) => "skew-5s",
+            Fault::SkewedLoss(60_000) => "skew-60s",
+            Fault::SkewedLoss(0) => "skew-0s",
+            Fault::SkewedLoss(_) => "skew",
+            Fault::MasterRestartEmpty => "restart-empty",
+            Fault::StandaloneRestartEmpty => "standalone-restart-empty",
         }
     }
 
@@ -112,6 +166,16 @@ impl Fault {
             Fault::ForcedLoss => "forced loss (cut replica, kill master, TAKEOVER)",
             Fault::SlotMigration => "slot migration (SETSLOT/MIGRATE)",
             Fault::ClientPause => "client paused 2.5 x TTL",
+            Fault::MinorityPartition => "minority master + 1 client partitioned",
+            Fault::ClientLatency => "client links 50±20 ms, 5% loss",
+            Fault::ClientPartition => "client partitioned 2.5 x TTL",
+            Fault::SkewedLoss(1_000) => "forced loss, new master's clock 1 s behind",
+            Fault::SkewedLoss(5_000) => "forced loss, new master's clock 5 s behind",
+            Fault::SkewedLoss(60_000) => "forced loss, new master's clock 60 s behind",
+            Fault::SkewedLoss(0) => "forced loss, clock shim, no skew",
+            Fault::SkewedLoss(_) => "forced loss, new master's clock behind",
+            Fault::MasterRestartEmpty => "master restarted empty",
+            Fault::StandaloneRestartEmpty => "standalone restarted empty",
         }
     }
 }
@@ -129,6 +193,11 @@ pub struct Plan {
     pub ttl: Duration,
     /// The lanes driven side by side.
     pub kinds: Vec<Kind>,
+    /// How the fencelock lanes' client computes tokens.
+    pub fence: FenceMode,
+    /// How long a writer holds between its read and its write (default 1 ms); longer holds
+    /// let holders on both sides of a partition overlap.
+    pub work: Duration,
 }
 
 impl Plan {
@@ -139,8 +208,27 @@ impl Plan {
             workers: 4,
             ttl: Duration::from_millis(500),
             kinds: Kind::ALL.to_vec(),
+            fence: FenceMode::Clock,
+            work: WORK,
         }
     }
+}
+
+/// The short name of a fence mode (command line and table).
+pub fn fence_id(mode: FenceMode) -> &'static str {
+    match mode {
+        FenceMode::Clock => "clock",
+        FenceMode::Epoch => "epoch",
+        FenceMode::Counter => "counter",
+        _ => "other",
+    }
+}
+
+/// The fence mode named `id` (`clock`, `epoch`, `counter`).
+pub fn parse_fence(id: &str) -> Option<FenceMode> {
+    [FenceMode::Clock, FenceMode::Epoch, FenceMode::Counter]
+        .into_iter()
+        .find(|m| fence_id(*m) == id)
 }
 
 /// One lane of a run: a primitive, its workers and its store.
@@ -216,6 +304,7 @@ impl Kind {
 pub struct Report {
     pub fault: Fault,
     pub kind: Kind,
+    pub fence: FenceMode,
     /// Exclusive holds (writes for the read-write lock), or `set` calls for the latch.
     pub grants: usize,
     /// Read holds (read-write lock only).
@@ -226,7 +315,11 @@ pub struct Report {
     pub stale_writes_accepted: usize,
     pub lost_updates: usize,
     pub overlaps: usize,
+    /// The longest time two holders both believed they held the same resource.
+    pub longest_overlap: Duration,
     pub writes_rejected: usize,
+    /// The longest acquire call, failed ones included (each is bounded by its deadline).
+    pub longest_call: Duration,
     pub unavailable: Duration,
     pub steady: Percentiles,
     pub during: Percentiles,
@@ -239,10 +332,11 @@ pub struct Percentiles {
 }
 
 impl Report {
-    pub const HEADER: &'static str = "| fault | lock | grants | duplicate tokens | regressions | \
-        stale writes accepted | lost updates | overlapping holders | writes rejected | \
-        unavailable | acquire p50 / p99 steady | acquire p50 / p99 during fault |\n\
-        |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|";
+    pub const HEADER: &'static str = "| fault | lock | fence mode | grants | duplicate tokens | \
+        regressions | stale writes accepted | lost updates | overlapping holders | \
+        longest overlap | writes rejected | unavailable | longest acquire call | \
+        acquire p50 / p99 steady | acquire p50 / p99 during fault |\n\
+        |---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|";
 
     /// One markdown table row. The latch lane has no store and no holders: "–" there.
     pub fn row(&self) -> String {
@@ -258,18 +352,31 @@ impl Report {
                 "–".to_owned()
             }
         };
+        let fence = if self.kind.is_fencelock() {
+            fence_id(self.fence)
+        } else {
+            "–"
+        };
+        let overlap = if self.kind.has_store() {
+            ms(self.longest_overlap)
+        } else {
+            "–".to_owned()
+        };
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} |",
             self.fault.describe(),
             self.kind.describe(),
+            fence,
             grants,
             self.duplicate_tokens,
             self.regressions,
             held(self.stale_writes_accepted),
             held(self.lost_updates),
             held(self.overlaps),
+            overlap,
             held(self.writes_rejected),
             ms(self.unavailable),
+            ms(self.longest_call),
             ms(self.steady.p50),
             ms(self.steady.p99),
             ms(self.during.p50),
@@ -283,30 +390,125 @@ impl Report {
     }
 }
 
-/// Runs `plan` on a fresh cluster and reports every lane.
-pub async fn run(plan: &Plan) -> Vec<Report> {
-    let cluster = tokio::task::spawn_blocking(Cluster::start)
-        .await
-        .expect("cluster start");
-    let urls = cluster.urls();
-    let slot = fencelock::slot_of(TAG.as_bytes());
-    let cluster = Arc::new(Mutex::new(cluster));
+/// The servers of a run and what the fault needs beside them.
+struct Env {
+    servers: Servers,
+    /// Set for the network faults; client namespace `i` runs on `runtimes[i]`.
+    net: Option<Net>,
+    runtimes: Vec<tokio::runtime::Runtime>,
+    /// Set for the clock faults: every node runs with the shim preloaded.
+    shim: Option<ClockShim>,
+}
 
-    // Worker i of every fencelock lane shares client i.
+enum Servers {
+    Cluster(Cluster),
+    Standalone(Box<Standalone>),
+}
+
+impl Env {
+    fn start(fault: Fault) -> Env {
+        let (mut net, mut runtimes, mut shim) = (None, Vec::new(), None);
+        let servers = match fault {
+            Fault::StandaloneRestartEmpty => {
+                Servers::Standalone(Box::new(Standalone::start_launched(Launch::default())))
+            }
+            Fault::SkewedLoss(_) => {
+                let built = ClockShim::build();
+                let cluster = Cluster::start_launched(|_| built.launch(Launch::default()));
+                shim = Some(built);
+                Servers::Cluster(cluster)
+            }
+            f if f.needs_netns() => {
+                let mut built = Net::new();
+                let launches: Vec<Launch> = (0..6).map(|_| built.node_launch()).collect();
+                let cluster = Cluster::start_launched(|i| launches[i].clone());
+                for i in 0..SIDES {
+                    built.add_client();
+                    runtimes.push(built.runtime(i, 2));
+                }
+                net = Some(built);
+                Servers::Cluster(cluster)
+            }
+            _ => Servers::Cluster(Cluster::start()),
+        };
+        Env {
+            servers,
+            net,
+            runtimes,
+            shim,
+        }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        match &self.servers {
+            Servers::Cluster(cluster) => cluster.urls(),
+            Servers::Standalone(server) => vec![server.url()],
+        }
+    }
+
+    fn cluster(&mut self) -> &mut Cluster {
+        match &mut self.servers {
+            Servers::Cluster(cluster) => cluster,
+            Servers::Standalone(_) => panic!("a cluster fault on a standalone server"),
+        }
+    }
+
+    /// Where worker `i` of a lane runs: its client namespace's runtime, or this one.
+    fn handles(&self) -> Vec<Handle> {
+        if self.runtimes.is_empty() {
+            vec![Handle::current()]
+        } else {
+            self.runtimes.iter().map(|r| r.handle().clone()).collect()
+        }
+    }
+
+    /// Stops everything; call outside async code (stopping servers blocks).
+    fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Env {
+    /// Also on a panic: the client runtimes stop without blocking; then the servers, the
+    /// namespaces and the shim go (fields drop in declaration order).
+    fn drop(&mut self) {
+        for runtime in self.runtimes.drain(..) {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Runs `plan` on fresh servers and reports every lane.
+pub async fn run(plan: &Plan) -> Vec<Report> {
+    let fault = plan.fault;
+    let env = tokio::task::spawn_blocking(move || Env::start(fault))
+        .await
+        .expect("servers start");
+    let urls = env.urls();
+    let standalone = matches!(env.servers, Servers::Standalone(_));
+    let slot = fencelock::slot_of(TAG.as_bytes());
+    let handles = env.handles();
+    let env = Arc::new(Mutex::new(env));
+
+    // Worker i of every fencelock lane shares client i, made on (and driven by) the runtime
+    // of its side.
     let mut clients = Vec::new();
     if plan.kinds.iter().any(|k| k.is_fencelock()) {
-        for _ in 0..plan.workers.max(READERS).max(SETTERS) {
-            let client = Client::builder(urls.iter().map(String::as_str))
+        for i in 0..plan.workers.max(READERS).max(SETTERS) {
+            let builder = Client::builder(urls.iter().map(String::as_str))
                 .request_timeout(REQUEST_TIMEOUT)
-                .connect()
+                .fence_mode(plan.fence);
+            let client = handles[i % handles.len()]
+                .spawn(async move { builder.connect().await })
                 .await
+                .expect("connect task")
                 .expect("fencelock client");
             clients.push(client);
         }
     }
     let mut lanes = Vec::new();
     for &kind in &plan.kinds {
-        lanes.push(Lane::start(kind, &clients, &urls, plan, slot).await);
+        lanes.push(Lane::start(kind, &clients, &urls, plan, slot, &handles, standalone).await);
     }
     for lane in &lanes {
         lane.await_grants(plan.grants / 2, Duration::from_secs(120))
@@ -315,42 +517,69 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
 
     let fault_start = Instant::now();
     match plan.fault {
-        Fault::ClientPause => {
+        Fault::ClientPause | Fault::ClientPartition => {
+            let partition = plan.fault == Fault::ClientPartition;
+            let pauses = if partition { 1 } else { CLIENT_PAUSES };
             let writing: Vec<&Lane> = lanes.iter().filter(|l| l.kind.has_store()).collect();
             for lane in &writing {
-                lane.shared
-                    .pauses_wanted
-                    .store(CLIENT_PAUSES, Ordering::SeqCst);
+                lane.shared.pauses_wanted.store(pauses, Ordering::SeqCst);
+            }
+            if partition {
+                // Every lane's side-0 holder is between its read and its write: cut side 0
+                // off from everything for 2.5 × TTL, then let them write.
+                for lane in &writing {
+                    let mut holding = lane.shared.pauses_holding.subscribe();
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(60),
+                        holding.wait_for(|n| *n >= 1),
+                    )
+                    .await;
+                }
+                let env = Arc::clone(&env);
+                let ttl = plan.ttl;
+                tokio::task::spawn_blocking(move || {
+                    let env = env.lock().unwrap_or_else(|e| e.into_inner());
+                    let net = env.net.as_ref().expect("network faults have a net");
+                    let side = net.client(0).ip.clone();
+                    net.isolate(&side);
+                    // The fault is this long: a wait for time itself, not for an event.
+                    std::thread::sleep(ttl * 5 / 2);
+                    net.heal();
+                })
+                .await
+                .expect("partition");
+                for lane in &writing {
+                    lane.shared.healed.send_replace(true);
+                }
             }
             for lane in &writing {
                 let mut done = lane.shared.pauses_done.subscribe();
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(60),
-                    done.wait_for(|n| *n >= CLIENT_PAUSES),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(60), done.wait_for(|n| *n >= pauses))
+                        .await;
             }
         }
         fault => {
             let grants: Vec<_> = lanes.iter().map(|l| l.shared.grants.subscribe()).collect();
             let handle = tokio::runtime::Handle::current();
-            let cluster = Arc::clone(&cluster);
+            let env = Arc::clone(&env);
+            let degraded_grants = (plan.grants / 10).max(10);
+            let ttl = plan.ttl;
             tokio::task::spawn_blocking(move || {
-                let await_grants = |n: usize| {
+                // Waits until every lane made `n` more grants, or `cap` has passed.
+                let await_grants = |n: usize, cap: Duration| {
                     handle.block_on(async {
+                        let until = tokio::time::Instant::now() + cap;
                         for rx in &grants {
                             let target = *rx.borrow() + n;
                             let mut rx = rx.clone();
-                            let _ = tokio::time::timeout(
-                                Duration::from_secs(30),
-                                rx.wait_for(|g| *g >= target),
-                            )
-                            .await;
+                            let _ =
+                                tokio::time::timeout_at(until, rx.wait_for(|g| *g >= target)).await;
                         }
                     })
                 };
-                let mut cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
-                inject(&mut cluster, fault, slot, await_grants);
+                let mut env = env.lock().unwrap_or_else(|e| e.into_inner());
+                inject(&mut env, fault, slot, ttl, degraded_grants, await_grants);
             })
             .await
             .expect("fault injection");
@@ -369,6 +598,7 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
         reports.push(check(
             kind,
             plan.fault,
+            plan.fence,
             &history,
             &shared,
             fault_start,
@@ -376,18 +606,39 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
         ));
     }
     drop(clients);
-    let cluster = Arc::try_unwrap(cluster)
+    let env = Arc::try_unwrap(env)
         .ok()
         .expect("fault thread is done")
         .into_inner()
         .unwrap_or_else(|e| e.into_inner());
-    tokio::task::spawn_blocking(move || drop(cluster))
+    tokio::task::spawn_blocking(move || env.stop())
         .await
-        .expect("cluster stop");
+        .expect("servers stop");
     reports
 }
-/// Applies a cluster fault to the master of `slot` and returns once the cluster has settled.
-fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(usize)) {
+
+/// Applies a fault to the master of `slot` (or to the standalone server) and returns once the
+/// servers have settled.
+///
+/// `degraded_grants`: how many grants per lane the client links stay degraded for
+/// ([`Fault::ClientLatency`], at most 30 s).
+fn inject(
+    env: &mut Env,
+    fault: Fault,
+    slot: u16,
+    ttl: Duration,
+    degraded_grants: usize,
+    await_grants: impl Fn(usize, Duration),
+) {
+    if fault == Fault::StandaloneRestartEmpty {
+        let Servers::Standalone(server) = &mut env.servers else {
+            unreachable!("standalone fault")
+        };
+        server.node.restart_empty();
+        return;
+    }
+    let net = env.net.take();
+    let cluster = env.cluster();
     let master = cluster.master_of_slot(slot).port;
     let replica = cluster.replica_of(master).port;
     match fault {
@@ -412,7 +663,19 @@ fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(
         }
         Fault::ForcedLoss => {
             cluster.cut_off_replica(master, replica);
-            await_grants(50);
+            await_grants(50, Duration::from_secs(30));
+            cluster.take_over_with_lagging_replica(master, replica, slot);
+        }
+        Fault::SkewedLoss(behind) => {
+            netns::set_clock_offset(cluster.node(replica), -behind);
+            let cut = Instant::now();
+            cluster.cut_off_replica(master, replica);
+            await_grants(50, Duration::from_secs(30));
+            // The lost window outlasts a lease: a promoted master whose clock is behind sees
+            // the last replicated lease as running longer and waits it out, which hides the
+            // skew when fewer than a lease's worth of grants were lost. The fault is this long:
+            // a wait for time itself.
+            std::thread::sleep((cut + ttl * 2).saturating_duration_since(Instant::now()));
             cluster.take_over_with_lagging_replica(master, replica, slot);
         }
         Fault::SlotMigration => {
@@ -422,10 +685,53 @@ fn inject(cluster: &mut Cluster, fault: Fault, slot: u16, await_grants: impl Fn(
                 .find(|n| n.port != master && n.info("replication").contains("role:master"))
                 .expect("another master")
                 .port;
-            cluster.migrate_slot(slot, master, target, || await_grants(20));
+            cluster.migrate_slot(slot, master, target, || {
+                await_grants(20, Duration::from_secs(30))
+            });
         }
-        Fault::ClientPause => unreachable!("handled by the workers"),
+        Fault::MasterRestartEmpty => {
+            cluster.node_mut(master).restart_empty();
+            let info = cluster.node(master).info("replication");
+            assert!(
+                info.contains("role:master"),
+                "restarted before the cluster noticed, it is still master: {info}"
+            );
+            cluster.wait_healthy();
+        }
+        Fault::MinorityPartition => {
+            let net = net.as_ref().expect("network faults have a net");
+            let old = cluster.node(master).host.clone();
+            let minority = [old.as_str(), net.client(0).ip.as_str()];
+            let majority: Vec<String> = net
+                .all_ips()
+                .into_iter()
+                .filter(|ip| !minority.contains(&ip.as_str()))
+                .collect();
+            let majority: Vec<&str> = majority.iter().map(String::as_str).collect();
+            net.partition(&minority, &majority);
+            cluster.wait_promoted(replica, slot, &[master]);
+            // The majority side grants on the new master for a while before the heal (lanes
+            // whose clients stay stuck on the old master, like redis-rs's for the plain
+            // recipe, get no more than 5 s).
+            await_grants(20, Duration::from_secs(5));
+            net.heal();
+            cluster.wait_replica(master);
+        }
+        Fault::ClientLatency => {
+            let net = net.as_ref().expect("network faults have a net");
+            for i in 0..net.clients() {
+                net.shape(i, Shape::degraded());
+            }
+            await_grants(degraded_grants, Duration::from_secs(30));
+            for i in 0..net.clients() {
+                net.shape(i, Shape::default());
+            }
+        }
+        Fault::ClientPause | Fault::ClientPartition | Fault::StandaloneRestartEmpty => {
+            unreachable!("handled by the workers")
+        }
     }
+    env.net = net;
 }
 
 /// What a worker does with a grant.
@@ -460,6 +766,8 @@ struct Grant {
 struct History {
     grants: Vec<Grant>,
     failed_acquires: usize,
+    /// The longest acquire call, failed ones included.
+    longest_call: Duration,
 }
 
 /// State shared by one lane's workers and the run.
@@ -468,7 +776,13 @@ struct LaneShared {
     /// Grants of writers and setters (readers are not counted towards the plan's grants).
     grants: watch::Sender<usize>,
     pauses_wanted: AtomicUsize,
+    /// Paused holders between their read and their write ([`Fault::ClientPartition`]).
+    pauses_holding: watch::Sender<usize>,
     pauses_done: watch::Sender<usize>,
+    /// [`Fault::ClientPartition`]: a pause lasts until the partition healed (`true`), and only
+    /// side-0 writers take one.
+    partition: bool,
+    healed: watch::Sender<bool>,
     store: Store,
 }
 
@@ -479,18 +793,25 @@ struct Lane {
 }
 
 impl Lane {
+    /// Starts `kind`'s workers; worker `i` uses client `i` and runs on `handles[i % n]`
+    /// (client `i` was made there: in the client namespace of side `i % n`).
     async fn start(
         kind: Kind,
         clients: &[Client],
         urls: &[String],
         plan: &Plan,
         slot: u16,
+        handles: &[Handle],
+        standalone: bool,
     ) -> Lane {
         let shared = Arc::new(LaneShared {
             stop: AtomicBool::new(false),
             grants: watch::Sender::new(0),
             pauses_wanted: AtomicUsize::new(0),
+            pauses_holding: watch::Sender::new(0),
             pauses_done: watch::Sender::new(0),
+            partition: plan.fault == Fault::ClientPartition,
+            healed: watch::Sender::new(false),
             store: Store::new(kind.is_fencelock()),
         });
         let options = LockOptions::new()
@@ -498,24 +819,25 @@ impl Lane {
             .ttl(plan.ttl)
             .timeout(ACQUIRE_TIMEOUT);
         let client = |i: usize| clients[i % clients.len()].clone();
-        let mut lockers = Vec::new();
+        // (worker's client index, locker): the index picks the side.
+        let mut lockers: Vec<(usize, Locker)> = Vec::new();
         match kind {
             Kind::Mutex => {
                 for i in 0..plan.workers {
-                    lockers.push(Locker::Mutex(client(i), options.clone()));
+                    lockers.push((i, Locker::Mutex(client(i), options.clone())));
                 }
             }
             Kind::RwLock => {
                 for i in 0..WRITERS {
-                    lockers.push(Locker::Write(client(i), options.clone()));
+                    lockers.push((i, Locker::Write(client(i), options.clone())));
                 }
                 for i in 0..READERS {
-                    lockers.push(Locker::Read(client(i), options.clone()));
+                    lockers.push((i, Locker::Read(client(i), options.clone())));
                 }
             }
             Kind::Fair => {
                 for i in 0..plan.workers {
-                    lockers.push(Locker::Fair(client(i), options.clone()));
+                    lockers.push((i, Locker::Fair(client(i), options.clone())));
                 }
             }
             Kind::Semaphore => {
@@ -525,25 +847,34 @@ impl Lane {
                         .and_then(|s| s.with_placement(&Placement::Tag(TAG.into())))
                         .expect("semaphore handle");
                     assert_eq!(semaphore.keys().slot(), slot, "the semaphore's slot");
-                    lockers.push(Locker::Semaphore(semaphore, options.clone()));
+                    lockers.push((i, Locker::Semaphore(semaphore, options.clone())));
                 }
             }
             Kind::Latch => {
                 for i in 0..SETTERS {
                     let latch = client(i).latch(LATCH).expect("latch handle");
                     assert_eq!(latch.slot(), slot, "the latch's slot");
-                    lockers.push(Locker::Latch(latch));
+                    lockers.push((i, Locker::Latch(latch)));
                 }
             }
             Kind::Plain => {
-                for _ in 0..plan.workers {
-                    lockers.push(Locker::plain(urls, plan.ttl).await);
+                for i in 0..plan.workers {
+                    let (urls, ttl) = (urls.to_vec(), plan.ttl);
+                    let locker = handles[i % handles.len()]
+                        .spawn(async move { Locker::plain(&urls, ttl, standalone).await })
+                        .await
+                        .expect("plain connect task");
+                    lockers.push((i, locker));
                 }
             }
         }
         let workers = lockers
             .into_iter()
-            .map(|locker| tokio::spawn(work(locker, Arc::clone(&shared), plan.ttl)))
+            .map(|(i, locker)| {
+                let side = i % handles.len();
+                let task = work(locker, Arc::clone(&shared), plan.ttl, plan.work, side);
+                handles[side].spawn(task)
+            })
             .collect();
         Lane {
             kind,
@@ -568,17 +899,26 @@ impl Lane {
             let history = worker.await.expect("worker");
             all.grants.extend(history.grants);
             all.failed_acquires += history.failed_acquires;
+            all.longest_call = all.longest_call.max(history.longest_call);
         }
         (all, self.shared)
     }
 }
 
-async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration) -> History {
+async fn work(
+    mut locker: Locker,
+    shared: Arc<LaneShared>,
+    ttl: Duration,
+    work_for: Duration,
+    side: usize,
+) -> History {
     let role = locker.role();
     let mut history = History::default();
     while !shared.stop.load(Ordering::SeqCst) {
         let requested = Instant::now();
-        let Some(hold) = locker.acquire().await else {
+        let acquired = locker.acquire().await;
+        history.longest_call = history.longest_call.max(requested.elapsed());
+        let Some(hold) = acquired else {
             history.failed_acquires += 1;
             if role == Role::Setter {
                 tokio::time::sleep(SET_EVERY).await;
@@ -598,12 +938,21 @@ async fn work(mut locker: Locker, shared: Arc<LaneShared>, ttl: Duration) -> His
         let mut pause = false;
         match role {
             Role::Writer => {
-                pause = shared
-                    .pauses_wanted
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok();
+                pause = (!shared.partition || side == 0)
+                    && shared
+                        .pauses_wanted
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
                 let read = shared.store.read(&holder);
-                tokio::time::sleep(if pause { ttl * 5 / 2 } else { WORK }).await;
+                if pause && shared.partition {
+                    // Cut off while holding: the work needs the network until it heals.
+                    shared.pauses_holding.send_modify(|n| *n += 1);
+                    let mut healed = shared.healed.subscribe();
+                    let _ = tokio::time::timeout(Duration::from_secs(60), healed.wait_for(|h| *h))
+                        .await;
+                } else {
+                    tokio::time::sleep(if pause { ttl * 5 / 2 } else { work_for }).await;
+                }
                 if let Some(version) = read {
                     shared.store.write(&holder, version);
                 }
@@ -658,11 +1007,57 @@ enum Locker {
     Fair(Client, LockOptions),
     Semaphore(Semaphore, LockOptions),
     Latch(Latch),
-    Plain(ClusterConnection, Duration),
+    Plain(PlainConnection, Duration),
+}
+
+/// The plain recipe's connection: to the cluster, or to a standalone server.
+#[derive(Clone)]
+enum PlainConnection {
+    Cluster(ClusterConnection),
+    Standalone(redis::aio::ConnectionManager),
+}
+
+impl redis::aio::ConnectionLike for PlainConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            PlainConnection::Cluster(c) => c.req_packed_command(cmd),
+            PlainConnection::Standalone(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            PlainConnection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            PlainConnection::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
 }
 
 impl Locker {
-    async fn plain(urls: &[String], ttl: Duration) -> Locker {
+    async fn plain(urls: &[String], ttl: Duration, standalone: bool) -> Locker {
+        if standalone {
+            let config = redis::aio::ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(REQUEST_TIMEOUT))
+                .set_response_timeout(Some(REQUEST_TIMEOUT));
+            let conn = redis::Client::open(urls[0].as_str())
+                .expect("standalone client")
+                .get_connection_manager_with_config(config)
+                .await
+                .expect("standalone connection");
+            return Locker::Plain(PlainConnection::Standalone(conn), ttl);
+        }
         let conn = redis::cluster::ClusterClientBuilder::new(urls.to_vec())
             .connection_timeout(REQUEST_TIMEOUT)
             .response_timeout(REQUEST_TIMEOUT)
@@ -674,7 +1069,7 @@ impl Locker {
             .get_async_connection()
             .await
             .expect("cluster connection");
-        Locker::Plain(conn, ttl)
+        Locker::Plain(PlainConnection::Cluster(conn), ttl)
     }
 
     fn role(&self) -> Role {
@@ -781,7 +1176,7 @@ impl Locker {
 
 /// The usual recipe: `SET lock owner NX PX ttl`, then `INCR counter` as the token.
 async fn plain_acquire(
-    conn: &mut ClusterConnection,
+    conn: &mut PlainConnection,
     ttl: Duration,
     deadline: Instant,
 ) -> Option<Hold> {
@@ -897,6 +1292,7 @@ impl Store {
 fn check(
     kind: Kind,
     fault: Fault,
+    fence: FenceMode,
     history: &History,
     lane: &LaneShared,
     fault_start: Instant,
@@ -934,14 +1330,20 @@ fn check(
     }
     let mut believed: BTreeMap<u32, Believed> = BTreeMap::new();
     let mut overlaps = 0;
+    let mut longest_overlap = Duration::ZERO;
     for grant in by_granted.iter().filter(|g| g.role != Role::Setter) {
         let until = believed.entry(grant.resource).or_default();
         let conflict = match grant.role {
             Role::Writer => until.any,
             _ => until.writer,
         };
-        if conflict.is_some_and(|until| grant.granted < until) {
+        if let Some(until) = conflict.filter(|until| grant.granted < *until) {
             overlaps += 1;
+            longest_overlap = longest_overlap.max(
+                until
+                    .min(grant.end)
+                    .saturating_duration_since(grant.granted),
+            );
         }
         until.any = until.any.max(Some(grant.end));
         if grant.role == Role::Writer {
@@ -992,6 +1394,7 @@ fn check(
     Report {
         fault,
         kind,
+        fence,
         grants: counted.len(),
         reads: grants.len() - counted.len(),
         failed_acquires: history.failed_acquires,
@@ -1000,7 +1403,9 @@ fn check(
         stale_writes_accepted: sum(|s| s.stale_accepted),
         lost_updates: sum(|s| s.lost_updates),
         overlaps,
+        longest_overlap,
         writes_rejected: sum(|s| s.rejected),
+        longest_call: history.longest_call,
         unavailable,
         steady: latencies(false),
         during: latencies(true),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod chaos;
+pub mod netns;
 
 /// Polls `condition` every 20 ms until it holds, panicking after `limit`.
 pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
@@ -253,15 +254,33 @@ impl Drop for TlsCerts {
     }
 }
 
+/// Where and how a redis-server runs beyond its port: in a network namespace (`ip netns exec`),
+/// bound to and announcing an address of its own, with extra environment (the clock shim).
+#[derive(Clone, Debug, Default)]
+pub struct Launch {
+    /// The network namespace to start it in (`ip netns exec NAME redis-server ...`).
+    pub netns: Option<String>,
+    /// The address it binds and announces (`--cluster-announce-ip`); 127.0.0.1 when `None`.
+    pub host: Option<String>,
+    /// Extra environment, e.g. `LD_PRELOAD` of the clock shim.
+    pub env: Vec<(String, String)>,
+}
+
 /// One redis-server process.
 pub struct Node {
     pub port: u16,
+    /// The address clients reach it on (127.0.0.1 unless started in a namespace).
+    pub host: String,
     child: Child,
     dir: PathBuf,
     password: Option<String>,
     /// Set for a TLS-only server: its URL is `rediss://`.
     tls: Option<Arc<TlsCerts>>,
     killed: bool,
+    /// The command line (listening and extra arguments) and the launch, to start it again.
+    listen: Vec<String>,
+    extra: Vec<String>,
+    launch: Launch,
 }
 
 impl Node {
@@ -283,35 +302,100 @@ impl Node {
         password: Option<&str>,
         tls: Option<(&Arc<TlsCerts>, &str)>,
     ) -> Node {
+        Self::spawn_launch(extra, password, tls, Launch::default())
+    }
+
+    /// A plain server started as `launch` says (namespace, address, environment).
+    pub fn spawn_launched(extra: &[&str], launch: Launch) -> Node {
+        Self::spawn_launch(extra, None, None, launch)
+    }
+
+    fn spawn_launch(
+        extra: &[&str],
+        password: Option<&str>,
+        tls: Option<(&Arc<TlsCerts>, &str)>,
+        launch: Launch,
+    ) -> Node {
         let port = free_port();
         let dir = scratch_dir(port);
-        let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let listen = match tls {
             Some((certs, auth_clients)) => certs.server_args(port, auth_clients),
             None => vec!["--port".into(), port.to_string()],
         };
-        let child = Command::new("redis-server")
-            .args(listen)
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdout(Stdio::from(log))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test.sh installs it)");
-        let node = Node {
+        let mut node = Node {
             port,
-            child,
+            host: launch
+                .host
+                .clone()
+                .unwrap_or_else(|| "127.0.0.1".to_owned()),
+            child: Self::launch(&launch, &listen, &extra, &dir),
             dir,
             password: password.map(str::to_owned),
             tls: tls.map(|(certs, _)| Arc::clone(certs)),
             killed: false,
+            listen,
+            extra,
+            launch,
         };
-        wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
-            node.answers()
-        });
+        node.await_answer();
         node
+    }
+
+    fn launch(launch: &Launch, listen: &[String], extra: &[String], dir: &Path) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("redis.log"))
+            .expect("log file");
+        let mut command = match &launch.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns, "redis-server"]);
+                command
+            }
+            None => Command::new("redis-server"),
+        };
+        let host = launch.host.as_deref().unwrap_or("127.0.0.1");
+        command
+            .args(listen)
+            .args(["--bind", host, "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(extra)
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::null());
+        if launch.host.is_some() {
+            command.args(["--protected-mode", "no", "--cluster-announce-ip", host]);
+        }
+        command
+            .spawn()
+            .expect("redis-server must be installed (scripts/test.sh installs it)")
+    }
+
+    fn await_answer(&mut self) {
+        let port = self.port;
+        wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
+            self.answers()
+        });
+    }
+
+    /// SIGKILLs the server (if running) and starts it again on the same port, directory and
+    /// arguments, without its data: no persistence is configured, so it comes back EMPTY. A
+    /// cluster node keeps its `nodes.conf` (its identity, role, slots and config epoch), as a
+    /// production node with persistence off does; restarted before the cluster notices, it is
+    /// still the slot's master, and its replica resynchronises from it (losing the data too).
+    pub fn restart_empty(&mut self) {
+        self.kill();
+        self.child = Self::launch(&self.launch, &self.listen, &self.extra, &self.dir);
+        self.killed = false;
+        self.await_answer();
+    }
+
+    /// The file the clock shim reads this node's clock offset from (see `netns::ClockShim`).
+    pub fn clock_offset_file(&self) -> PathBuf {
+        self.dir.join("clock_offset_ms")
     }
 
     pub fn pid(&self) -> u32 {
@@ -325,17 +409,23 @@ impl Node {
             "redis"
         };
         match &self.password {
-            Some(password) => format!("{scheme}://:{password}@127.0.0.1:{}", self.port),
-            None => format!("{scheme}://127.0.0.1:{}", self.port),
+            Some(password) => format!("{scheme}://:{password}@{}:{}", self.host, self.port),
+            None => format!("{scheme}://{}:{}", self.host, self.port),
         }
     }
 
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     pub fn answers(&self) -> bool {
-        std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+        let addr = (self.host.as_str(), self.port);
+        std::net::ToSocketAddrs::to_socket_addrs(&addr)
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|a| {
+                std::net::TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok()
+            })
             && self.try_cmd::<String>(&mut redis::cmd("PING")).is_ok()
     }
 
@@ -462,6 +552,13 @@ impl Standalone {
         }
     }
 
+    /// A plain server started as `launch` says (namespace, address, clock shim).
+    pub fn start_launched(launch: Launch) -> Self {
+        Self {
+            node: Node::spawn_launched(&[], launch),
+        }
+    }
+
     pub fn url(&self) -> String {
         self.node.url()
     }
@@ -486,6 +583,16 @@ impl Cluster {
     }
 
     fn start_with(tls: Option<&Arc<TlsCerts>>) -> Self {
+        Self::start_inner(tls, |_| Launch::default())
+    }
+
+    /// A plain cluster whose node `i` (0..6) starts as `launch(i)` says: in a network namespace
+    /// of its own with an address it announces, or with the clock shim preloaded.
+    pub fn start_launched(launch: impl Fn(usize) -> Launch) -> Self {
+        Self::start_inner(None, launch)
+    }
+
+    fn start_inner(tls: Option<&Arc<TlsCerts>>, launch: impl Fn(usize) -> Launch) -> Self {
         let timeout = NODE_TIMEOUT.as_millis().to_string();
         let args = [
             "--cluster-enabled",
@@ -503,9 +610,9 @@ impl Cluster {
         ]
         .concat();
         let nodes: Vec<Node> = (0..6)
-            .map(|_| match tls {
+            .map(|i| match tls {
                 Some(certs) => Node::spawn_tls(&tls_args, certs, "no"),
-                None => Node::spawn(&args),
+                None => Node::spawn_launched(&args, launch(i)),
             })
             .collect();
         let status = Command::new("redis-cli")
@@ -637,8 +744,7 @@ impl Cluster {
                             || n.try_cmd::<String>(redis::cmd("CLUSTER").arg("NODES"))
                                 .map(|nodes| {
                                     nodes.lines().any(|l| {
-                                        l.contains(&format!("127.0.0.1:{port}@"))
-                                            && l.contains("master")
+                                        l.contains(&format!(":{port}@")) && l.contains("master")
                                     })
                                 })
                                 .unwrap_or(false)
@@ -687,7 +793,7 @@ impl Cluster {
             let Some(key) = keys.first() else { break };
             source.cmd::<String>(
                 redis::cmd("MIGRATE")
-                    .arg("127.0.0.1")
+                    .arg(&target.host)
                     .arg(to)
                     .arg("")
                     .arg(0)
