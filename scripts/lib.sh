@@ -29,10 +29,13 @@ ensure_postgres() {
 # tests), util-linux's `script` (a pseudo-terminal for the exec terminal test) and tmux
 # (`fencelock top` under a terminal, tests/cli_ops.rs).
 ensure_test_tools() {
-  if command -v openssl >/dev/null && command -v script >/dev/null && command -v tmux >/dev/null; then
+  # openssl: TLS test certificates; script/tmux: terminal tests; ip (iproute2): the network
+  # namespaces of tests/faults.rs; gcc: its clock-offset shim.
+  if command -v openssl >/dev/null && command -v script >/dev/null && command -v tmux >/dev/null \
+    && command -v ip >/dev/null && command -v gcc >/dev/null; then
     return 0
   fi
-  echo "installing openssl, bsdutils and tmux with apt-get" >&2
+  echo "installing openssl, bsdutils, tmux, iproute2 and gcc with apt-get" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux iproute2 gcc >/dev/null
 }
