@@ -4,7 +4,8 @@
 //!   fresh random names of its own, for fencelock (clock fence mode) and rslock in one run;
 //! - `contended`: `--tasks` tasks (16) on ONE lock, hold 0: grants per second;
 //! - `latency`: one task, no concurrency: acquire and release latency p50/p99;
-//! - `modes`: fencelock's pairs per second in each fence mode (clock, epoch, counter).
+//! - `modes`: fencelock's pairs per second in each fence mode (clock, epoch, counter,
+//!   epoch-clock).
 //!
 //! Every measurement prints one line, `speed KIND key=value ...`, with, besides the rate, what
 //! it cost (over the measured interval only): client CPU (getrusage) and server CPU (`INFO cpu`
@@ -150,6 +151,7 @@ async fn main() {
                 (FenceMode::Clock, "clock"),
                 (FenceMode::Epoch, "epoch"),
                 (FenceMode::Counter, "counter"),
+                (FenceMode::EpochClock, "epoch-clock"),
             ] {
                 let job = Job::new(&args, Lib::Fencelock, mode, 1).await;
                 let m = pairs(&job, &probe, tasks, seconds).await;

@@ -36,7 +36,7 @@ impl Core {
         let transport = Arc::new(transport);
         let counters = Arc::new(Counters::default());
         let expiry: Arc<str> = match fence_mode {
-            FenceMode::Clock => expiry_grace.as_millis().to_string().into(),
+            FenceMode::Clock | FenceMode::EpochClock => expiry_grace.as_millis().to_string().into(),
             FenceMode::Counter | FenceMode::Epoch => "".into(),
         };
         Self {
@@ -60,10 +60,11 @@ impl Core {
     }
 
     /// The acquire script's fence mode argument; a standalone server has no epoch, so epoch
-    /// mode is a counter there.
+    /// mode is a counter there and epoch-clock mode is clock mode.
     pub(crate) fn fence_arg(&self) -> &'static str {
         match (self.fence_mode, self.transport.topology()) {
-            (FenceMode::Clock, _) => "clock",
+            (FenceMode::Clock, _) | (FenceMode::EpochClock, Topology::Standalone) => "clock",
+            (FenceMode::EpochClock, Topology::Cluster) => "hybrid",
             (FenceMode::Epoch, Topology::Cluster) => "epoch",
             (FenceMode::Epoch, Topology::Standalone) | (FenceMode::Counter, _) => "counter",
         }

@@ -187,6 +187,15 @@ pub enum FenceMode {
     /// master restarted empty restarts the counter (see `docs/safety.md`). On a standalone
     /// server the epoch is 0 and this behaves as [`FenceMode::Counter`].
     Epoch,
+    /// `max(counter + 1, server time in µs + epoch × 2^34 + 1, floor + 1)`, where `epoch` is
+    /// the master's `cluster_my_epoch`: a promoted replica's tokens start ≈ 4.8 hours of µs
+    /// above the old master's, so they stay above every earlier token even when its clock lags
+    /// by up to that much (clock mode breaks at a lag longer than the failover took), and the
+    /// clock term keeps a master restarted without its data above what it granted before
+    /// (epoch mode breaks there). Keys expire as in clock mode. Costs one `CLUSTER INFO` per
+    /// script call (a batch of concurrent acquires pays it once). On a standalone server it is
+    /// [`FenceMode::Clock`]. Measured under faults in `docs/safety.md`.
+    EpochClock,
 }
 
 #[cfg(test)]

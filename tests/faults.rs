@@ -343,3 +343,16 @@ async fn a_standalone_server_restarted_empty_keeps_clock_tokens_rising_and_count
         "counter mode's restart at 1 is reported: {mutex:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn epoch_clock_tokens_survive_both_a_skewed_forced_loss_and_a_master_restarted_empty() {
+    // The two faults where clock mode and epoch mode each break (tests above): the epoch-clock
+    // mode keeps every primitive's tokens rising through both.
+    for fault in [Fault::SkewedLoss(5_000), Fault::MasterRestartEmpty] {
+        let reports = chaos_run(fault, FenceMode::EpochClock, &Kind::ALL).await;
+        for report in fencelock(&reports) {
+            assert!(report.grants > 0, "{fault:?}: {report:?}");
+            assert_eq!(report.fencing_violations(), 0, "{fault:?}: {report:?}");
+        }
+    }
+}

@@ -220,15 +220,21 @@ pub fn fence_id(mode: FenceMode) -> &'static str {
         FenceMode::Clock => "clock",
         FenceMode::Epoch => "epoch",
         FenceMode::Counter => "counter",
+        FenceMode::EpochClock => "epoch-clock",
         _ => "other",
     }
 }
 
-/// The fence mode named `id` (`clock`, `epoch`, `counter`).
+/// The fence mode named `id` (`clock`, `epoch`, `counter`, `epoch-clock`).
 pub fn parse_fence(id: &str) -> Option<FenceMode> {
-    [FenceMode::Clock, FenceMode::Epoch, FenceMode::Counter]
-        .into_iter()
-        .find(|m| fence_id(*m) == id)
+    [
+        FenceMode::Clock,
+        FenceMode::Epoch,
+        FenceMode::Counter,
+        FenceMode::EpochClock,
+    ]
+    .into_iter()
+    .find(|m| fence_id(*m) == id)
 }
 
 /// One lane of a run: a primitive, its workers and its store.

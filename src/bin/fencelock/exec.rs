@@ -95,12 +95,15 @@ enum FenceModeArg {
     Epoch,
     /// A plain counter.
     Counter,
+    /// Server clock in µs plus the master's config epoch × 2^34.
+    EpochClock,
 }
 
 impl From<FenceModeArg> for FenceMode {
     fn from(mode: FenceModeArg) -> Self {
         match mode {
             FenceModeArg::Clock => FenceMode::Clock,
+            FenceModeArg::EpochClock => FenceMode::EpochClock,
             FenceModeArg::Epoch => FenceMode::Epoch,
             FenceModeArg::Counter => FenceMode::Counter,
         }

@@ -23,8 +23,6 @@ for i = 1, #ARGV - 1, 3 do
     local ends = now_ms + tonumber(ARGV[i + 2])
     redis.call('HSET', key, 'until', string.format('%.0f', ends))
     if grace then
-      local fence_ms = math.ceil((tonumber(lock[3]) or 0) / 1000)
-      if fence_ms > ends then ends = fence_ms end
       local current = redis.call('PEXPIRETIME', key)
       if current < 0 or current < ends + grace then
         redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))

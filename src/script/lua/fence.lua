@@ -4,8 +4,12 @@
 -- many permits: `fence` .. `fence + count - 1`), all of which must stay below 2^53.
 --
 -- The fence is max(stored + 1, floor + 1, TIME µs + 1 in mode `clock`, cluster_my_epoch ×
--- 2^32 + 1 in mode `epoch` (cluster only)); mode `counter` is a plain counter. Returns
--- `fence, behind` (behind: µs the stored fence was ahead of the clock in clock mode, else 0),
+-- 2^32 + 1 in mode `epoch` (cluster only), TIME µs + cluster_my_epoch × 2^34 + 1 in mode
+-- `hybrid` (cluster only: the epoch term lifts every failover's tokens ≈ 4.8 h of µs above the
+-- old master's, the clock term survives a restart without data)); mode `counter` is a plain
+-- counter. In modes `clock` and `hybrid` it sets `memo.shift` (0, or epoch × 2^34): what to take
+-- off a fence to read it as server µs, for the key's expiry (`keep`). Returns
+-- `fence, behind` (behind: µs the stored fence was ahead of the clock term, else 0),
 -- or `nil, error reply` (the caller returns it, before any write) when the fence would pass
 -- 2^53 - 1 or the epoch cannot be read. The epoch is read once per call and kept in `memo`
 -- (one table per script call: a batch of many keys pays for one `CLUSTER INFO`).
@@ -14,9 +18,10 @@ local function next_fence(stored, floor, mode, count)
   floor = tonumber(floor) or 0
   local behind = 0
   if mode == 'clock' then
+    memo.shift = 0
     if now_us > floor then floor = now_us end
     if stored > now_us then behind = stored - now_us end
-  elseif mode == 'epoch' then
+  elseif mode == 'epoch' or mode == 'hybrid' then
     local epoch = memo.epoch
     if not epoch then
       local ok, info = pcall(redis.call, 'CLUSTER', 'INFO')
@@ -26,10 +31,17 @@ local function next_fence(stored, floor, mode, count)
     if not epoch then
       return nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
     end
-    if epoch >= 2097152 then
-      return nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
+    if mode == 'epoch' then
+      if epoch >= 2097152 then
+        return nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
+      end
+      if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
+    else
+      memo.shift = epoch * 17179869184
+      local clock = now_us + memo.shift
+      if clock > floor then floor = clock end
+      if stored > clock then behind = stored - clock end
     end
-    if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
   end
   if fence <= floor then fence = floor + 1 end
   if fence > 9007199254740991 - ((count or 1) - 1) then

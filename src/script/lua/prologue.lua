@@ -9,13 +9,16 @@
 -- removes every field but `fence`.
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
--- key for good. `keep(key, fence, ends)` is called after every write that grants or extends:
--- with a grace it sets the key to expire at `max(ends, fence as ms) + grace`, where `ends` is
--- the lease end (or now, for a freed lock); without one it removes any expiry. A release only
--- removes fields and leaves the expiry alone: it already covers the lease and the fence. In
--- clock mode the next grant after the key expired is `TIME µs + 1`, above `fence` because the
--- clock has passed it by `grace`. `memo` (declared before the prologue, one table per script
--- call, shared by the keys of a batch) caches what one call reads once.
+-- key for good. `keep(key, fence, ends)` is called after every write that grants or extends.
+-- In a call that granted (the fence rule set `memo.shift`) it sets the key to expire at
+-- `max(ends, fence as ms) + grace`, the fence read as server time (`fence - memo.shift` µs),
+-- where `ends` is the lease end (or now, for a freed lock): in clock and hybrid modes the next
+-- grant after the key expired starts above the fence, as the clock has passed it by `grace`.
+-- Any other write sets it to `ends + grace` when the fence read as ms is behind `ends` (clock
+-- mode), else only raises the expiry to that (or sets it on a key without one): the grant's
+-- expiry already covers the fence, which for an epoch-clock fence is far ahead of the clock. Without a grace it removes any expiry. A release only removes fields and
+-- leaves the expiry alone. `memo` (declared before the prologue, one table per script call,
+-- shared by the keys of a batch) caches what one call reads once.
 local now = memo.now
 if not now then
   now = redis.call('TIME')
@@ -26,7 +29,14 @@ local now_ms = math.floor(now_us / 1000)
 local grace = tonumber(ARGV[#ARGV])
 local function keep(key, fence, ends)
   if not grace then return redis.call('PERSIST', key) end
-  local fence_ms = math.ceil((tonumber(fence) or 0) / 1000)
+  if not memo.shift and math.ceil((tonumber(fence) or 0) / 1000) > ends then
+    local current = redis.call('PEXPIRETIME', key)
+    if current < 0 or current < ends + grace then
+      redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
+    end
+    return
+  end
+  local fence_ms = math.ceil(((tonumber(fence) or 0) - (memo.shift or 0)) / 1000)
   if fence_ms > ends then ends = fence_ms end
   redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
 end

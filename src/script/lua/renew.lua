@@ -5,6 +5,9 @@
 -- allow-cross-slot-keys), then the expiry grace as the last ARGV. A key of a slot this node
 -- does not serve fails the whole call after the keys before it were renewed.
 --
+-- Each extended key's expiry is raised (never lowered) to its lease end + grace: the grant's
+-- expiry already covers the fence.
+--
 -- Replies: one code per triple: 1 extended, 0 expired, -1 other owner. allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
 local now = redis.call('TIME')
@@ -24,9 +27,7 @@ for i = 1, #ARGV - 1, 3 do
     if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
     redis.call('HSET', key, 'until', string.format('%.0f', ends))
     if grace then
-      local fence_ms = math.ceil((tonumber(lock[3]) or 0) / 1000)
-      if fence_ms > ends then ends = fence_ms end
-      redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+      redis.call('PEXPIREAT', key, string.format('%d', ends + grace), 'GT')
     else
       redis.call('PERSIST', key)
     end

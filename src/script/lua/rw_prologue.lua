@@ -8,7 +8,8 @@
 -- `writer_live`, `intent_live`; `role_of(owner)` → `'w'|'r'|nil, lease end, reader value`;
 -- `set_until(owner, role, ends, value)`; `forget(owner, role)` removes an entry and its holds;
 -- `raise(fence, ends)` sets the key's expiry to `max(ends, fence as ms) + grace` unless it
--- already ends later (a live entry may need it); `settle()` after a release: when no writer or
+-- already ends later (a live entry may need it; the fence counts only in a call that granted,
+-- as in the prologue's `keep`); `settle()` after a release: when no writer or
 -- reader entry is left, the key expires `grace` after now (or after a live intent's end).
 local function until_of(v) return tonumber(string.match(v or '', '^(%d+)')) end
 local function fence_of(v) return tonumber(string.match(v or '', ':(%d+)$')) end
@@ -42,8 +43,10 @@ local function forget(owner, role)
 end
 local function raise(fence, ends)
   if not grace then return redis.call('PERSIST', KEYS[1]) end
-  local fence_ms = math.ceil((tonumber(fence) or 0) / 1000)
-  if fence_ms > ends then ends = fence_ms end
+  if memo.shift then
+    local fence_ms = math.ceil(((tonumber(fence) or 0) - memo.shift) / 1000)
+    if fence_ms > ends then ends = fence_ms end
+  end
   local target = ends + grace
   local current = redis.call('PEXPIRETIME', KEYS[1])
   if current < target then

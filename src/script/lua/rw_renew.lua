@@ -37,8 +37,6 @@ for n = 1, #ARGV - 1, 3 do
   end
   if code == 1 then
     if grace then
-      local fence_ms = math.ceil((tonumber(state[5]) or 0) / 1000)
-      if fence_ms > ends then ends = fence_ms end
       local target = ends + grace
       if redis.call('PEXPIRETIME', key) < target then
         redis.call('PEXPIREAT', key, string.format('%.0f', target))
