@@ -5,7 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive_tasks, eventually, Cluster, Node, Standalone};
+use common::netns::Net;
+use common::{alive_tasks, eventually, Cluster, Launch, Node, Standalone};
 use fencelock::{Client, LockOptions};
 
 /// Subscribers of the sharded channel `channel` on `node`.
@@ -206,6 +207,99 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
         handoff < Duration::from_secs(2),
         "the handoff after failover took {handoff:?}: the waiter was not woken (lease 30 s)"
     );
+}
+
+/// A failover whose news reaches the rest of the cluster late: the promoted replica and the
+/// demoted master are cut off from the other four nodes' cluster bus for a second, so those
+/// four still route the slot to the old master. A client that refreshes its slot map from
+/// one of them (redis-rs asks one node) would renew its subscription on the demoted master,
+/// which accepts it as a replica and never delivers the shard's messages. Five clients, each
+/// with its own subscriber connection and its own choice of node: every one must end up
+/// subscribed on the new master once the news has spread, none on the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
+    let (net, cluster) = tokio::task::spawn_blocking(|| {
+        let mut net = Net::new();
+        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
+        let cluster = Cluster::start_launched(|i| launches[i].clone());
+        (net, cluster)
+    })
+    .await
+    .unwrap();
+    let holder = Client::connect(cluster.urls()).await.unwrap();
+    let name = "wake:lagging-gossip";
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(25));
+    let keys = holder.keys(name, &options).unwrap();
+    let old_master = cluster.master_of_slot(keys.slot()).port;
+    let replica = cluster.replica_of(old_master).port;
+    let first = holder.lock(name, &options).await.unwrap();
+
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let client = Client::connect(cluster.urls()).await.unwrap();
+        let options = options.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = client.lock(name, &options).await.unwrap();
+            let fence = guard.fence();
+            guard.release().await.unwrap();
+            fence
+        }));
+    }
+    eventually("the five subscriptions", Duration::from_secs(10), || {
+        sharded_subscribers(cluster.node(old_master), keys.lock_key()) == 5
+    })
+    .await;
+
+    let pair = [
+        cluster.node(old_master).host.as_str(),
+        cluster.node(replica).host.as_str(),
+    ];
+    let others: Vec<&str> = cluster
+        .nodes
+        .iter()
+        .map(|n| n.host.as_str())
+        .filter(|h| !pair.contains(h))
+        .collect();
+    net.partition(&pair, &others);
+    // TAKEOVER: no votes needed from the masters that cannot hear the replica.
+    cluster
+        .node(replica)
+        .cmd::<()>(redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"));
+    eventually(
+        "the old master to step down",
+        Duration::from_secs(10),
+        || {
+            cluster
+                .node(old_master)
+                .info("replication")
+                .contains("role:slave")
+        },
+    )
+    .await;
+    // The fault: the news stays with the pair for a second (less than the node timeout, so
+    // nobody is marked failed), while the clients renew their subscriptions.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    net.heal();
+
+    eventually(
+        "every client re-subscribed on the new master",
+        Duration::from_secs(15),
+        || sharded_subscribers(cluster.node(replica), keys.lock_key()) == 5,
+    )
+    .await;
+    assert_eq!(
+        sharded_subscribers(cluster.node(old_master), keys.lock_key()),
+        0,
+        "no subscription left on the demoted master"
+    );
+
+    let first_fence = first.fence();
+    first.release().await.unwrap();
+    for task in tasks {
+        assert!(task.await.unwrap() > first_fence);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,7 +11,13 @@
 //! (`SSUBSCRIBE` / `SPUBLISH`), served by the lock's node. After a failover the server drops
 //! sharded subscriptions of the moved slots (it pushes `sunsubscribe`) and redis-rs forgets
 //! them; the dispatcher subscribes again and wakes the waiters, as it does when a connection
-//! drops. A slot migration ends the same way (`SETSLOT NODE` pushes `sunsubscribe`), but until
+//! drops. Renewing, it first sends a keyed command to the old node, whose `MOVED` makes redis-rs
+//! refresh its slot map, but redis-rs refreshes from one node, which may not have heard of the
+//! failover yet: the map then still names the demoted master, which accepts the subscription as
+//! a replica and never delivers the shard's messages. So the dispatcher asks the node the
+//! subscription went to whether it serves the slot (`CLUSTER NODES`) and, when it does not,
+//! takes the subscription back and tries again with a growing pause (about 25 s in all) until
+//! the news has spread. A slot migration ends the same way (`SETSLOT NODE` pushes `sunsubscribe`), but until
 //! then the subscription stays on the old master while releases of a migrated key run, and
 //! publish, on the importing node: those messages are lost. Waiting is always bounded by the
 //! lease the busy reply reported and by the wait loop's re-check period (`acquire::RECHECK`), so
@@ -64,6 +70,9 @@ enum Command {
     },
     /// The server ended the subscription (failover, resharding).
     Dropped(String),
+    /// A renewed subscription landed on a node that does not serve the channel's slot (the
+    /// connection's slot map was stale) and was taken back: try again, `attempt` counts.
+    Retry { channel: String, attempt: u32 },
     /// A connection dropped: every subscription may be gone.
     Disconnected,
 }
@@ -251,6 +260,7 @@ async fn dispatch(
     commands: WeakUnboundedSender<Command>,
 ) {
     let weak = Arc::downgrade(&wakeups);
+    let retries = commands.clone();
     let push = move |push: PushInfo| {
         on_push(&weak, &commands, push);
         Ok::<(), std::convert::Infallible>(())
@@ -268,6 +278,8 @@ async fn dispatch(
         }
     };
     let mut subscribed = HashSet::new();
+    // Channels whose renewal waits for a `Retry`.
+    let mut retrying = HashSet::new();
     loop {
         let command = match wakeups.next_or_retire(&mut queue) {
             Next::Command(command) => command,
@@ -285,25 +297,105 @@ async fn dispatch(
                 }
             }
             Command::Dropped(channel) => {
+                if !subscribed.contains(&channel) && retrying.contains(&channel) {
+                    // The confirmation of taking back a misplaced subscription: the pending
+                    // `Retry` renews it.
+                    continue;
+                }
                 subscribed.remove(&channel);
                 wakeups.ring(&channel);
-                if wakeups.is_wanted(&channel) {
-                    let limit = wakeups.transport.request_timeout();
-                    let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
+                if renew(&wakeups, &mut conn, &mut subscribed, &channel).await {
+                    schedule_retry(&retries, &mut retrying, channel, 1);
                 }
-                sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
+            }
+            Command::Retry { channel, attempt } => {
+                retrying.remove(&channel);
+                if renew(&wakeups, &mut conn, &mut subscribed, &channel).await {
+                    schedule_retry(&retries, &mut retrying, channel, attempt + 1);
+                }
             }
             Command::Disconnected => {
                 let channels: Vec<String> = subscribed.drain().collect();
                 wakeups.ring_all();
                 for channel in channels {
-                    let limit = wakeups.transport.request_timeout();
-                    let _ = tokio::time::timeout(limit, conn.locate(&channel)).await;
-                    sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
+                    if renew(&wakeups, &mut conn, &mut subscribed, &channel).await {
+                        schedule_retry(&retries, &mut retrying, channel, 1);
+                    }
                 }
             }
         }
     }
+}
+
+/// How often a renewed subscription that landed on a node not serving its slot is tried again,
+/// and the pause before each try: 50 ms, doubling up to 1 s, about 25 s in all. A stale slot
+/// map lasts until the failover's news has reached the node the connection asks (redis-rs
+/// asks one), which gossip bounds by about half the node timeout (15 s by default).
+const RENEW_ATTEMPTS: u32 = 30;
+
+fn renew_pause(attempt: u32) -> Duration {
+    Duration::from_millis(50u64 << attempt.saturating_sub(1).min(5)).min(Duration::from_secs(1))
+}
+
+/// Renews the subscription to `channel` after the server or the connection dropped it: makes
+/// the connection learn who serves the slot (`locate`), subscribes, and checks that the node
+/// the subscription went to serves the slot. True when it did not: the slot map was stale
+/// (the failover's news had not reached the node redis-rs refreshed it from), so the
+/// subscription sat on a demoted master that never delivers the shard's messages; it is taken
+/// back and the caller tries again later.
+async fn renew(
+    wakeups: &Wakeups,
+    conn: &mut Subscriber,
+    subscribed: &mut HashSet<String>,
+    channel: &str,
+) -> bool {
+    let limit = wakeups.transport.request_timeout();
+    if wakeups.is_wanted(channel) {
+        let _ = tokio::time::timeout(limit, conn.locate(channel)).await;
+    }
+    if !sync(wakeups, conn, subscribed, channel).await {
+        return false;
+    }
+    match tokio::time::timeout(limit, conn.serves(channel)).await {
+        Ok(Ok(false)) => {
+            tracing::debug!(
+                channel,
+                "subscription renewed on a node that does not serve the slot"
+            );
+            if let Ok(Err(err)) = tokio::time::timeout(limit, conn.unsubscribe(channel)).await {
+                tracing::debug!(channel, error = %err, "unsubscribe failed");
+            }
+            subscribed.remove(channel);
+            true
+        }
+        // Serving, or no answer: keep the subscription (waiters re-check in any case).
+        _ => false,
+    }
+}
+
+/// Sends `Retry { channel, attempt }` to the dispatcher after [`renew_pause`], unless the
+/// attempts are used up: then the channel's waiters poll.
+fn schedule_retry(
+    commands: &WeakUnboundedSender<Command>,
+    retrying: &mut HashSet<String>,
+    channel: String,
+    attempt: u32,
+) {
+    if attempt > RENEW_ATTEMPTS {
+        tracing::debug!(
+            channel,
+            "no node serving the slot took the subscription: waiters poll"
+        );
+        return;
+    }
+    retrying.insert(channel.clone());
+    let commands = commands.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(renew_pause(attempt)).await;
+        if let Some(commands) = commands.upgrade() {
+            let _ = commands.send(Command::Retry { channel, attempt });
+        }
+    });
 }
 
 /// Subscribes to or unsubscribes from `channel` so that the subscription matches the waiters.
