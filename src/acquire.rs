@@ -15,7 +15,7 @@ use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::Subscription;
 use crate::stats::Counters;
 
-use backoff::Backoff;
+pub(crate) use backoff::Backoff;
 pub(crate) use undo::InFlight;
 
 /// One kind of acquisition: a primitive says how to make one attempt; the loop does the rest.

@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// Jittered exponential backoff from 5 ms up to 50 ms.
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     next: Duration,
     random: RandomState,
     draws: u64,
@@ -15,7 +15,7 @@ impl Backoff {
     const FIRST: Duration = Duration::from_millis(5);
     const MAX: Duration = Duration::from_millis(50);
 
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             next: Self::FIRST,
             random: RandomState::new(),
@@ -24,14 +24,14 @@ impl Backoff {
     }
 
     /// A pause drawn uniformly from [d/2, d], then d doubles up to the cap.
-    pub(super) fn next(&mut self) -> Duration {
+    pub(crate) fn next(&mut self) -> Duration {
         let ceiling = self.next;
         self.next = (self.next * 2).min(Self::MAX);
         ceiling / 2 + ceiling / 2 * self.fraction() / 1000
     }
 
     /// 0 to 2 ms, so waiters woken by the same lease end do not all try at once.
-    pub(super) fn jitter(&mut self) -> Duration {
+    pub(crate) fn jitter(&mut self) -> Duration {
         Duration::from_micros(u64::from(self.fraction()) * 2)
     }
 

@@ -22,14 +22,13 @@
 mod guard;
 mod race;
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::acquire::Backoff;
 use crate::client::{Client, ClientBuilder};
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -767,44 +766,5 @@ impl Drop for Undo {
         for release in self.releases.take().into_iter().flatten().flatten() {
             release.detach();
         }
-    }
-}
-
-/// Jittered exponential backoff from 5 ms up to 50 ms between attempts.
-struct Backoff {
-    next: Duration,
-    random: RandomState,
-    draws: u64,
-}
-
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(5);
-    const MAX: Duration = Duration::from_millis(50);
-
-    fn new() -> Self {
-        Self {
-            next: Self::FIRST,
-            random: RandomState::new(),
-            draws: 0,
-        }
-    }
-
-    /// A pause drawn uniformly from [d/2, d], then d doubles up to the cap.
-    fn next(&mut self) -> Duration {
-        let ceiling = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        ceiling / 2 + ceiling / 2 * self.fraction() / 1000
-    }
-
-    /// 0 to 2 ms.
-    fn jitter(&mut self) -> Duration {
-        Duration::from_micros(u64::from(self.fraction()) * 2)
-    }
-
-    fn fraction(&mut self) -> u32 {
-        self.draws += 1;
-        let mut hasher = self.random.build_hasher();
-        hasher.write_u64(self.draws);
-        (hasher.finish() % 1000) as u32
     }
 }
