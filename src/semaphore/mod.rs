@@ -433,11 +433,21 @@ impl Request for Acquire<'_> {
             [0, retry_after, _] => Ok(Attempt::Busy {
                 retry_after: Duration::from_millis(u64::try_from(*retry_after).unwrap_or(0)),
             }),
-            [-1, stored] => Err(Error::LimitMismatch {
-                name: name.to_owned(),
-                stored: u32::try_from(*stored).map_err(|_| unexpected())?,
-                requested,
-            }),
+            [-1, stored] => {
+                let stored = u32::try_from(*stored).map_err(|_| unexpected())?;
+                if stored != requested && stored == self.limit.load(Ordering::Relaxed) {
+                    // `set_limit` on this handle stored the new limit while this attempt, made
+                    // with the old one, was on its way: try again at once with the new one.
+                    return Ok(Attempt::Busy {
+                        retry_after: Duration::ZERO,
+                    });
+                }
+                Err(Error::LimitMismatch {
+                    name: name.to_owned(),
+                    stored,
+                    requested,
+                })
+            }
             _ => Err(unexpected()),
         }
     }
