@@ -120,6 +120,28 @@ pub(crate) async fn wait_observed<R: Request>(
     timeout: Duration,
     observer: Option<&WaitObserver>,
 ) -> Result<R::Granted> {
+    // The loop stops attempting at the timeout, but an attempt begun just before may take its
+    // own request timeout, and a primitive's attempt may make more than one call (measured: a
+    // fair-lock acquire over a lossy 50 ms link ended 0.5 s past both). The whole call is held
+    // to the timeout plus one request timeout; a cut attempt is undone in the background.
+    let limit = timeout.saturating_add(core.transport.request_timeout());
+    match tokio::time::timeout(limit, wait_unbounded(core, request, timeout, observer)).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Error::Timeout {
+            name: request.name().to_owned(),
+            operation: "acquire",
+            after: limit,
+        }),
+    }
+}
+
+/// [`wait_observed`] without its outer bound.
+async fn wait_unbounded<R: Request>(
+    core: &Arc<Core>,
+    request: &R,
+    timeout: Duration,
+    observer: Option<&WaitObserver>,
+) -> Result<R::Granted> {
     let name = request.name();
     let started = Instant::now();
     let deadline = instant_after(started, timeout);
