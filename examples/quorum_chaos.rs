@@ -115,10 +115,8 @@ struct Server {
 
 impl Server {
     fn start(port: u16, env: Vec<(String, String)>, offset_ms: Option<i64>) -> Server {
-        let dir = std::env::temp_dir().join(format!(
-            "fencelock-qchaos-{}-{port}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("fencelock-qchaos-{}-{port}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("scratch dir");
         if let Some(ms) = offset_ms {
@@ -150,7 +148,11 @@ impl Server {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.answers() {
-            assert!(Instant::now() < deadline, "redis on {} never answered", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis on {} never answered",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -326,17 +328,12 @@ async fn worker(quorum: QuorumClient, shared: Arc<Shared>, ttl: Duration, hold: 
                 shared.store.write(token, holder);
                 tokio::time::sleep(hold).await;
                 let end = Instant::now();
-                shared
-                    .store
-                    .records
-                    .lock()
-                    .expect("records")
-                    .push(Record {
-                        token: token.get(),
-                        holder,
-                        start,
-                        end,
-                    });
+                shared.store.records.lock().expect("records").push(Record {
+                    token: token.get(),
+                    holder,
+                    start,
+                    end,
+                });
                 shared.grants.fetch_add(1, Ordering::Release);
                 let _ = guard.release().await;
             }
@@ -373,11 +370,18 @@ async fn run(
         .iter()
         .enumerate()
         .map(|(i, &port)| {
-            let offset = if i == 0 { fault.clock_offset_ms() } else { None };
+            let offset = if i == 0 {
+                fault.clock_offset_ms()
+            } else {
+                None
+            };
             let env = match (offset, shim) {
                 (Some(_), Some(lib)) => vec![
                     ("LD_PRELOAD".to_owned(), lib.display().to_string()),
-                    ("FLK_CLOCK_OFFSET_FILE".to_owned(), "clock_offset_ms".to_owned()),
+                    (
+                        "FLK_CLOCK_OFFSET_FILE".to_owned(),
+                        "clock_offset_ms".to_owned(),
+                    ),
                 ],
                 _ => Vec::new(),
             };
@@ -543,16 +547,7 @@ async fn main() {
     let mut rows = Vec::new();
     for &fault in &faults {
         for commit in [true, false] {
-            let row = run(
-                fault,
-                commit,
-                grants,
-                ttl,
-                hold,
-                base,
-                shim_path.as_deref(),
-            )
-            .await;
+            let row = run(fault, commit, grants, ttl, hold, base, shim_path.as_deref()).await;
             eprintln!(
                 "{} {}: {} grants in {:.1} s",
                 fault.id(),
