@@ -15,8 +15,8 @@
 //! stale writes accepted (admitted by the gate although another holder had already written the
 //! same or a higher token: the gate admits equal tokens, so a duplicate gets through);
 //! overlapping holders (pairs of holds, from grant to release call, that overlap in time);
-//! timeouts (lock calls that ended without a grant); grants made while fewer than a majority of
-//! servers were up.
+//! ended without grant (lock calls that returned `Busy` or `Timeout`); grants made while
+//! fewer than a majority of servers were up.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -565,7 +565,7 @@ async fn main() {
     }
     println!(
         "| fault | variant | grants | duplicate tokens | regressions | stale writes accepted \
-         | writes rejected | overlapping holders | timeouts | grants while < majority up \
+         | writes rejected | overlapping holders | ended without grant | grants while < majority up \
          | errors | s |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
