@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::options::{instant_after, WaitObserver, Waiting};
-use crate::runtime::wakeups::Subscription;
+use crate::runtime::wakeups::{Readiness, Subscription};
 use crate::stats::Counters;
 
 pub(crate) use backoff::Backoff;
@@ -89,6 +89,11 @@ enum Listening {
     /// Subscribed to the request's channel: woken by releases, else at the lease end or after
     /// [`RECHECK`], whichever comes first.
     Subscribed(Subscription),
+    /// Registered, but the subscription was not confirmed in time (measured: over a 50 ms ± 20
+    /// ms link with 5% loss the subscriber connection took 1.5 s to open, longer than the
+    /// 1 s request timeout the waiter gave it): polling with backoff, woken by a release once
+    /// the subscription is made, which each attempt looks for.
+    Pending(Subscription),
     /// No subscription (wake-ups off or unsupported): polling with backoff.
     Polling,
 }
@@ -164,20 +169,29 @@ async fn wait_unbounded<R: Request>(
                         waited: started.elapsed(),
                     });
                 }
-                if let Listening::NotYet = listening {
-                    match subscribe(core, request.channel(), deadline).await {
-                        Some(subscription) => {
-                            listening = Listening::Subscribed(subscription);
-                            // A release may have come before the subscription: look again.
-                            continue;
-                        }
-                        None => listening = Listening::Polling,
+                let was_subscribed = matches!(listening, Listening::Subscribed(_));
+                listening = match listening {
+                    Listening::NotYet => {
+                        let limit = deadline
+                            .saturating_duration_since(Instant::now())
+                            .min(core.transport.request_timeout());
+                        listen(core.wakeups.subscribe(request.channel()), limit).await
                     }
+                    Listening::Pending(subscription) => {
+                        listen(Some(subscription), Duration::ZERO).await
+                    }
+                    other => other,
+                };
+                if !was_subscribed && matches!(listening, Listening::Subscribed(_)) {
+                    // A release may have come before the subscription: look again.
+                    continue;
                 }
                 let lease_end = retry_after + backoff.jitter();
                 match listening {
                     Listening::Subscribed(_) => lease_end.min(RECHECK + backoff.jitter()),
-                    Listening::NotYet | Listening::Polling => backoff.next().min(lease_end),
+                    Listening::NotYet | Listening::Pending(_) | Listening::Polling => {
+                        backoff.next().min(lease_end)
+                    }
                 }
             }
             Err(err) if err.is_transient() && Instant::now() < deadline => {
@@ -188,7 +202,7 @@ async fn wait_unbounded<R: Request>(
         };
         let pause = pause.min(deadline.saturating_duration_since(Instant::now()));
         match &mut listening {
-            Listening::Subscribed(subscription) => {
+            Listening::Subscribed(subscription) | Listening::Pending(subscription) => {
                 if subscription.wait(pause).await {
                     Counters::add(&core.counters.wakeups, 1);
                     tracing::trace!(lock = name, "woken by a release");
@@ -199,13 +213,17 @@ async fn wait_unbounded<R: Request>(
     }
 }
 
-/// Registers on `channel` and waits (briefly) for the subscription.
-async fn subscribe(core: &Core, channel: &str, deadline: Instant) -> Option<Subscription> {
-    let mut subscription = core.wakeups.subscribe(channel)?;
-    let limit = deadline
-        .saturating_duration_since(Instant::now())
-        .min(core.transport.request_timeout());
-    subscription.ready(limit).await.then_some(subscription)
+/// How a waiter registered on its channel (`None`: wake-ups are off or unsupported) listens
+/// once its subscription has had up to `limit` to be made.
+async fn listen(subscription: Option<Subscription>, limit: Duration) -> Listening {
+    let Some(mut subscription) = subscription else {
+        return Listening::Polling;
+    };
+    match subscription.ready(limit).await {
+        Readiness::Ready => Listening::Subscribed(subscription),
+        Readiness::Pending => Listening::Pending(subscription),
+        Readiness::Failed => Listening::Polling,
+    }
 }
 
 /// One attempt, counted in the stats.

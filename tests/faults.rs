@@ -15,6 +15,15 @@ use fencelock::{Client, FenceMode, LockOptions};
 /// Runs are serialised: each starts its own servers, and failover timing needs the CPU.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Subscribers of the sharded channel `channel` on `node`.
+fn sharded_subscribers(node: &common::Node, channel: &str) -> i64 {
+    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
+    reply
+        .get(1)
+        .map(|v| redis::from_redis_value(v.clone()).unwrap())
+        .unwrap_or(0)
+}
+
 /// Whether a TCP connection from client `i`'s namespace to `addr` succeeds within 300 ms.
 fn reachable_from(net: &Net, i: usize, addr: &str) -> bool {
     net.command(i, "redis-cli")
@@ -258,6 +267,131 @@ async fn delayed_lossy_client_links_keep_fences_and_every_call_within_its_deadli
     for report in fencelock(&reports) {
         assert_eq!(report.fencing_violations(), 0, "{report:?}");
     }
+}
+
+/// The latency fault for what the chaos lanes (1 ms holds, no watchdog) do not exercise: behind
+/// a client link with 50 ± 20 ms delay and 5% loss, the watchdog keeps a 1.5 s lease for three
+/// leases (a client on a clean link is refused throughout and `lost()` stays pending), and a
+/// subscribed waiter behind that link gets a lock held for 30 s within a second of its release
+/// (woken by the release, or by its own re-check), its call within its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_delayed_lossy_link_the_watchdog_keeps_the_lease_and_a_waiter_follows_a_release() {
+    let _serial = SERIAL.lock().await;
+    let (mut net, cluster) = tokio::task::spawn_blocking(|| {
+        let mut net = Net::new();
+        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
+        let cluster = Cluster::start_launched(|i| launches[i].clone());
+        (net, cluster)
+    })
+    .await
+    .unwrap();
+    let slow = net.add_client();
+    net.shape(slow, Shape::degraded());
+    let rt = net.runtime(slow, 2);
+    let urls = cluster.urls();
+    let connect = |urls: Vec<String>, timeout: Duration| async move {
+        Client::builder(urls.iter().map(String::as_str))
+            .request_timeout(timeout)
+            .connect()
+            .await
+            .expect("connect")
+    };
+    let clean = connect(urls.clone(), Duration::from_millis(500)).await;
+    let lossy = rt
+        .spawn(connect(urls.clone(), Duration::from_secs(1)))
+        .await
+        .unwrap();
+
+    // 1. A watched 1.5 s lease held for 4.5 s over the lossy link.
+    let ttl = Duration::from_millis(1500);
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let releasing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let holder = {
+        let (lossy, releasing) = (lossy.clone(), releasing.clone());
+        rt.spawn(async move {
+            let options = LockOptions::new().ttl(ttl).watchdog(true);
+            let guard = lossy.lock("lossy:watched", &options).await.unwrap();
+            held_tx.send(Instant::now()).unwrap();
+            tokio::select! {
+                loss = guard.lost() => panic!("the watchdog lost the lease: {loss}"),
+                () = tokio::time::sleep(ttl * 3) => {}
+            }
+            releasing.store(true, std::sync::atomic::Ordering::SeqCst);
+            // Over this link a release may outlast its request timeout: the lease then ends
+            // on its own, which is all the rest of the test needs.
+            match guard.release().await {
+                Ok(()) | Err(fencelock::Error::Timeout { .. }) => {}
+                Err(err) => panic!("{err}"),
+            }
+        })
+    };
+    let held = held_rx.await.unwrap();
+    let mut refused = 0;
+    while !releasing.load(std::sync::atomic::Ordering::SeqCst) {
+        match clean.try_lock("lossy:watched", &LockOptions::new()).await {
+            Err(err) if err.is_busy() => refused += 1,
+            Ok(guard) => {
+                let _ = guard.release().await;
+                assert!(
+                    releasing.load(std::sync::atomic::Ordering::SeqCst),
+                    "granted to another client {:?} into the watched hold",
+                    held.elapsed()
+                );
+            }
+            Err(err) => panic!("{err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.await.unwrap();
+    assert!(refused >= 20, "refused {refused} times over 4.5 s");
+    let renewals = lossy.stats().renewals;
+    assert!(renewals >= 5, "{renewals} renewals over the lossy link");
+
+    // 2. A waiter behind the lossy link, once subscribed, follows a release on the clean side.
+    let long = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = clean.lock("lossy:waited", &long).await.unwrap();
+    let keys = clean.keys("lossy:waited", &long).unwrap();
+    let master = cluster.master_of_slot(keys.slot());
+    let timeout = Duration::from_secs(10);
+    let started = Instant::now();
+    let waiter = rt.spawn({
+        let lossy = lossy.clone();
+        async move {
+            let guard = lossy
+                .lock("lossy:waited", &LockOptions::new().timeout(timeout))
+                .await
+                .unwrap();
+            let (granted, call) = (Instant::now(), started.elapsed());
+            drop(guard);
+            (granted, call)
+        }
+    });
+    common::eventually("the waiter's subscription", timeout, || {
+        sharded_subscribers(master, keys.lock_key()) == 1
+    })
+    .await;
+    let subscribed = started.elapsed();
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (granted, call) = waiter.await.unwrap();
+    let handoff = granted.saturating_duration_since(released);
+    eprintln!(
+        "lossy link: {refused} refusals, {renewals} renewals, subscribed after {subscribed:?}, \
+         handoff {handoff:?}"
+    );
+    assert!(
+        handoff < Duration::from_secs(1),
+        "the waiter got the lock {handoff:?} after the release (lease 30 s)"
+    );
+    assert!(call <= timeout + Duration::from_secs(1), "{call:?}");
+
+    tokio::task::spawn_blocking(move || {
+        rt.shutdown_background();
+        drop(cluster);
+        drop(net);
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -199,16 +199,32 @@ enum Next {
     Retire,
 }
 
+/// Whether a waiter's subscription is in place.
+pub(crate) enum Readiness {
+    /// Subscribed: releases wake the waiter.
+    Ready,
+    /// The dispatcher has not answered yet (its connection may still be opening over a slow
+    /// link): keep the registration, it may be subscribed later.
+    Pending,
+    /// It could not be made: the waiter polls.
+    Failed,
+}
+
 impl Subscription {
-    /// Waits until the subscription is in place, for at most `limit`. False when it could not
-    /// be made: the caller then polls.
-    pub(crate) async fn ready(&mut self, limit: Duration) -> bool {
-        let Some(confirmed) = self.confirmed.take() else {
-            return true;
+    /// Waits until the subscription is in place, for at most `limit` (`Duration::ZERO`: only
+    /// looks). Once it answered `Ready` or `Failed` it keeps answering the same.
+    pub(crate) async fn ready(&mut self, limit: Duration) -> Readiness {
+        let Some(confirmed) = self.confirmed.as_mut() else {
+            return Readiness::Ready;
         };
-        let subscribed = matches!(tokio::time::timeout(limit, confirmed).await, Ok(Ok(true)));
+        let readiness = match tokio::time::timeout(limit, confirmed).await {
+            Err(_) => return Readiness::Pending,
+            Ok(Ok(true)) => Readiness::Ready,
+            Ok(_) => Readiness::Failed,
+        };
+        self.confirmed = None;
         self.rung.borrow_and_update();
-        subscribed
+        readiness
     }
 
     /// Sleeps for `pause` or until this waiter is woken (it is the one a message or a local
