@@ -3,15 +3,16 @@
 //! `SET NX PX` recipe side by side, and the checker's table in markdown.
 //!
 //! Run: `cargo run --release --example chaos -- [--grants 1000] [--faults kill,pause,...]
-//! [--locks mutex,rwlock,...] [--fence clock,epoch,counter]` (needs `redis-server` and
-//! `redis-cli` on the PATH; `scripts/chaos.sh` installs them).
+//! [--locks mutex,rwlock,...] [--fence clock,epoch,counter,epoch-clock]` (needs `redis-server`
+//! and `redis-cli` on the PATH; `scripts/chaos.sh` installs them).
 //! Faults: kill, pause, failover, force, takeover, forced-loss, migrate, client-pause (process
 //! faults); minority, latency, client-partition (network namespaces: needs root and iproute2);
 //! skew-0s, skew-1s, skew-5s, skew-60s (forced loss onto a replica whose clock is behind: needs
 //! gcc for the clock shim); restart-empty, standalone-restart-empty (restarts without
 //! persistence). Default: all.
 //! Locks: mutex, rwlock, fair, semaphore, latch, plain (default: all).
-//! Fence modes: each fault runs once per mode given (default: clock); the plain lane ignores it.
+//! Fence modes: each fault runs once per mode given (default: the library default, epoch-clock);
+//! the plain lane ignores it.
 //! `--ttl-ms`: every lane's lease (default 500 ms); `--work-ms`: how long a writer holds between
 //! its read and its write (default 1 ms).
 
@@ -27,7 +28,7 @@ fn usage() -> ! {
          [--faults kill,pause,failover,force,takeover,forced-loss,migrate,client-pause,\
          minority,latency,client-partition,skew-0s,skew-1s,skew-5s,skew-60s,restart-empty,\
          standalone-restart-empty] [--locks mutex,rwlock,fair,semaphore,latch,plain] \
-         [--fence clock,epoch,counter] [--ttl-ms 500] [--work-ms 1]"
+         [--fence clock,epoch,counter,epoch-clock] [--ttl-ms 500] [--work-ms 1]"
     );
     std::process::exit(64);
 }
@@ -37,7 +38,7 @@ async fn main() {
     let mut grants = 1000;
     let mut faults = Fault::ALL.to_vec();
     let mut kinds = Kind::ALL.to_vec();
-    let mut fences = vec![FenceMode::Clock];
+    let mut fences = vec![FenceMode::default()];
     let mut ttl = None;
     let mut work = None;
     let mut args = std::env::args().skip(1);

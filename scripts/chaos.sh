@@ -12,7 +12,8 @@
 # the end, leftovers of killed runs on the next run); skew-0s, skew-1s, skew-5s, skew-60s (forced
 # loss onto a replica whose wall clock is behind: needs gcc, which builds the LD_PRELOAD clock
 # shim tests/common/clockshim.c); restart-empty, standalone-restart-empty (restarts without
-# persistence). --fence runs each fault once per fence mode (default clock).
+# persistence). --fence runs each fault once per fence mode (clock, epoch, counter, epoch-clock;
+# default: the library default, epoch-clock).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."

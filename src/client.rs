@@ -91,7 +91,7 @@ impl ClientBuilder {
         self
     }
 
-    /// How fence tokens are computed (default [`FenceMode::Clock`]).
+    /// How fence tokens are computed (default [`FenceMode::EpochClock`]).
     pub fn fence_mode(mut self, mode: FenceMode) -> Self {
         self.fence_mode = mode;
         self
@@ -412,7 +412,7 @@ impl Client {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(2),
             retries: 3,
-            fence_mode: FenceMode::Clock,
+            fence_mode: FenceMode::default(),
             wait_lanes: 4,
             wake_on_release: true,
             batching: true,

@@ -208,7 +208,7 @@ impl Plan {
             workers: 4,
             ttl: Duration::from_millis(500),
             kinds: Kind::ALL.to_vec(),
-            fence: FenceMode::Clock,
+            fence: FenceMode::default(),
             work: WORK,
         }
     }

@@ -43,14 +43,10 @@ pub struct ExecArgs {
     /// How long WAIT may take.
     #[arg(long, env = "FENCELOCK_WAIT_TIMEOUT", default_value = "1s", value_parser = duration_arg)]
     wait_timeout: Duration,
-    /// How fence tokens are computed (see `docs/safety.md`).
-    #[arg(
-        long,
-        env = "FENCELOCK_FENCE_MODE",
-        value_enum,
-        default_value = "clock"
-    )]
-    fence_mode: FenceModeArg,
+    /// How fence tokens are computed (see `docs/safety.md`) [default: epoch-clock; with
+    /// --quorum only clock is accepted, and is what a quorum lock uses].
+    #[arg(long, env = "FENCELOCK_FENCE_MODE", value_enum)]
+    fence_mode: Option<FenceModeArg>,
     #[command(flatten)]
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
@@ -89,13 +85,14 @@ pub struct ExecArgs {
 /// `fencelock::FenceMode` on the command line.
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
 enum FenceModeArg {
-    /// Counter raised to the server clock in µs (the default).
+    /// Counter raised to the server clock in µs.
     Clock,
     /// Counter raised to the master's config epoch × 2^32.
     Epoch,
     /// A plain counter.
     Counter,
-    /// Server clock in µs plus the master's config epoch × 2^34.
+    /// Counter raised to the server clock in µs plus the master's config epoch × 2^34 (the
+    /// default).
     EpochClock,
 }
 
@@ -205,7 +202,10 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     }
     let connected = match target {
         Target::Single(client) => client
-            .fence_mode(args.fence_mode.into())
+            .fence_mode(
+                args.fence_mode
+                    .map_or_else(FenceMode::default, FenceMode::from),
+            )
             .connect()
             .await
             .map(Connected::Single),
@@ -342,7 +342,7 @@ fn check_quorum(args: &ExecArgs, quorum: bool) -> Result<(), String> {
         Some("--permits")
     } else if args.wait_replicas.is_some() {
         Some("--wait-replicas")
-    } else if !matches!(args.fence_mode, FenceModeArg::Clock) {
+    } else if !matches!(args.fence_mode, None | Some(FenceModeArg::Clock)) {
         Some("--fence-mode other than clock")
     } else {
         None

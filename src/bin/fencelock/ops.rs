@@ -238,17 +238,21 @@ pub async fn list(builder: ClientBuilder, args: ListArgs) -> ExitCode {
     }
 }
 
-/// A fence that is a clock-mode fence (a µs timestamp within a day of now): fence deltas then
-/// measure time, not grants.
+/// A fence of a clock rule: a µs timestamp (clock mode), plus a multiple of 2^34 (epoch-clock
+/// mode), whose clock part is within an hour of now. Fence deltas then measure time, not
+/// grants. (The epoch term's 2^34 µs is 4.8 hours, so an hour either side is unambiguous;
+/// counter and epoch fences are far below today's µs.)
 fn is_clock_fence(fence: u64) -> bool {
+    const HOUR: u64 = 3_600_000_000;
     let now_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    fence.abs_diff(now_us) < 86_400_000_000
+    let earliest = now_us.saturating_sub(HOUR);
+    fence >= earliest && (fence - earliest) % (1 << 34) < 2 * HOUR
 }
 
 /// Grants per second between two refreshes: the fence delta over the time between them for
-/// counter and epoch fences; for clock-mode fences (µs timestamps, whose deltas measure time)
+/// counter and epoch fences; for clock-rule fences (µs timestamps, whose deltas measure time)
 /// only "at least one grant" can be seen: `≥` one per interval when the fence changed.
 fn grants_per_second(before: Option<(u64, Instant)>, fence: Option<u64>, now: Instant) -> String {
     let (Some((old, at)), Some(new)) = (before, fence) else {
@@ -443,6 +447,16 @@ mod tests {
         assert_eq!(
             grants_per_second(Some((clock - 5, then)), Some(clock), now),
             "≥0.5"
+        );
+        let epoch_clock = clock + 7 * (1 << 34);
+        assert_eq!(
+            grants_per_second(Some((epoch_clock - 5, then)), Some(epoch_clock), now),
+            "≥0.5"
+        );
+        let epoch = 7 * (1 << 32) + 120;
+        assert_eq!(
+            grants_per_second(Some((epoch - 20, then)), Some(epoch), now),
+            "10.0"
         );
         assert_eq!(cell("abcdef", 3), "abc");
         assert_eq!(cell("ab", 3), "ab ");
