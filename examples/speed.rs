@@ -1,7 +1,8 @@
 //! Speed side by side with rslock (issue 11), against servers `scripts/bench-speed.sh` starts:
 //!
 //! - `pairs`: uncontended acquire + release pairs per second, `--tasks` tasks (64), each on
-//!   fresh random names of its own, for fencelock (clock fence mode) and rslock in one run;
+//!   fresh random names of its own, for fencelock (`--fence-mode`, default the library's
+//!   default `epoch-clock`) and rslock in one run;
 //! - `contended`: `--tasks` tasks (16) on ONE lock, hold 0: grants per second;
 //! - `latency`: one task, no concurrency: acquire and release latency p50/p99;
 //! - `modes`: fencelock's pairs per second in each fence mode (clock, epoch, counter,
@@ -83,6 +84,10 @@ struct Args {
     /// Which libraries to measure (where both apply).
     #[arg(long, value_delimiter = ',', default_value = "fencelock,rslock")]
     libs: Vec<Lib>,
+    /// fencelock's fence mode for `pairs`, `contended` and `latency` (`modes` runs each mode);
+    /// the default is the library's default.
+    #[arg(long, default_value = "epoch-clock")]
+    fence_mode: Mode,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -91,6 +96,34 @@ struct Args {
 enum Target {
     Standalone,
     Cluster,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Clock,
+    Epoch,
+    Counter,
+    EpochClock,
+}
+
+impl Mode {
+    fn fence(self) -> FenceMode {
+        match self {
+            Mode::Clock => FenceMode::Clock,
+            Mode::Epoch => FenceMode::Epoch,
+            Mode::Counter => FenceMode::Counter,
+            Mode::EpochClock => FenceMode::EpochClock,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Clock => "clock",
+            Mode::Epoch => "epoch",
+            Mode::Counter => "counter",
+            Mode::EpochClock => "epoch-clock",
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -136,13 +169,16 @@ async fn main() {
     match args.bench {
         Bench::Pairs { tasks, clients } => {
             for &lib in &args.libs {
-                let job = Job::new(&args, lib, FenceMode::Clock, clients).await;
+                let job = Job::new(&args, lib, args.fence_mode.fence(), clients).await;
                 let m = pairs(&job, &probe, tasks, seconds).await;
                 m.print(
                     "pairs",
                     &args,
                     lib,
-                    &format!("mode=clock tasks={tasks} clients={clients}"),
+                    &format!(
+                        "mode={} tasks={tasks} clients={clients}",
+                        mode_label(&args, lib)
+                    ),
                 );
             }
         }
@@ -165,14 +201,19 @@ async fn main() {
         }
         Bench::Contended { tasks } => {
             for &lib in &args.libs {
-                let job = Job::new(&args, lib, FenceMode::Clock, 1).await;
+                let job = Job::new(&args, lib, args.fence_mode.fence(), 1).await;
                 let m = contended(&job, &probe, tasks, seconds).await;
-                m.print("contended", &args, lib, &format!("tasks={tasks} hold=0"));
+                m.print(
+                    "contended",
+                    &args,
+                    lib,
+                    &format!("mode={} tasks={tasks} hold=0", mode_label(&args, lib)),
+                );
             }
         }
         Bench::Latency { pairs } => {
             for &lib in &args.libs {
-                let job = Job::new(&args, lib, FenceMode::Clock, 1).await;
+                let job = Job::new(&args, lib, args.fence_mode.fence(), 1).await;
                 latency(&job, &args, lib, pairs).await;
             }
         }
@@ -650,6 +691,7 @@ async fn latency(job: &Job, args: &Args, lib: Lib, pairs: usize) {
     acquires.sort();
     releases.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let lib_kind = lib;
     let lib = match lib {
         Lib::Fencelock => "fencelock",
         Lib::Rslock => "rslock",
@@ -659,14 +701,23 @@ async fn latency(job: &Job, args: &Args, lib: Lib, pairs: usize) {
         Target::Cluster => "cluster",
     };
     println!(
-        "speed latency target={target} lib={lib} pairs={pairs} pairs/s={:.0} \
+        "speed latency target={target} lib={lib} mode={} pairs={pairs} pairs/s={:.0} \
          acquire_p50_us={:.0} acquire_p99_us={:.0} release_p50_us={:.0} release_p99_us={:.0}",
+        mode_label(args, lib_kind),
         pairs as f64 / elapsed,
         us(percentile(&acquires, 0.5)),
         us(percentile(&acquires, 0.99)),
         us(percentile(&releases, 0.5)),
         us(percentile(&releases, 0.99)),
     );
+}
+
+/// The fence mode a line of `lib` ran with (`-` for rslock, which has none).
+fn mode_label(args: &Args, lib: Lib) -> &'static str {
+    match lib {
+        Lib::Fencelock => args.fence_mode.label(),
+        Lib::Rslock => "-",
+    }
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
