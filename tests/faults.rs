@@ -15,15 +15,6 @@ use fencelock::{Client, FenceMode, LockOptions};
 /// Runs are serialised: each starts its own servers, and failover timing needs the CPU.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Subscribers of the sharded channel `channel` on `node`.
-fn sharded_subscribers(node: &common::Node, channel: &str) -> i64 {
-    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
-    reply
-        .get(1)
-        .map(|v| redis::from_redis_value(v.clone()).unwrap())
-        .unwrap_or(0)
-}
-
 /// Whether a TCP connection from client `i`'s namespace to `addr` succeeds within 300 ms.
 fn reachable_from(net: &Net, i: usize, addr: &str) -> bool {
     net.command(i, "redis-cli")
@@ -114,14 +105,9 @@ async fn namespaces_links_cuts_and_shaping_work_and_are_removed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_across_namespaces_grants_locks_to_a_client_in_its_own_namespace() {
     let _serial = SERIAL.lock().await;
-    let (net, cluster) = tokio::task::spawn_blocking(|| {
-        let mut net = Net::new();
-        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
-        let cluster = Cluster::start_launched(|i| launches[i].clone());
-        (net, cluster)
-    })
-    .await
-    .unwrap();
+    let (net, cluster) = tokio::task::spawn_blocking(Net::with_cluster)
+        .await
+        .unwrap();
     // The cluster bus runs over the announced addresses.
     let nodes: String = cluster.nodes[0].cmd(redis::cmd("CLUSTER").arg("NODES"));
     assert!(
@@ -277,14 +263,9 @@ async fn delayed_lossy_client_links_keep_fences_and_every_call_within_its_deadli
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_a_delayed_lossy_link_the_watchdog_keeps_the_lease_and_a_waiter_follows_a_release() {
     let _serial = SERIAL.lock().await;
-    let (mut net, cluster) = tokio::task::spawn_blocking(|| {
-        let mut net = Net::new();
-        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
-        let cluster = Cluster::start_launched(|i| launches[i].clone());
-        (net, cluster)
-    })
-    .await
-    .unwrap();
+    let (mut net, cluster) = tokio::task::spawn_blocking(Net::with_cluster)
+        .await
+        .unwrap();
     let slow = net.add_client();
     net.shape(slow, Shape::degraded());
     let rt = net.runtime(slow, 2);
@@ -367,7 +348,7 @@ async fn over_a_delayed_lossy_link_the_watchdog_keeps_the_lease_and_a_waiter_fol
         }
     });
     common::eventually("the waiter's subscription", timeout, || {
-        sharded_subscribers(master, keys.lock_key()) == 1
+        master.sharded_subscribers(keys.lock_key()) == 1
     })
     .await;
     let subscribed = started.elapsed();

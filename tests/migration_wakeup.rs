@@ -13,17 +13,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{eventually, wait_until, Cluster, Node};
+use common::{eventually, wait_until, Cluster};
 use fencelock::{Client, LockOptions};
-
-/// Subscribers of the sharded channel `channel` on `node`.
-fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
-    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
-    reply
-        .get(1)
-        .map(|v| redis::from_redis_value(v.clone()).unwrap())
-        .unwrap_or(0)
-}
 
 /// Another master than the one on `port`.
 fn other_master(cluster: &Cluster, port: u16) -> u16 {
@@ -76,7 +67,7 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
         })
     };
     eventually("the waiter to subscribe", Duration::from_secs(5), || {
-        sharded_subscribers(cluster.node(source), keys.lock_key()) == 1
+        cluster.node(source).sharded_subscribers(keys.lock_key()) == 1
     })
     .await;
     eventually("the waiter to wait", Duration::from_secs(5), || {
@@ -98,7 +89,7 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
     match at {
         ReleaseAt::DuringMigration => cluster.migrate_slot(slot, source, target, || {
             assert_eq!(
-                sharded_subscribers(cluster.node(source), keys.lock_key()),
+                cluster.node(source).sharded_subscribers(keys.lock_key()),
                 1,
                 "the subscription stays on the migrating master until SETSLOT NODE"
             );
@@ -114,12 +105,9 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
             // SETSLOT NODE made the old master drop the subscription (`sunsubscribe`); the
             // client subscribed again on the new one.
             wait_until("the re-subscription", Duration::from_secs(5), || {
-                sharded_subscribers(cluster.node(target), keys.lock_key()) == 1
+                cluster.node(target).sharded_subscribers(keys.lock_key()) == 1
             });
-            assert_eq!(
-                sharded_subscribers(cluster.node(source), keys.lock_key()),
-                0
-            );
+            assert_eq!(cluster.node(source).sharded_subscribers(keys.lock_key()), 0);
             release();
         }
     }

@@ -9,7 +9,7 @@ use std::error::Error as _;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{eventually, Cluster, Node, Standalone, TlsCerts};
+use common::{eventually, Cluster, Standalone, TlsCerts};
 use fencelock::{Client, Error, LockKeys, LockOptions, Placement, Topology};
 
 /// The error's message and every cause below it, one line.
@@ -45,15 +45,6 @@ async fn standalone_lock_and_release_over_tls_with_the_ca() {
     assert!(server.node.held(&key));
     guard.release().await.unwrap();
     assert!(!server.node.held(&key));
-}
-
-/// Subscribers of the sharded channel `channel` on `node`.
-fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
-    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
-    reply
-        .get(1)
-        .map(|v| redis::from_redis_value(v.clone()).unwrap())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +86,7 @@ async fn cluster_over_tls_locks_wakes_waiters_and_waits_for_replicas() {
         async move { client.lock(name, &options).await }
     });
     eventually("the waiter's subscription", Duration::from_secs(5), || {
-        sharded_subscribers(master, keys.lock_key()) == 1
+        master.sharded_subscribers(keys.lock_key()) == 1
     })
     .await;
     let (released, first_fence) = (Instant::now(), first.fence());

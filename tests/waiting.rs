@@ -6,17 +6,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::netns::Net;
-use common::{alive_tasks, eventually, Cluster, Launch, Node, Standalone};
+use common::{alive_tasks, eventually, Cluster, Standalone};
 use fencelock::{Client, LockOptions};
-
-/// Subscribers of the sharded channel `channel` on `node`.
-fn sharded_subscribers(node: &Node, channel: &str) -> i64 {
-    let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
-    reply
-        .get(1)
-        .map(|v| redis::from_redis_value(v.clone()).unwrap())
-        .unwrap_or(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn waiters_share_one_subscription_and_wake_on_release() {
@@ -42,7 +33,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
         }));
     }
     eventually("the waiters' subscription", Duration::from_secs(5), || {
-        sharded_subscribers(master, keys.lock_key()) == 1
+        master.sharded_subscribers(keys.lock_key()) == 1
     })
     .await;
     eventually("all five waiting", Duration::from_secs(5), || {
@@ -50,7 +41,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
     })
     .await;
     assert_eq!(
-        sharded_subscribers(master, keys.lock_key()),
+        master.sharded_subscribers(keys.lock_key()),
         1,
         "five waiters of one client share one subscription"
     );
@@ -77,7 +68,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
     assert_eq!(stats.waits.count(), 5);
 
     eventually("the subscription to end", Duration::from_secs(5), || {
-        sharded_subscribers(master, keys.lock_key()) == 0
+        master.sharded_subscribers(keys.lock_key()) == 0
     })
     .await;
 }
@@ -103,7 +94,7 @@ async fn a_dropped_waiter_leaves_no_lock_subscription_or_task() {
     eventually(
         "the warm-up subscription to end",
         Duration::from_secs(5),
-        || sharded_subscribers(master, keys.lock_key()) == 0,
+        || master.sharded_subscribers(keys.lock_key()) == 0,
     )
     .await;
     let baseline = alive_tasks();
@@ -114,13 +105,13 @@ async fn a_dropped_waiter_leaves_no_lock_subscription_or_task() {
             tokio::spawn(async move { client.lock(name, &options).await })
         };
         eventually("the waiter to subscribe", Duration::from_secs(5), || {
-            sharded_subscribers(master, keys.lock_key()) == 1
+            master.sharded_subscribers(keys.lock_key()) == 1
         })
         .await;
         waiting.abort();
         assert!(waiting.await.unwrap_err().is_cancelled());
         eventually("the subscription to end", Duration::from_secs(5), || {
-            sharded_subscribers(master, keys.lock_key()) == 0
+            master.sharded_subscribers(keys.lock_key()) == 0
         })
         .await;
         eventually("the dispatcher task to end", Duration::from_secs(5), || {
@@ -173,7 +164,10 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
         })
     };
     eventually("the waiter to subscribe", Duration::from_secs(5), || {
-        sharded_subscribers(cluster.node(old_master), keys.lock_key()) == 1
+        cluster
+            .node(old_master)
+            .sharded_subscribers(keys.lock_key())
+            == 1
     })
     .await;
 
@@ -185,11 +179,13 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
     // Bounded generously: in the full suite three clusters run at once on two cores, and the
     // re-subscription waits for the failover's gossip to reach the client's slot map.
     eventually("the re-subscription", Duration::from_secs(20), || {
-        sharded_subscribers(cluster.node(replica), keys.lock_key()) == 1
+        cluster.node(replica).sharded_subscribers(keys.lock_key()) == 1
     })
     .await;
     assert_eq!(
-        sharded_subscribers(cluster.node(old_master), keys.lock_key()),
+        cluster
+            .node(old_master)
+            .sharded_subscribers(keys.lock_key()),
         0
     );
     assert!(
@@ -218,14 +214,9 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
 /// subscribed on the new master once the news has spread, none on the old one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
-    let (net, cluster) = tokio::task::spawn_blocking(|| {
-        let mut net = Net::new();
-        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
-        let cluster = Cluster::start_launched(|i| launches[i].clone());
-        (net, cluster)
-    })
-    .await
-    .unwrap();
+    let (net, cluster) = tokio::task::spawn_blocking(Net::with_cluster)
+        .await
+        .unwrap();
     let holder = Client::connect(cluster.urls()).await.unwrap();
     let name = "wake:lagging-gossip";
     let options = LockOptions::new()
@@ -248,7 +239,10 @@ async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
         }));
     }
     eventually("the five subscriptions", Duration::from_secs(10), || {
-        sharded_subscribers(cluster.node(old_master), keys.lock_key()) == 5
+        cluster
+            .node(old_master)
+            .sharded_subscribers(keys.lock_key())
+            == 5
     })
     .await;
 
@@ -286,11 +280,13 @@ async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
     eventually(
         "every client re-subscribed on the new master",
         Duration::from_secs(15),
-        || sharded_subscribers(cluster.node(replica), keys.lock_key()) == 5,
+        || cluster.node(replica).sharded_subscribers(keys.lock_key()) == 5,
     )
     .await;
     assert_eq!(
-        sharded_subscribers(cluster.node(old_master), keys.lock_key()),
+        cluster
+            .node(old_master)
+            .sharded_subscribers(keys.lock_key()),
         0,
         "no subscription left on the demoted master"
     );

@@ -450,6 +450,16 @@ impl Node {
             .unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
     }
 
+    /// Subscribers of the sharded channel `channel` on this node (`PUBSUB SHARDNUMSUB`).
+    pub fn sharded_subscribers(&self, channel: &str) -> i64 {
+        let reply: Vec<redis::Value> =
+            self.cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(channel));
+        reply
+            .get(1)
+            .map(|v| redis::from_redis_value(v.clone()).unwrap())
+            .unwrap_or(0)
+    }
+
     /// The remaining lease of fencelock lock `key` on this node in ms, or `None` when nobody
     /// holds it (the key itself stays: it keeps the fence).
     pub fn lease_ms(&self, key: &str) -> Option<i64> {

@@ -167,6 +167,15 @@ pub struct Net {
 }
 
 impl Net {
+    /// A bridge and a 3-master/3-replica cluster whose nodes each run in a namespace of their
+    /// own on it (blocking: call it from `spawn_blocking` in async tests).
+    pub fn with_cluster() -> (Net, super::Cluster) {
+        let mut net = Net::new();
+        let launches: Vec<Launch> = (0..6).map(|_| net.node_launch()).collect();
+        let cluster = super::Cluster::start_launched(|i| launches[i].clone());
+        (net, cluster)
+    }
+
     /// Creates the bridge (after sweeping leftovers of dead processes).
     pub fn new() -> Net {
         static LETTER: AtomicU32 = AtomicU32::new(0);
