@@ -36,6 +36,7 @@ mod inspect;
 mod keys;
 mod latch;
 mod lock;
+mod multi;
 mod options;
 #[cfg(feature = "serde")]
 mod options_serde;
@@ -54,7 +55,8 @@ pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use inspect::{Inspection, Kind, LockList};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};
-pub use lock::{LockGuard, MultiGuard, Reentry, MAX_MULTI_LOCKS};
+pub use lock::{LockGuard, Reentry};
+pub use multi::{MultiGuard, MultiMember, MAX_MULTI_LOCKS};
 pub use options::{LockOptions, Waiting, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use quorum::{QuorumClient, QuorumClientBuilder, QuorumGuard};
 pub use rwlock::{ReadGuard, RwReentry, WriteGuard};

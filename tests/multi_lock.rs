@@ -1,6 +1,7 @@
-//! The multi-lock (`Client::lock_all`/`try_lock_all`, `exec NAME1 NAME2 -- CMD`) on real
-//! servers: all or nothing, no deadlock whatever the callers' orders, one script for one slot,
-//! fences per name, loss of one member, cancel safety.
+//! The multi-lock (`Client::lock_all`/`try_lock_all`, `fair_lock_all`/`try_fair_lock_all`,
+//! `exec [--fair] NAME1 NAME2 -- CMD`) on real servers: all or nothing, no deadlock whatever
+//! the callers' orders, one script for one slot, fences per name, loss of one member, cancel
+//! safety, and fair members keeping their queues' arrival order.
 
 mod common;
 
@@ -378,40 +379,49 @@ fn fencelock(url: &str, args: &[&str]) -> std::process::Output {
         .expect("run fencelock")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_with_several_names_exports_them_and_their_tokens_in_order() {
-    let server = Standalone::start();
-    let url = server.url();
-    let output = fencelock(
-        &url,
-        &[
-            "exec",
-            "zeta",
-            "alpha",
-            "--",
-            "sh",
-            "-c",
-            "echo $FENCELOCK_NAME; echo $FENCELOCK_TOKEN",
-        ],
-    );
+/// Runs `exec FLAGS zeta alpha -- ...` and checks that it exported both names, in that order,
+/// with the fences that `STATUS zeta|alpha --json` then shows for the released locks; returns
+/// the fences.
+fn exec_zeta_alpha(url: &str, flags: &[&str], status: &[&str]) -> Vec<u64> {
+    let mut args = vec!["exec"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&[
+        "zeta",
+        "alpha",
+        "--",
+        "sh",
+        "-c",
+        "echo $FENCELOCK_NAME; echo $FENCELOCK_TOKEN",
+    ]);
+    let output = fencelock(url, &args);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{flags:?}: {stderr}");
     let stdout = String::from_utf8(output.stdout).unwrap();
     let mut lines = stdout.lines();
-    assert_eq!(lines.next(), Some("zeta alpha"));
+    assert_eq!(lines.next(), Some("zeta alpha"), "{flags:?}");
     let tokens: Vec<u64> = lines
         .next()
         .unwrap()
         .split(' ')
         .map(|t| t.parse().unwrap())
         .collect();
-    assert_eq!(tokens.len(), 2);
     for (name, token) in ["zeta", "alpha"].iter().zip(&tokens) {
-        let status = fencelock(&url, &["status", name, "--json"]);
-        let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-        assert_eq!(status["held"], false, "{name} released after exit");
-        assert_eq!(status["fence"].as_u64(), Some(*token), "{name}");
+        let mut args = status.to_vec();
+        args.extend_from_slice(&[name, "--json"]);
+        let shown = fencelock(url, &args);
+        let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+        assert_eq!(shown["held"], false, "{flags:?} {name} released after exit");
+        assert_eq!(shown["fence"].as_u64(), Some(*token), "{flags:?} {name}");
     }
+    tokens
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_with_several_names_exports_them_and_their_tokens_in_order() {
+    let server = Standalone::start();
+    let url = server.url();
+    let tokens = exec_zeta_alpha(&url, &[], &["status"]);
+    assert_eq!(tokens.len(), 2);
 
     // One name: exactly as before (one token, one name).
     let one = fencelock(
@@ -447,17 +457,242 @@ async fn exec_with_several_names_exports_them_and_their_tokens_in_order() {
     assert!(!held(&client, "zeta", &Placement::ByName).await);
     blocker.release().await.unwrap();
 
+    // With --fair the names are fair locks, exported the same way.
+    exec_zeta_alpha(&url, &["--fair"], &["status", "--fair"]);
+
     // The other primitives' flags take one name.
-    for flag in [
-        &["--read"][..],
-        &["--write"],
-        &["--fair"],
-        &["--permits", "2"],
-    ] {
+    for flag in [&["--read"][..], &["--write"], &["--permits", "2"]] {
         let mut args = vec!["exec"];
         args.extend_from_slice(flag);
         args.extend_from_slice(&["a", "b", "--", "true"]);
         let refused = fencelock(&url, &args);
         assert_eq!(refused.status.code(), Some(64), "{flag:?}");
     }
+}
+
+// ---- Fair locks as members (`Client::fair_lock_all` / `try_fair_lock_all`).
+
+/// Fair lock `name` as `inspect` reads it: (held, waiters in its queue, fence).
+async fn fair_state(client: &Client, name: &str) -> (bool, u64, Option<u64>) {
+    let seen = client.inspect(Kind::Fair, name).await.unwrap();
+    (
+        seen.held,
+        seen.waiters.unwrap_or(0),
+        seen.fence.map(|f| f.get()),
+    )
+}
+
+/// Polls until no fair lock of `names` is held or has a waiter, panicking after `limit`.
+async fn fair_idle_within(client: &Client, names: &[&str], limit: Duration) {
+    let until = Instant::now() + limit;
+    loop {
+        let mut busy = Vec::new();
+        for name in names {
+            let (held, waiters, _) = fair_state(client, name).await;
+            if held || waiters > 0 {
+                busy.push((*name, held, waiters));
+            }
+        }
+        if busy.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "still held or queued after {limit:?}: {busy:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_members_all_or_nothing_in_arrival_order_with_fences_per_name() {
+    let cluster = Cluster::start();
+    let a = Client::connect(cluster.urls()).await.unwrap();
+    let b = Client::connect(cluster.urls()).await.unwrap();
+    let names = ["fm:a", "fm:b", "fm:c"];
+    let ttl = LockOptions::new().ttl(Duration::from_secs(10));
+
+    // One member held by another owner: refused, nothing held or queued.
+    let blocker = a.fair_lock("fm:b", &ttl).await.unwrap();
+    match b.try_fair_lock_all(&names, &ttl).await {
+        Err(Error::Busy { name, .. }) => assert_eq!(name, "fm:b"),
+        other => panic!("expected Busy naming fm:b, got {other:?}"),
+    }
+    let waited = b
+        .fair_lock_all(&names, &ttl.clone().timeout(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(&waited, Err(Error::Busy { name, .. }) if name == "fm:b"),
+        "{waited:?}"
+    );
+    for name in ["fm:a", "fm:c"] {
+        assert!(!fair_state(&b, name).await.0, "{name} left held");
+    }
+    let (_, waiters, _) = fair_state(&b, "fm:b").await;
+    assert_eq!(
+        waiters, 0,
+        "the waiting place in fm:b's queue was withdrawn"
+    );
+
+    // A multi-lock waiting for fm:b keeps its place: a later single waiter comes after it.
+    let multi = tokio::spawn({
+        let (b, ttl) = (b.clone(), ttl.clone());
+        async move {
+            let guard = b
+                .fair_lock_all(&["fm:c", "fm:b"], &ttl.timeout(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            let fences: Vec<(String, u64)> = guard
+                .fences()
+                .iter()
+                .map(|(n, f)| (n.to_string(), f.get()))
+                .collect();
+            guard.release().await.unwrap();
+            (at, fences)
+        }
+    });
+    common::eventually(
+        "the multi-lock queued on fm:b",
+        Duration::from_secs(5),
+        || block_on(fair_state(&a, "fm:b")).1 == 1,
+    )
+    .await;
+    let single = tokio::spawn({
+        let (a, ttl) = (a.clone(), ttl.clone());
+        async move {
+            let guard = a
+                .fair_lock("fm:b", &ttl.timeout(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    common::eventually(
+        "the single waiter queued too",
+        Duration::from_secs(5),
+        || block_on(fair_state(&a, "fm:b")).1 == 2,
+    )
+    .await;
+    let before = blocker.fence().get();
+    blocker.release().await.unwrap();
+    let (multi_at, fences) = multi.await.unwrap();
+    let single_at = single.await.unwrap();
+    assert!(
+        multi_at <= single_at,
+        "arrival order kept across the multi-lock"
+    );
+    assert_eq!(
+        fences.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["fm:c", "fm:b"],
+        "fences in the caller's order"
+    );
+    assert!(fences[1].1 > before, "fm:b's fence rose");
+    for (name, fence) in &fences {
+        let (_, _, stored) = fair_state(&a, name).await;
+        assert!(stored.unwrap() >= *fence, "{name}: stored fence");
+    }
+    fair_idle_within(&a, &names, Duration::from_secs(2)).await;
+}
+
+/// Runs a short future to completion from a synchronous condition (the `eventually` helper
+/// polls closures).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(future))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fair_multi_locks_in_opposite_orders_never_deadlock_and_lost_names_the_member() {
+    let cluster = Cluster::start();
+    let clients = [
+        Client::connect(cluster.urls()).await.unwrap(),
+        Client::connect(cluster.urls()).await.unwrap(),
+    ];
+    let names = ["fo:x", "fo:y", "fo:z"];
+    let inside: Arc<HashMap<&str, AtomicBool>> =
+        Arc::new(names.iter().map(|n| (*n, AtomicBool::new(false))).collect());
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for t in 0..6u64 {
+        let (client, inside) = (clients[(t % 2) as usize].clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(t * 7919 + 17);
+            let mut sets = 0;
+            while Instant::now() < until {
+                let mut order = names.to_vec();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.next(i as u64 + 1) as usize);
+                }
+                order.truncate(2 + rng.next(2) as usize);
+                let options = LockOptions::new()
+                    .ttl(Duration::from_secs(5))
+                    .timeout(Duration::from_secs(20));
+                let guard = client.fair_lock_all(&order, &options).await.unwrap();
+                for name in &order {
+                    assert!(!inside[name].swap(true, Ordering::SeqCst), "{name} shared");
+                }
+                tokio::task::yield_now().await;
+                for name in &order {
+                    inside[name].store(false, Ordering::SeqCst);
+                }
+                guard.release().await.unwrap();
+                sets += 1;
+            }
+            sets
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert!(total >= 6, "every task got its sets through: {total}");
+
+    // lost(): a member freed by force is reported by name.
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .watchdog(true);
+    let guard = clients[0]
+        .fair_lock_all(&["fo:x", "fo:z"], &options)
+        .await
+        .unwrap();
+    clients[1].force_unlock(Kind::Fair, "fo:z").await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the loss is reported within a renewal period");
+    assert!(lost.to_string().contains("fo:z"), "{lost}");
+    assert!(guard.release().await.is_err(), "release reports the loss");
+    fair_idle_within(&clients[0], &names, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fair_multi_lock_cut_while_waiting_leaves_nothing_held_or_queued() {
+    let cluster = Cluster::start();
+    let a = Client::connect(cluster.urls()).await.unwrap();
+    let b = Client::connect(cluster.urls()).await.unwrap();
+    let names = ["fc:1", "fc:2", "fc:3"];
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20));
+    let blocker = a.fair_lock("fc:3", &options).await.unwrap();
+    let mut rng = Rng(99);
+    for _ in 0..5 {
+        let cut = Duration::from_millis(5 + rng.next(200));
+        let _ = tokio::time::timeout(cut, b.fair_lock_all(&names, &options)).await;
+        // Members taken before the cut are released and the waiting place withdrawn, in the
+        // background: well before the 8 s provisional lease or the 3 s place lease would end.
+        for name in ["fc:1", "fc:2"] {
+            common::eventually(name, Duration::from_secs(2), || {
+                !block_on(fair_state(&a, name)).0
+            })
+            .await;
+        }
+        common::eventually("fc:3's queue empty", Duration::from_secs(2), || {
+            block_on(fair_state(&a, "fc:3")).1 == 0
+        })
+        .await;
+    }
+    blocker.release().await.unwrap();
+    fair_idle_within(&a, &names, Duration::from_secs(2)).await;
 }

@@ -57,6 +57,18 @@ impl FairLockGuard {
         Self { held }
     }
 
+    pub(crate) fn held(&self) -> &Held {
+        &self.held
+    }
+
+    pub(crate) fn held_mut(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
+    pub(crate) fn into_held(self) -> Held {
+        self.held
+    }
+
     /// The fence token granted with this hold; present it with every write to protected storage.
     pub fn fence(&self) -> FenceToken {
         self.held.fence()

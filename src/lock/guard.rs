@@ -52,12 +52,20 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(super) fn new(held: Held) -> Self {
+    pub(crate) fn new(held: Held) -> Self {
         Self { held }
     }
 
-    pub(super) fn held(&self) -> &Held {
+    pub(crate) fn held(&self) -> &Held {
         &self.held
+    }
+
+    pub(crate) fn held_mut(&mut self) -> &mut Held {
+        &mut self.held
+    }
+
+    pub(crate) fn into_held(self) -> Held {
+        self.held
     }
 
     /// The fence token granted with this hold; present it with every write to protected storage.

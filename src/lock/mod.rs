@@ -2,7 +2,6 @@
 //! guard, a thin wrapper around [`Held`]; `reentry.rs` the handle that takes it again.
 
 mod guard;
-mod multi;
 mod reentry;
 
 use std::sync::Arc;
@@ -18,8 +17,7 @@ use crate::options::LockOptions;
 use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
-use guard::MUTEX;
-pub use multi::{MultiGuard, MAX_MULTI_LOCKS};
+pub(crate) use guard::MUTEX;
 pub use reentry::Reentry;
 
 /// One acquisition of a mutex: its keys and options.
@@ -102,7 +100,7 @@ impl Request for Acquire<'_> {
 ///
 /// The bits come from rand's thread-local CSPRNG (ChaCha12, seeded from the OS and reseeded
 /// by rand), not from a `getrandom` call per token; encoded on the stack, one allocation.
-fn new_owner_token() -> String {
+pub(crate) fn new_owner_token() -> String {
     let mut buffer = uuid::Uuid::encode_buffer();
     let bits: u128 = rand::random();
     let token: &str = uuid::Uuid::from_u128(bits)

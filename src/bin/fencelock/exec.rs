@@ -72,9 +72,10 @@ pub struct ExecArgs {
     /// Never say what exec waits for (by default it does when stderr is a terminal).
     #[arg(short, long, env = "FENCELOCK_QUIET", value_parser = FalseyValueParser::new())]
     quiet: bool,
-    /// Lock name; several names take a multi-lock of them all (mutexes only), held as one:
-    /// all or none, acquired in one canonical order, FENCELOCK_NAME and FENCELOCK_TOKEN then
-    /// list the names and their fences, space-separated, in the order given.
+    /// Lock name; several names take a multi-lock of them all (mutexes, or fair locks with
+    /// --fair), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
+    /// FENCELOCK_TOKEN then list the names and their fences, space-separated, in the order
+    /// given.
     #[arg(required = true, value_name = "NAME")]
     names: Vec<String>,
     /// The command and its arguments (after `--`).
@@ -315,8 +316,8 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     }
 }
 
-/// The hold the command runs under: the mutex, a read or write hold of a read-write lock, or
-/// the fair lock.
+/// The hold the command runs under: the mutex, a read or write hold of a read-write lock, the
+/// fair lock, a permit, a multi-lock of mutexes or of fair locks, or a quorum lock.
 enum Hold {
     Mutex(LockGuard),
     Read(ReadGuard),
@@ -324,6 +325,7 @@ enum Hold {
     Fair(FairLockGuard),
     Permit(PermitGuard),
     Multi(MultiGuard),
+    FairMulti(MultiGuard<FairLockGuard>),
     Quorum(QuorumGuard),
 }
 
@@ -371,8 +373,6 @@ fn check_names(args: &ExecArgs) -> Result<(), String> {
         Some("--read")
     } else if args.write {
         Some("--write")
-    } else if args.fair {
-        Some("--fair")
     } else if args.permits.is_some() {
         Some("--permits")
     } else {
@@ -380,7 +380,8 @@ fn check_names(args: &ExecArgs) -> Result<(), String> {
     };
     if let Some(flag) = flag {
         return Err(format!(
-            "{flag} takes one NAME; several names take a multi-lock of mutexes only"
+            "{flag} takes one NAME; several names take a multi-lock of mutexes (or, with \
+             --fair, of fair locks)"
         ));
     }
     if let Some(name) = args
@@ -410,7 +411,11 @@ impl Hold {
         };
         if args.names.len() > 1 {
             let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
-            return Ok(Hold::Multi(client.lock_all(&names, options).await?));
+            return Ok(if args.fair {
+                Hold::FairMulti(client.fair_lock_all(&names, options).await?)
+            } else {
+                Hold::Multi(client.lock_all(&names, options).await?)
+            });
         }
         let name = &args.names[0];
         Ok(if args.read {
@@ -437,21 +442,23 @@ impl Hold {
             Hold::Fair(guard) => guard.fence(),
             Hold::Permit(guard) => guard.fence(),
             Hold::Multi(guard) => guard.fences()[0].1,
+            Hold::FairMulti(guard) => guard.fences()[0].1,
             Hold::Quorum(guard) => guard.fence(),
         }
     }
 
     /// FENCELOCK_TOKEN: the fence, or a multi-lock's fences space-separated in the names' order.
     fn tokens(&self) -> String {
-        match self {
-            Hold::Multi(guard) => guard
-                .fences()
-                .iter()
-                .map(|(_, fence)| fence.to_string())
-                .collect::<Vec<_>>()
-                .join(" "),
-            other => other.fence().to_string(),
-        }
+        let fences = match self {
+            Hold::Multi(guard) => guard.fences(),
+            Hold::FairMulti(guard) => guard.fences(),
+            other => return other.fence().to_string(),
+        };
+        fences
+            .iter()
+            .map(|(_, fence)| fence.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     async fn lost(&self) -> Error {
@@ -462,6 +469,7 @@ impl Hold {
             Hold::Fair(guard) => guard.lost().await,
             Hold::Permit(guard) => guard.lost().await,
             Hold::Multi(guard) => guard.lost().await,
+            Hold::FairMulti(guard) => guard.lost().await,
             Hold::Quorum(guard) => guard.lost().await,
         }
     }
@@ -474,6 +482,7 @@ impl Hold {
             Hold::Fair(guard) => guard.release().await,
             Hold::Permit(guard) => guard.release().await,
             Hold::Multi(guard) => guard.release().await,
+            Hold::FairMulti(guard) => guard.release().await,
             Hold::Quorum(guard) => guard.release().await,
         }
     }

@@ -1,10 +1,12 @@
-//! The multi-lock: several mutexes taken as one guard, all or nothing, under one deadline.
+//! The multi-lock: several mutexes, or several fair locks, taken as one guard, all or nothing,
+//! under one deadline.
 //!
-//! Keys of one slot are granted by one script (`lock_all.lua`). Keys across slots are taken one
-//! by one in one canonical order (by slot, then key), whatever order the caller gave, so two
-//! callers never wait on each other in a cycle; each member is first taken with a short
-//! provisional lease (kept alive while later members are awaited), and extended to the full
-//! lease once all are held. On failure or cancellation what was taken is released.
+//! Mutex keys of one slot are granted by one script (`lock_all.lua`). Otherwise (keys across
+//! slots, and fair locks always) the members are taken one by one in one canonical order (by
+//! slot, then key), whatever order the caller gave, so two callers never wait on each other in
+//! a cycle; each member is first taken with a short provisional lease (kept alive while later
+//! members are awaited), and extended to the full lease once all are held. On failure or
+//! cancellation what was taken is released (and a fair member's place in its queue withdrawn).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,26 +17,139 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use super::guard::MUTEX;
-use super::{new_owner_token, Acquire, LockGuard};
 use crate::acquire::{self, replicas, Attempt, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
+use crate::fair::{self, FairLockGuard};
 use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
+use crate::lock::{new_owner_token, Acquire, LockGuard, MUTEX};
 use crate::options::{instant_after, LockOptions};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
 
 /// The most locks one multi-lock takes.
 pub const MAX_MULTI_LOCKS: usize = 1024;
 
+/// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex, [`Client::lock_all`]) or
+/// [`FairLockGuard`] (a fair lock, [`Client::fair_lock_all`]). Sealed: implemented by those two
+/// guards only.
+pub trait MultiMember: sealed::Member {}
+
+impl MultiMember for LockGuard {}
+impl MultiMember for FairLockGuard {}
+
+pub(crate) mod sealed {
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use crate::core::Core;
+    use crate::error::Result;
+    use crate::held::Held;
+    use crate::keys::LockKeys;
+    use crate::options::LockOptions;
+
+    /// What the multi-lock needs of a member guard: its held state, and how one member is
+    /// taken (`deadline` `None`: one attempt).
+    #[allow(private_interfaces)]
+    pub trait Member: Sized + Send + Sync {
+        fn held(&self) -> &Held;
+        fn held_mut(&mut self) -> &mut Held;
+        fn into_held(self) -> Held;
+        fn take<'a>(
+            core: &'a Arc<Core>,
+            keys: &'a LockKeys,
+            options: &'a LockOptions,
+            deadline: Option<Instant>,
+        ) -> impl Future<Output = Result<Self>> + Send + 'a;
+    }
+}
+
+/// Waits under `deadline` (`None`: one attempt) for `request`.
+async fn take_one<R: Request>(
+    core: &Arc<Core>,
+    request: &R,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<R::Granted> {
+    match deadline {
+        None => acquire::once(core, request).await,
+        Some(deadline) => {
+            acquire::wait_observed(
+                core,
+                request,
+                deadline.saturating_duration_since(Instant::now()),
+                options.on_wait.as_ref(),
+            )
+            .await
+        }
+    }
+}
+
+// The sealed trait's methods name crate-private types on purpose: nothing outside the crate
+// can name or call them.
+#[allow(private_interfaces)]
+impl sealed::Member for LockGuard {
+    fn held(&self) -> &Held {
+        LockGuard::held(self)
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        self.held_mut()
+    }
+
+    fn into_held(self) -> Held {
+        self.into_held()
+    }
+
+    async fn take<'a>(
+        core: &'a Arc<Core>,
+        keys: &'a LockKeys,
+        options: &'a LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Self> {
+        take_one(core, &Acquire { keys, options }, options, deadline).await
+    }
+}
+
+#[allow(private_interfaces)]
+impl sealed::Member for FairLockGuard {
+    fn held(&self) -> &Held {
+        FairLockGuard::held(self)
+    }
+
+    fn held_mut(&mut self) -> &mut Held {
+        self.held_mut()
+    }
+
+    fn into_held(self) -> Held {
+        self.into_held()
+    }
+
+    async fn take<'a>(
+        core: &'a Arc<Core>,
+        keys: &'a LockKeys,
+        options: &'a LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Self> {
+        let request = fair::Acquire::new(core, keys, options, deadline.is_some());
+        let outcome = take_one(core, &request, options, deadline).await;
+        if outcome.is_err() {
+            request.withdraw().await;
+        }
+        outcome
+    }
+}
+
 /// Proof of holding several locks at once (a multi-lock), each with its own fence token.
 ///
-/// Made by [`Client::lock_all`] or [`Client::try_lock_all`]. Every member is a mutex held by
-/// this guard; [`release`](Self::release) frees them all. Dropping an unreleased guard releases
-/// every member in the background on the current Tokio runtime (when there is one).
+/// Made by [`Client::lock_all`] or [`Client::try_lock_all`] (members are mutexes, the default
+/// `G`), or by [`Client::fair_lock_all`] or [`Client::try_fair_lock_all`] (members are fair
+/// locks: `MultiGuard<FairLockGuard>`). [`release`](Self::release) frees them all. Dropping an
+/// unreleased guard releases every member in the background on the current Tokio runtime
+/// (when there is one).
 ///
 /// # Examples
 ///
@@ -51,12 +166,12 @@ pub const MAX_MULTI_LOCKS: usize = 1024;
 /// ```
 #[must_use = "dropping the guard releases the locks at once"]
 #[clippy::has_significant_drop]
-pub struct MultiGuard {
+pub struct MultiGuard<G: MultiMember = LockGuard> {
     /// The members, in the caller's order.
-    members: Vec<LockGuard>,
+    members: Vec<G>,
 }
 
-impl std::fmt::Debug for MultiGuard {
+impl<G: MultiMember> std::fmt::Debug for MultiGuard<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MultiGuard")
             .field("fences", &self.fences())
@@ -65,26 +180,29 @@ impl std::fmt::Debug for MultiGuard {
     }
 }
 
-impl MultiGuard {
+impl<G: MultiMember> MultiGuard<G> {
     /// The names held, in the order the caller gave.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.members.iter().map(LockGuard::name)
+        self.members.iter().map(|m| m.held().name())
     }
 
     /// Each name with its fence token, in the order the caller gave. Each lock keeps its own
     /// fence: present a member's fence to the storage that lock protects.
     pub fn fences(&self) -> Vec<(&str, FenceToken)> {
-        self.members.iter().map(|m| (m.name(), m.fence())).collect()
+        self.members
+            .iter()
+            .map(|m| (m.held().name(), m.held().fence()))
+            .collect()
     }
 
     /// The fence token of member `name`, or `None` when it is not a member.
     pub fn fence(&self, name: &str) -> Option<FenceToken> {
-        self.member(name).map(LockGuard::fence)
+        self.member(name).map(|m| m.held().fence())
     }
 
     /// The guard of member `name`, or `None` when it is not a member.
-    pub fn member(&self, name: &str) -> Option<&LockGuard> {
-        self.members.iter().find(|m| m.name() == name)
+    pub fn member(&self, name: &str) -> Option<&G> {
+        self.members.iter().find(|m| m.held().name() == name)
     }
 
     /// Until when every member is surely valid: the earliest of the members'
@@ -92,14 +210,14 @@ impl MultiGuard {
     pub fn valid_until(&self) -> Instant {
         self.members
             .iter()
-            .map(LockGuard::valid_until)
+            .map(|m| m.held().valid_until())
             .min()
             .unwrap_or_else(Instant::now)
     }
 
     /// True while every member is valid ([`LockGuard::is_valid`]).
     pub fn is_valid(&self) -> bool {
-        self.members.iter().all(LockGuard::is_valid)
+        self.members.iter().all(|m| m.held().is_valid())
     }
 
     /// Resolves when any member can no longer be relied on, with the first member's reason
@@ -109,10 +227,10 @@ impl MultiGuard {
     ///
     /// Cancel safe: it only watches.
     pub async fn lost(&self) -> Error {
-        let mut watching: Vec<Pin<Box<dyn Future<Output = Error> + '_>>> = self
+        let mut watching: Vec<Pin<Box<dyn Future<Output = Error> + Send + '_>>> = self
             .members
             .iter()
-            .map(|m| Box::pin(m.lost()) as Pin<Box<dyn Future<Output = Error> + '_>>)
+            .map(|m| Box::pin(m.held().lost()) as Pin<Box<dyn Future<Output = Error> + Send + '_>>)
             .collect();
         std::future::poll_fn(|cx| {
             for lost in &mut watching {
@@ -138,7 +256,7 @@ impl MultiGuard {
     /// Cancel safe, as [`LockGuard::extend`].
     pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
         for member in &mut self.members {
-            member.extend(ttl).await?;
+            member.held_mut().extend(ttl).await?;
         }
         Ok(self.valid_until())
     }
@@ -157,7 +275,7 @@ impl MultiGuard {
     pub async fn release(self) -> Result<()> {
         let mut first = Ok(());
         for member in self.members {
-            let outcome = member.release().await;
+            let outcome = member.into_held().release().await;
             if first.is_ok() {
                 first = outcome;
             }
@@ -289,12 +407,12 @@ fn provisional_lease(core: &Core, options: &LockOptions) -> Duration {
 /// Takes the members across slots, in canonical order, one after the other; `deadline` bounds
 /// the waiting (`None`: one attempt each). Earlier members are kept alive while a later one is
 /// awaited. Returns the guards in canonical order, with their index in the caller's order.
-async fn collect(
+async fn collect<G: MultiMember>(
     core: &Arc<Core>,
     keys: &[LockKeys],
     options: &LockOptions,
     deadline: Option<Instant>,
-) -> Result<Vec<LockGuard>> {
+) -> Result<Vec<G>> {
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_by(|&a, &b| {
         (keys[a].slot(), keys[a].lock_key()).cmp(&(keys[b].slot(), keys[b].lock_key()))
@@ -303,37 +421,23 @@ async fn collect(
     let mut provisional = options.clone();
     provisional.ttl = lease;
     let keep_alive = (lease / 3).max(Duration::from_millis(1));
-    let mut taken: Vec<(usize, LockGuard)> = Vec::with_capacity(keys.len());
+    let mut taken: Vec<(usize, G)> = Vec::with_capacity(keys.len());
     for &index in &order {
-        let request = Acquire {
-            keys: &keys[index],
-            options: &provisional,
-        };
-        let outcome = match deadline {
-            None => acquire::once(core, &request).await,
-            Some(deadline) => {
-                let waiting = acquire::wait_observed(
-                    core,
-                    &request,
-                    deadline.saturating_duration_since(Instant::now()),
-                    options.on_wait.as_ref(),
-                );
-                tokio::pin!(waiting);
-                loop {
-                    tokio::select! {
-                        outcome = &mut waiting => break outcome,
-                        () = tokio::time::sleep(keep_alive) => {
-                            let mut kept = Ok(());
-                            for (_, guard) in &mut taken {
-                                if let Err(err) = guard.extend(lease).await {
-                                    kept = Err(err);
-                                    break;
-                                }
-                            }
-                            if let Err(err) = kept {
-                                break Err(err);
-                            }
+        let waiting = G::take(core, &keys[index], &provisional, deadline);
+        tokio::pin!(waiting);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut waiting => break outcome,
+                () = tokio::time::sleep(keep_alive), if !taken.is_empty() => {
+                    let mut kept = Ok(());
+                    for (_, guard) in &mut taken {
+                        if let Err(err) = guard.held_mut().extend(lease).await {
+                            kept = Err(err);
+                            break;
                         }
+                    }
+                    if let Err(err) = kept {
+                        break Err(err);
                     }
                 }
             }
@@ -349,7 +453,7 @@ async fn collect(
     let full = options.first_lease();
     if full > lease {
         for i in 0..taken.len() {
-            if let Err(err) = taken[i].1.extend(full).await {
+            if let Err(err) = taken[i].1.held_mut().extend(full).await {
                 release_all(taken).await;
                 return Err(err);
             }
@@ -361,9 +465,9 @@ async fn collect(
 
 /// Releases the members taken before a failure (errors ignored: what cannot be released
 /// expires with its short lease).
-async fn release_all(taken: Vec<(usize, LockGuard)>) {
+async fn release_all<G: MultiMember>(taken: Vec<(usize, G)>) {
     for (_, guard) in taken {
-        let _ = guard.release().await;
+        let _ = guard.into_held().release().await;
     }
 }
 
@@ -433,7 +537,7 @@ impl Client {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<MultiGuard> {
-        let keys = self.multi_keys(names, options)?;
+        let keys = self.multi_keys(names, options, Client::keys)?;
         let core = self.core();
         let one_slot = keys.iter().all(|k| k.slot() == keys[0].slot());
         let span = tracing::debug_span!(
@@ -470,8 +574,14 @@ impl Client {
         .await
     }
 
-    /// The members' keys, checked: at least one, at most [`MAX_MULTI_LOCKS`], no duplicates.
-    fn multi_keys(&self, names: &[&str], options: &LockOptions) -> Result<Vec<LockKeys>> {
+    /// The members' keys (`keys_of` a name: the mutex's or the fair lock's), checked: at least
+    /// one, at most [`MAX_MULTI_LOCKS`], no duplicates.
+    fn multi_keys(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        keys_of: fn(&Client, &str, &LockOptions) -> Result<LockKeys>,
+    ) -> Result<Vec<LockKeys>> {
         let invalid = |name: &str, reason: String| Error::InvalidOptions {
             name: name.to_owned(),
             reason,
@@ -497,6 +607,95 @@ impl Client {
             }
         }
         options.validate(first)?;
-        names.iter().map(|name| self.keys(name, options)).collect()
+        names
+            .iter()
+            .map(|name| keys_of(self, name, options))
+            .collect()
+    }
+
+    /// Acquires every fair lock in `names` as one guard, all or nothing, each in its own
+    /// queue, waiting for up to `options.timeout` in all.
+    ///
+    /// The members are taken one by one in one canonical order (by slot, then key) whatever
+    /// order `names` has, so callers asking for overlapping sets never deadlock; each waits its
+    /// turn in its lock's queue (arrival order) with a short provisional lease once granted,
+    /// extended to the full lease once all are held. There is no one-script path for fair locks:
+    /// a queue's order is per lock, so even keys of one slot are taken one by one. On failure
+    /// the members taken are released and the place in the queue being waited in is withdrawn.
+    /// `options` apply to every member; a member is the same key as
+    /// [`fair_lock`](Self::fair_lock) of its name.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let guard = client
+    ///     .fair_lock_all(&["dock:1", "crane:7"], &LockOptions::new())
+    ///     .await?;
+    /// for (name, fence) in guard.fences() {
+    ///     println!("{name}: {fence}");
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_all`](Self::lock_all): [`Error::InvalidOptions`] for no names, too many, a
+    /// name given twice or bad options; [`Error::Busy`] naming the member still held at the
+    /// timeout; the errors of [`fair_lock`](Self::fair_lock) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing and leaves no place in any queue (members
+    /// taken are released, the waiting place withdrawn, in the background).
+    pub async fn fair_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<FairLockGuard>> {
+        let deadline = instant_after(Instant::now(), options.timeout);
+        self.fair_lock_all_until(names, options, Some(deadline))
+            .await
+    }
+
+    /// Acquires every fair lock in `names` as one guard if each is free now and no one queues
+    /// for it: one attempt per member, in canonical order, no waiting; as
+    /// [`fair_lock_all`](Self::fair_lock_all) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] naming a member held or queued for by another owner (nothing is left
+    /// held or queued); as [`fair_lock_all`](Self::fair_lock_all) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`fair_lock_all`](Self::fair_lock_all).
+    pub async fn try_fair_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<FairLockGuard>> {
+        self.fair_lock_all_until(names, options, None).await
+    }
+
+    async fn fair_lock_all_until(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<MultiGuard<FairLockGuard>> {
+        let keys = self.multi_keys(names, options, Client::fair_keys)?;
+        let span = tracing::debug_span!(
+            "fencelock.fair_lock_all",
+            lock = names.join(" "),
+            kind = fair::KIND
+        );
+        let members = collect(self.core(), &keys, options, deadline)
+            .instrument(span)
+            .await?;
+        Ok(MultiGuard { members })
     }
 }
