@@ -44,7 +44,31 @@ pub(crate) const YIELD: Duration = Duration::from_millis(20);
 /// Redis for (its turn). Only that task asks Redis; the others wait here in arrival order.
 #[derive(Default)]
 pub(crate) struct Handoffs {
-    locks: Mutex<HashMap<Arc<str>, VecDeque<Waiter>>>,
+    locks: Mutex<HashMap<Key, VecDeque<Waiter>>>,
+}
+
+/// A lock's keys, hashed and compared by the lock key (a clone is a reference count, so
+/// registering a holder allocates nothing).
+struct Key(LockKeys);
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.lock_key() == other.0.lock_key()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.lock_key().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        self.0.lock_key()
+    }
 }
 
 /// A task of this client waiting for a lock another of its tasks holds or asks Redis for.
@@ -96,7 +120,7 @@ enum Entered {
 }
 
 impl Handoffs {
-    fn locks(&self) -> MutexGuard<'_, HashMap<Arc<str>, VecDeque<Waiter>>> {
+    fn locks(&self) -> MutexGuard<'_, HashMap<Key, VecDeque<Waiter>>> {
         self.locks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -104,7 +128,7 @@ impl Handoffs {
     pub(crate) fn hold(&self, keys: &LockKeys) {
         let mut locks = self.locks();
         if !locks.contains_key(keys.lock_key()) {
-            locks.insert(Arc::from(keys.lock_key()), VecDeque::new());
+            locks.insert(Key(keys.clone()), VecDeque::new());
         }
     }
 
@@ -113,7 +137,7 @@ impl Handoffs {
     fn enter(&self, keys: &LockKeys, tag: &str, options: &LockOptions) -> Entered {
         let mut locks = self.locks();
         let Some(queue) = locks.get_mut(keys.lock_key()) else {
-            locks.insert(Arc::from(keys.lock_key()), VecDeque::new());
+            locks.insert(Key(keys.clone()), VecDeque::new());
             return Entered::Turn;
         };
         let (to, from) = oneshot::channel();
