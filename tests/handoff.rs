@@ -30,12 +30,18 @@ fn options() -> LockOptions {
         .timeout(Duration::from_secs(20))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
+/// A server, a client of it, and the lock key of `name`.
+async fn one_client(name: &str) -> (Standalone, Client, String) {
     let server = Standalone::start();
     let client = Client::connect(vec![server.url()]).await.unwrap();
-    let name = "handoff:local";
     let key = client.keys(name, &options()).unwrap().lock_key().to_owned();
+    (server, client, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
+    let name = "handoff:local";
+    let (server, client, key) = one_client(name).await;
     // Warm up: connection open, scripts loaded.
     client
         .lock(name, &options())
@@ -161,10 +167,8 @@ async fn another_client_waiting_gets_in_between_local_handoffs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancelled_local_waiters_leave_nothing_held() {
-    let server = Standalone::start();
-    let client = Client::connect(vec![server.url()]).await.unwrap();
     let name = "handoff:cancel";
-    let key = client.keys(name, &options()).unwrap().lock_key().to_owned();
+    let (server, client, key) = one_client(name).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for _ in 0..4 {
