@@ -210,3 +210,38 @@ async fn cancelled_local_waiters_leave_nothing_held() {
         .unwrap();
     guard.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_released() {
+    let name = "handoff:reentry";
+    let (server, client, key) = one_client(name).await;
+    let first = client.lock(name, &options()).await.unwrap();
+    let again = first.reentry().lock().await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock(name, &options()).await })
+    };
+    // Released with a re-entry still held: nothing to hand over, the lock stays held.
+    first.release().await.unwrap();
+    assert!(server.node.held(&key));
+    eventually("the waiter to find it busy", Duration::from_secs(5), || {
+        client.stats().busy >= 1
+    })
+    .await;
+    let fence = again.fence();
+    let released = Instant::now();
+    again.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock once the last hold is released")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release's announcement, not the 30 s lease: {:?}",
+        released.elapsed()
+    );
+    assert!(next.fence() > fence);
+    next.release().await.unwrap();
+    assert!(!server.node.held(&key));
+}
