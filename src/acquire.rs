@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::Core;
 use crate::error::{Error, Result};
+use crate::lock::handoff::Turn;
 use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::{Readiness, Subscription};
 use crate::stats::Counters;
@@ -47,6 +48,28 @@ pub(crate) trait Request {
     ///
     /// Must be cancel safe: a dropped attempt releases what it may have taken ([`InFlight`]).
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Self::Granted>>;
+
+    /// Waits behind a task of this client that holds the resource, if one does, until handed
+    /// the resource, told to ask Redis, or `until`; without asking Redis. The default: no
+    /// local queue (the mutex has one: `lock/handoff.rs`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe: a dropped wait holds nothing.
+    async fn wait_local(&self, _core: &Arc<Core>, _until: Instant) -> Local<Self::Granted> {
+        Local::NotHeld
+    }
+}
+
+/// What waiting in a client's local queue came to.
+pub(crate) enum Local<G> {
+    /// No task of this client holds the resource: ask Redis.
+    NotHeld,
+    /// Handed the resource by the holder's release.
+    Granted(G),
+    /// Ask Redis: with the client's turn for the resource (the others of the client queue
+    /// behind it; kept while the call waits), or without, when the wait reached its limit.
+    Ask(Option<Turn>),
 }
 
 /// The answer to one attempt.
@@ -152,9 +175,32 @@ async fn wait_unbounded<R: Request>(
     let deadline = instant_after(started, timeout);
     let mut backoff = Backoff::new();
     let mut listening = Listening::NotYet;
+    // The client's turn to ask for the resource, and whether the request has a local queue.
+    let mut turn = None;
+    let mut queued = false;
     loop {
+        if turn.is_none() {
+            // Behind a task of this client: wait for its release to hand over or for the turn
+            // to ask, at most until the re-check period (a holder that never releases must not
+            // keep the waiter from Redis).
+            let until = deadline.min(Instant::now() + RECHECK);
+            match request.wait_local(core, until).await {
+                Local::Granted(granted) => {
+                    core.counters.waits.record(started.elapsed());
+                    return Ok(granted);
+                }
+                Local::Ask(next) => {
+                    queued = true;
+                    turn = next;
+                }
+                Local::NotHeld => queued = false,
+            }
+        }
         let pause = match attempt(core, request).await {
             Ok(Attempt::Granted(granted)) => {
+                if let Some(turn) = turn.take() {
+                    turn.granted();
+                }
                 core.counters.waits.record(started.elapsed());
                 return Ok(granted);
             }
@@ -168,6 +214,11 @@ async fn wait_unbounded<R: Request>(
                         lease_left: retry_after,
                         waited: started.elapsed(),
                     });
+                }
+                if queued && turn.is_none() {
+                    // Asked without the turn (after waiting in the queue for the re-check
+                    // period): queue again.
+                    continue;
                 }
                 let was_subscribed = matches!(listening, Listening::Subscribed(_));
                 listening = match listening {

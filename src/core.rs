@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fence::FenceMode;
+use crate::lock::Handoffs;
 use crate::runtime::wakeups::Wakeups;
 use crate::runtime::watchdog::Watchdog;
 use crate::stats::{Counters, Stats};
@@ -18,6 +19,11 @@ pub(crate) struct Core {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) prefix: String,
+    /// Tasks of this client waiting for a mutex another of its tasks holds.
+    pub(crate) handoffs: Handoffs,
+    /// The first 8 hex digits of this client's mutex owner tokens: the acquire script records
+    /// which client waits, so a release hands over within the client only while no other waits.
+    tag: String,
     fence_mode: FenceMode,
     /// The lock scripts' last argument: the key's expiry grace in ms, empty to keep keys.
     expiry: Arc<str>,
@@ -49,9 +55,16 @@ impl Core {
             transport,
             counters,
             prefix,
+            handoffs: Handoffs::default(),
+            tag: format!("{:08x}", rand::random::<u32>()),
             fence_mode,
             expiry,
         }
+    }
+
+    /// The first 8 hex digits of this client's mutex owner tokens.
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
     }
 
     /// The lock scripts' last argument: the key's expiry grace in ms, or empty to keep keys.

@@ -10,6 +10,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
+use crate::lock::handoff;
 use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
@@ -135,6 +136,9 @@ pub(crate) struct Held {
     watched: Option<Watched>,
     replicas_acked: Option<u32>,
     released: bool,
+    /// A mutex hold registered in the client's local queue (`lock::handoff`): its release hands
+    /// the lock to the client's next waiting task.
+    handing: bool,
 }
 
 impl Held {
@@ -171,7 +175,15 @@ impl Held {
             watched,
             replicas_acked: grant.replicas_acked,
             released: false,
+            handing: false,
         }
+    }
+
+    /// This mutex hold, registered as the client's holder of its lock (see `lock::handoff`):
+    /// the client's other tasks wait behind it, and its release hands the lock on.
+    pub(crate) fn handing(mut self) -> Self {
+        self.handing = true;
+        self
     }
 
     /// Registers `grant` with the watchdog; `None` without a Tokio runtime.
@@ -355,33 +367,52 @@ impl Held {
 
     async fn release_unspanned(mut self) -> Result<()> {
         self.unwatch();
+        if self.handing {
+            if let Some(waiter) = handoff::next_waiter(&self.core, self.keys.lock_key()) {
+                let core = Arc::clone(&self.core);
+                let code =
+                    handoff::release_to(&core, &self.keys, &self.owner, &self.hold, waiter).await?;
+                return self.released(code);
+            }
+        }
         let call = self.release_call();
         let transport = &self.core.transport;
-        let channel = self.keys.lock_key();
         // A waiter of this client is woken as soon as the release is queued: its attempt is
         // queued after it, so it reaches Redis after the release. Sent on its own, the release
         // must be answered first.
         let freeing = self.hold.is_empty();
         let reply = match transport.queue(call, self.name(), "release") {
             Ok(reply) => {
-                if freeing {
-                    self.core.wakeups.wake_one(channel);
-                }
+                self.freeing(freeing);
                 transport.reply(reply, self.name(), "release").await?
             }
             Err(call) => {
                 let reply = transport.run(call, self.name(), "release").await?;
-                if freeing {
-                    self.core.wakeups.wake_one(channel);
-                }
+                self.freeing(freeing);
                 reply
             }
         };
+        let code = parse_reply(self.name(), "release", reply)?;
+        self.released(code)
+    }
+
+    /// The release of a hold that may free the lock is queued (or answered): the client's tasks
+    /// queued behind this hold ask Redis now, and one waiter of the client is woken.
+    fn freeing(&self, freeing: bool) {
+        if self.handing {
+            self.core.handoffs.pass(self.keys.lock_key());
+        }
+        if freeing {
+            self.core.wakeups.wake_one(self.keys.lock_key());
+        }
+    }
+
+    /// The release answered `code`.
+    fn released(mut self, code: i64) -> Result<()> {
         self.released = true;
         let held = self.granted.elapsed();
         self.core.counters.holds.record(held);
         tracing::debug!(lock = self.name(), fence = %self.fence, ?held, "released");
-        let code = parse_reply(self.name(), "release", reply)?;
         self.outcome(code, "release", &self.core.counters.releases)
     }
 
@@ -419,8 +450,12 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.unwatch();
         if !self.released {
-            let call = self.release_call();
-            self.core.transport.run_detached(call, "release");
+            if self.handing {
+                handoff::release_detached(&self.core, &self.keys, &self.owner, &self.hold);
+            } else {
+                let call = self.release_call();
+                self.core.transport.run_detached(call, "release");
+            }
         }
     }
 }

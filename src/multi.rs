@@ -313,7 +313,7 @@ impl Request for AcquireAll<'_> {
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Vec<LockGuard>>> {
         let (keys, options) = (self.keys, self.options);
         let name = keys[0].name();
-        let owner = new_owner_token();
+        let owner = new_owner_token(core.tag());
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);

@@ -380,8 +380,8 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u128 {
 /// assert_eq!(
 ///     names,
 ///     [
-///         "acquire", "acquire_batch", "lock_all", "release", "release_batch", "extend",
-///         "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
+///         "acquire", "acquire_batch", "lock_all", "release", "release_batch", "handoff",
+///         "extend", "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
 ///         "rw_read", "rw_read_batch", "rw_write", "rw_write_batch", "rw_release",
 ///         "rw_release_batch", "rw_extend", "rw_extend_batch", "rw_renew", "rw_reenter",
@@ -418,6 +418,7 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*ACQUIRE,
         &*LOCK_ALL,
         &*RELEASE,
+        &*HANDOFF,
         &*EXTEND,
         &*REENTER,
         &*RENEW,
@@ -545,6 +546,28 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 /// `maxmemory` too.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("script/lua/release.lua")));
+
+/// Handoff (`script/lua/handoff.lua`): release one hold of owner A and, when that frees the
+/// lock and no other client waits, grant it in the same call to owner B, a task of the same
+/// client waiting behind A, with the fence rule: a grant within one client costs one call.
+///
+/// - `KEYS[1]` lock key. `ARGV[1]` owner A, `ARGV[2]` A's hold id, `ARGV[3]` announce (as
+///   [`RELEASE`]); `ARGV[4]` owner B (the same client: the same first 8 characters), `ARGV[5]`
+///   B's TTL in ms, `ARGV[6]` B's floor, `ARGV[7]` fence mode (as [`ACQUIRE`]); `ARGV[8]` how
+///   long a refused handoff yields the lock to the other client, in ms; `ARGV[9]` expiry grace.
+///
+/// Replies `{code, handed, fence, behind}`: `code` as [`RELEASE`] for A; `handed` `1` granted
+/// to B (`fence`, `behind` as [`ACQUIRE`]), `0` not freed (A's other holds remain, or another
+/// owner holds it), `2` freed and not handed: another client waits (the release announces, and
+/// this client's acquires find the lock busy for `ARGV[8]` ms, so the other one gets in
+/// first), or the fence rule refused.
+///
+/// Flagged like [`ACQUIRE`] (refused at `maxmemory`: it may grant).
+///
+/// Sent on its own, past the node's driver (see `Transport::run_direct`), so it has no batch
+/// twin.
+pub(crate) static HANDOFF: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::with_fence_rule("handoff", include_str!("script/lua/handoff.lua")));
 
 /// Re-enter (`script/lua/reenter.lua`): add a hold to a lock this owner holds, returning the
 /// same fence.

@@ -26,6 +26,9 @@ pub struct Stats {
     pub grants: u64,
     /// Acquire requests answered "held by another owner": the contention.
     pub busy: u64,
+    /// Locks handed by a release of this client to another of its tasks in the same call
+    /// (counted in `grants` too; no acquire request of the waiter).
+    pub handoffs: u64,
     /// Acquire requests that failed (timeouts, Redis errors, replicas not confirmed).
     pub acquire_errors: u64,
     /// Grants released again because fewer replicas than required confirmed them.
@@ -205,6 +208,7 @@ pub(crate) mod names {
     pub(crate) const ACQUIRE_ATTEMPTS: &str = "fencelock_acquire_attempts_total";
     pub(crate) const GRANTS: &str = "fencelock_grants_total";
     pub(crate) const BUSY: &str = "fencelock_busy_total";
+    pub(crate) const HANDOFFS: &str = "fencelock_handoffs_total";
     pub(crate) const ACQUIRE_ERRORS: &str = "fencelock_acquire_errors_total";
     pub(crate) const REPLICAS_NOT_CONFIRMED: &str = "fencelock_replicas_not_confirmed_total";
     pub(crate) const REPLICA_ACKS: &str = "fencelock_replica_acks_total";
@@ -227,6 +231,7 @@ pub(crate) struct Counters {
     pub(crate) acquire_attempts: Counter,
     pub(crate) grants: Counter,
     pub(crate) busy: Counter,
+    pub(crate) handoffs: Counter,
     pub(crate) acquire_errors: Counter,
     pub(crate) replicas_not_confirmed: Counter,
     pub(crate) replica_acks: Counter,
@@ -249,6 +254,7 @@ impl Default for Counters {
             acquire_attempts: Counter::named(ACQUIRE_ATTEMPTS),
             grants: Counter::named(GRANTS),
             busy: Counter::named(BUSY),
+            handoffs: Counter::named(HANDOFFS),
             acquire_errors: Counter::named(ACQUIRE_ERRORS),
             replicas_not_confirmed: Counter::named(REPLICAS_NOT_CONFIRMED),
             replica_acks: Counter::named(REPLICA_ACKS),
@@ -280,6 +286,7 @@ impl Counters {
             acquire_attempts: get(&self.acquire_attempts),
             grants: get(&self.grants),
             busy: get(&self.busy),
+            handoffs: get(&self.handoffs),
             acquire_errors: get(&self.acquire_errors),
             replicas_not_confirmed: get(&self.replicas_not_confirmed),
             replica_acks: get(&self.replica_acks),

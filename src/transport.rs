@@ -846,6 +846,19 @@ impl Transport {
         }
     }
 
+    /// Runs `call` on its own on the main connection within the request timeout, past the
+    /// node's driver: for a call that no call queued before it can conflict with (a handoff:
+    /// its releasing owner has nothing else in flight, its new owner's token is fresh), which
+    /// saves the driver's task hop on a path where every grant waits for the one before.
+    pub(crate) async fn run_direct(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        self.run_alone(call, name, operation).await
+    }
+
     /// Runs `call` on its own on the main connection within the request timeout.
     async fn run_alone(
         self: &Arc<Self>,
@@ -863,16 +876,27 @@ impl Transport {
     /// Hands `call` to the current runtime, if there is one, to run in the background (a
     /// release nobody awaits); never blocks or panics. A failure is only logged.
     pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+        let transport = Arc::clone(self);
+        self.spawn_detached(async move {
+            let key = call.first_key();
+            if let Err(err) = transport.run(&call, key, operation).await {
+                tracing::debug!(lock = key, error = %err, "background {operation} failed");
+            }
+        });
+    }
+
+    /// Hands `task` (background calls nobody awaits) to the current runtime, if there is one,
+    /// counted in [`detached`](Self::detached) until it ends.
+    pub(crate) fn spawn_detached(
+        self: &Arc<Self>,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             self.detached.fetch_add(1, Ordering::AcqRel);
             let ticket = DetachedTicket(Arc::clone(self));
-            let transport = Arc::clone(self);
             runtime.spawn(async move {
                 let _ticket = ticket;
-                let key = call.first_key();
-                if let Err(err) = transport.run(&call, key, operation).await {
-                    tracing::debug!(lock = key, error = %err, "background {operation} failed");
-                }
+                task.await;
             });
         }
     }

@@ -2,12 +2,13 @@
 //! guard, a thin wrapper around [`Held`]; `reentry.rs` the handle that takes it again.
 
 mod guard;
+pub(crate) mod handoff;
 mod reentry;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::acquire::{replicas, Attempt, InFlight, Request};
+use crate::acquire::{replicas, Attempt, InFlight, Local, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
@@ -18,6 +19,7 @@ use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
 pub(crate) use guard::MUTEX;
+pub(crate) use handoff::Handoffs;
 pub use reentry::Reentry;
 
 /// One acquisition of a mutex: its keys and options.
@@ -37,11 +39,22 @@ impl Request for Acquire<'_> {
         self.keys.lock_key()
     }
 
+    /// Waits behind this client's task that holds the lock, if one does: handed the lock by
+    /// its release (see `handoff.rs`).
+    async fn wait_local(&self, core: &Arc<Core>, until: Instant) -> Local<LockGuard> {
+        handoff::wait(core, self.keys, self.options, until).await
+    }
+
     /// One acquire request under a fresh owner token (a token is never reused after a failed
-    /// request, whose background release could otherwise hit a later grant).
+    /// request, whose background release could otherwise hit a later grant). A caller that
+    /// waits for replicas is not queued behind this client's holder nor handed the lock, and
+    /// its token does not carry the client's tag: the handoff treats it as another client.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<LockGuard>> {
         let (keys, options) = (self.keys, self.options);
-        let owner = new_owner_token();
+        let owner = match options.wait {
+            None => new_owner_token(core.tag()),
+            Some(_) => new_owner_token(&format!("{:08x}", rand::random::<u32>())),
+        };
         let started = Instant::now();
         let lease = options.first_lease();
         let key = keys.lock_key();
@@ -78,7 +91,11 @@ impl Request for Acquire<'_> {
                     ttl: lease,
                     replicas_acked,
                 };
-                let held = Held::new(core, &MUTEX, grant, options);
+                let mut held = Held::new(core, &MUTEX, grant, options);
+                if options.wait.is_none() {
+                    held = held.handing();
+                    core.handoffs.hold(keys);
+                }
                 Ok(Attempt::Granted(LockGuard::new(held)))
             }
             0 => {
@@ -96,17 +113,21 @@ impl Request for Acquire<'_> {
     }
 }
 
-/// A fresh 128-bit random owner token, hex encoded (32 lowercase digits).
+/// A fresh owner token, hex encoded (32 lowercase digits): `tag` (the client's 8 hex digits,
+/// which the acquire script records for a waiter) then 96 random bits.
 ///
 /// The bits come from rand's thread-local CSPRNG (ChaCha12, seeded from the OS and reseeded
 /// by rand), not from a `getrandom` call per token; encoded on the stack, one allocation.
-pub(crate) fn new_owner_token() -> String {
+pub(crate) fn new_owner_token(tag: &str) -> String {
     let mut buffer = uuid::Uuid::encode_buffer();
     let bits: u128 = rand::random();
     let token: &str = uuid::Uuid::from_u128(bits)
         .simple()
         .encode_lower(&mut buffer);
-    token.to_owned()
+    let mut owner = String::with_capacity(32);
+    owner.push_str(&tag[..tag.len().min(8)]);
+    owner.push_str(&token[owner.len()..]);
+    owner
 }
 
 #[cfg(test)]
@@ -114,22 +135,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn owner_tokens_are_128_bit_hex() {
-        let token = new_owner_token();
+    fn owner_tokens_are_a_tag_and_96_random_bits_in_hex() {
+        let tag = "0a1b2c3d";
+        let token = new_owner_token(tag);
         assert_eq!(token.len(), 32);
         assert_eq!(token.capacity(), 32);
+        assert!(token.starts_with(tag));
         assert!(token
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-        assert_ne!(token, new_owner_token());
-        // Every bit varies (no fixed version or variant bits as in a v4 UUID): over 64 tokens
-        // each of the 128 bits was seen both set and clear (chance of a false failure ≈ 2^-57).
+        assert_ne!(token, new_owner_token(tag));
+        // Every bit after the tag varies: over 64 tokens each of the 96 bits was seen both set
+        // and clear (chance of a false failure ≈ 2^-57).
         let (mut ones, mut zeros) = (0u128, 0u128);
         for _ in 0..64 {
-            let bits = u128::from_str_radix(&new_owner_token(), 16).unwrap();
+            let bits = u128::from_str_radix(&new_owner_token(tag), 16).unwrap();
             ones |= bits;
             zeros |= !bits;
         }
-        assert_eq!((ones, zeros), (u128::MAX, u128::MAX));
+        let random = (1u128 << 96) - 1;
+        assert_eq!((ones & random, zeros & random), (random, random));
     }
 }

@@ -8,14 +8,23 @@
 --
 -- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
 -- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, no write);
--- {0, pttl, 0} held by another owner (`waiters` set, so the release announces); an error
+-- {0, pttl, 0} held by another owner (`waiters` set, so the release announces: to the first
+-- 8 characters of the owner token, which name the client, or `*` once several clients wait),
+-- or yielded by this client to another one for pttl ms more (see handoff.lua); an error
 -- reply (no write) when the next fence would pass 2^53 - 1 or the epoch cannot be read. Not
 -- allow-oom: refused with OOM at maxmemory.
 #!lua
+local tag = string.sub(ARGV[1], 1, 8)
 if live then
   if owner == ARGV[1] then return {2, tonumber(lock[3]), 0} end
-  if not lock[5] then redis.call('HSET', KEYS[1], 'waiters', 1) end
+  local w = lock[5]
+  if not w then redis.call('HSET', KEYS[1], 'waiters', tag)
+  elseif w ~= '*' and w ~= tag and w ~= 'y' .. tag then redis.call('HSET', KEYS[1], 'waiters', '*') end
   return {0, expires - now_ms, 0}
+end
+if lock[5] == 'y' .. tag then
+  if expires and expires > now_ms then return {0, expires - now_ms, 0} end
+  redis.call('HDEL', KEYS[1], 'waiters')
 end
 local stored = tonumber(lock[3]) or 0
 local fence, behind = next_fence(stored, tonumber(ARGV[3]), ARGV[4])

@@ -1,0 +1,58 @@
+-- handoff: release one hold of owner A and, when that frees the lock, grant it in the same call
+-- to owner B, a waiting task of the same client, with the fence rule (lock prologue and fence
+-- rule first). A grant costs one call when the next holder waits in the releasing client.
+--
+-- KEYS[1] the lock key. ARGV[1] owner A's token, ARGV[2] A's hold id (empty for the hold the
+-- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[4] owner
+-- B's token (same client: same first 8 characters as A's), ARGV[5] B's TTL in ms, ARGV[6] B's
+-- floor, ARGV[7] fence mode (as acquire's ARGV[3] and ARGV[4]); ARGV[8] yield in ms; ARGV[9]
+-- expiry grace.
+--
+-- The lock is handed to B only while no other client waits: `waiters` is unset or names this
+-- client (the first 8 characters of an owner token, `y` before them for a yield). Else it is
+-- freed and announced as by release, and `waiters` is left as `y<client>` with `until` ARGV[8]
+-- ms ahead: until then acquires of this client find it busy (and the release of whoever takes
+-- it meanwhile announces), so the other client's woken waiter gets in first.
+--
+-- Replies {code, handed, fence, behind}: code as release's (1 released, 0 no live lease,
+-- -1 held by another owner, left alone); handed 1: granted to B with `fence` (`behind` as
+-- acquire's); 0: not freed (A's other holds remain) or held by another owner; 2: freed and not
+-- handed (another client waits, or the fence rule refused: B then attempts and sees why).
+#!lua
+local code = 1
+if owner ~= ARGV[1] then
+  if live then return {-1, 0, 0, 0} end
+  code = 0
+elseif not live then
+  code = 0
+elseif lock[4] or ARGV[2] ~= '' then
+  if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return {1, 0, 0, 0} end
+  local holds = tonumber(lock[4] or 1) - 1
+  if holds > 0 then
+    redis.call('HSET', KEYS[1], 'holds', holds)
+    return {1, 0, 0, 0}
+  end
+end
+local tag = string.sub(ARGV[1], 1, 8)
+local others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
+local fence, behind
+if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7]) end
+if not fence then
+  clear()
+  if others then
+    redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
+      'until', string.format('%d', now_ms + tonumber(ARGV[8])))
+  end
+  if lock[5] then
+    if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+    elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+  end
+  return {code, 2, 0, 0}
+end
+if lock[4] then clear() elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
+local ends = now_ms + tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'owner', ARGV[4],
+  'until', string.format('%d', ends),
+  'fence', string.format('%d', fence))
+keep(KEYS[1], fence, ends)
+return {code, 1, fence, behind}

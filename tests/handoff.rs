@@ -1,0 +1,247 @@
+//! Handoffs within one client on a real server: tasks of one client waiting for a lock another
+//! of its tasks holds queue locally and are handed the lock by its release in the same script
+//! call (one call per grant, no refused attempts), fences still rise, another client waiting
+//! gets in, and cancelled waiters leave nothing held.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, Standalone};
+use fencelock::{Client, LockOptions};
+
+/// Calls of `EVALSHA` and `EVAL` the server ran so far.
+fn script_calls(server: &Standalone) -> u64 {
+    let stats = server.node.info("commandstats");
+    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
+        .iter()
+        .filter_map(|prefix| {
+            let line = stats.lines().find(|line| line.starts_with(prefix))?;
+            line[prefix.len()..].split(',').next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+fn options() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20))
+}
+
+/// A server, a client of it, and the lock key of `name`.
+async fn one_client(name: &str) -> (Standalone, Client, String) {
+    let server = Standalone::start();
+    let client = Client::connect(vec![server.url()]).await.unwrap();
+    let key = client.keys(name, &options()).unwrap().lock_key().to_owned();
+    (server, client, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
+    let name = "handoff:local";
+    let (server, client, key) = one_client(name).await;
+    // Warm up: connection open, scripts loaded.
+    client
+        .lock(name, &options())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let before = client.stats();
+    let calls_before = script_calls(&server);
+
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 50;
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (client, fences) = (client.clone(), Arc::clone(&fences));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = client.lock(name, &options()).await.unwrap();
+                // Recorded while held: the order of the vector is the order of the grants.
+                fences.lock().unwrap().push(guard.fence().get());
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    let grants = (TASKS * ROUNDS) as u64;
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len() as u64, grants);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences rise strictly in grant order"
+    );
+    let stats = client.stats();
+    let attempts = stats.acquire_attempts - before.acquire_attempts;
+    let busy = stats.busy - before.busy;
+    let handoffs = stats.handoffs - before.handoffs;
+    assert_eq!(stats.grants - before.grants, grants);
+    // Only the task with the client's turn asks Redis; the others are handed the lock.
+    assert!(
+        busy <= 2,
+        "refused attempts from local waiters: {busy} ({stats:?})"
+    );
+    assert!(
+        attempts <= 1 + TASKS as u64,
+        "{attempts} acquire attempts for {grants} grants ({stats:?})"
+    );
+    assert!(
+        handoffs + attempts >= grants && handoffs >= grants - TASKS as u64,
+        "{handoffs} handoffs for {grants} grants ({stats:?})"
+    );
+    // One script call per grant: the release that hands over is the grant.
+    let calls = script_calls(&server) - calls_before;
+    assert!(
+        calls <= grants + 2 * TASKS as u64,
+        "{calls} script calls for {grants} grants"
+    );
+    assert!(!server.node.held(&key), "the last release frees the lock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_client_waiting_gets_in_between_local_handoffs() {
+    let server = Standalone::start();
+    let busy_client = Client::connect(vec![server.url()]).await.unwrap();
+    let other = Client::connect(vec![server.url()]).await.unwrap();
+    let name = "handoff:fair";
+    let stop = Arc::new(AtomicBool::new(false));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (client, stop, order) = (busy_client.clone(), Arc::clone(&stop), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let guard = client.lock(name, &options()).await.unwrap();
+                order.lock().unwrap().push((guard.fence().get(), 'a'));
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    eventually("the local handoffs to run", Duration::from_secs(10), || {
+        busy_client.stats().handoffs >= 200
+    })
+    .await;
+
+    for round in 0..3 {
+        let grants_before = busy_client.stats().grants;
+        let started = Instant::now();
+        let guard = other.lock(name, &options()).await.unwrap();
+        let waited = started.elapsed();
+        let local_grants = busy_client.stats().grants - grants_before;
+        order.lock().unwrap().push((guard.fence().get(), 'b'));
+        guard.release().await.unwrap();
+        println!("round {round}: in after {waited:?}, {local_grants} local grants meanwhile");
+        // Without the check for other clients' waiters the local handoffs would keep the lock
+        // away from it for good; with it, the first busy answer it gets marks the lock and the
+        // next local release yields (a few more grants while its subscription is made).
+        assert!(
+            waited < Duration::from_secs(2) && local_grants <= 50,
+            "round {round}: the other client waited {waited:?} ({local_grants} local grants)"
+        );
+        eventually(
+            "the local handoffs to resume",
+            Duration::from_secs(10),
+            || busy_client.stats().grants >= grants_before + local_grants + 50,
+        )
+        .await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert!(
+        order.windows(2).all(|w| w[0].0 < w[1].0),
+        "fences rise strictly across both clients"
+    );
+    assert_eq!(order.iter().filter(|(_, who)| *who == 'b').count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelled_local_waiters_leave_nothing_held() {
+    let name = "handoff:cancel";
+    let (server, client, key) = one_client(name).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (client, stop) = (client.clone(), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let guard = client.lock(name, &options()).await.unwrap();
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    // Waiters cut off at every stage: queued, handed the lock while the handoff is in flight,
+    // holding the turn.
+    let mut cancelled = 0;
+    let mut granted = 0;
+    for i in 0..400u64 {
+        let cut = Duration::from_micros(20 + (i * 37) % 400);
+        match tokio::time::timeout(cut, client.lock(name, &options())).await {
+            Ok(guard) => {
+                granted += 1;
+                drop(guard.unwrap());
+            }
+            Err(_) => cancelled += 1,
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(cancelled > 0, "{granted} granted, none cut off");
+    // A grant left behind by a cancelled waiter would hold the lock for its 30 s lease.
+    eventually("the lock to be free", Duration::from_secs(5), || {
+        !server.node.held(&key)
+    })
+    .await;
+    let guard = tokio::time::timeout(Duration::from_secs(5), client.lock(name, &options()))
+        .await
+        .expect("the lock is free again for the client")
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_released() {
+    let name = "handoff:reentry";
+    let (server, client, key) = one_client(name).await;
+    let first = client.lock(name, &options()).await.unwrap();
+    let again = first.reentry().lock().await.unwrap();
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move { client.lock(name, &options()).await })
+    };
+    // Released with a re-entry still held: nothing to hand over, the lock stays held.
+    first.release().await.unwrap();
+    assert!(server.node.held(&key));
+    eventually("the waiter to find it busy", Duration::from_secs(5), || {
+        client.stats().busy >= 1
+    })
+    .await;
+    let fence = again.fence();
+    let released = Instant::now();
+    again.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the lock once the last hold is released")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release's announcement, not the 30 s lease: {:?}",
+        released.elapsed()
+    );
+    assert!(next.fence() > fence);
+    next.release().await.unwrap();
+    assert!(!server.node.held(&key));
+}
