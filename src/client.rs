@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -16,7 +16,7 @@ use crate::keys::LockKeys;
 use crate::keys::Placement;
 use crate::latch::Latch;
 use crate::lock::{self, LockGuard};
-use crate::options::LockOptions;
+use crate::options::{instant_after, LockOptions};
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
 use crate::semaphore::Semaphore;
 use crate::stats::Stats;
@@ -810,6 +810,16 @@ impl Client {
             slot = keys.slot()
         );
         let request = fair::Acquire::new(&self.core, &keys, options, true);
+        // The whole call, withdrawal included, keeps the waiting calls' bound: the timeout plus
+        // one request timeout (measured: over a lossy 50 ms link an awaited withdrawal after a
+        // timed-out wait ended 4.0 s into a 3.5 s bound). A withdrawal that would pass it is
+        // left to the request's drop, which sends it in the background.
+        let bound = instant_after(
+            Instant::now(),
+            options
+                .timeout
+                .saturating_add(self.core.transport.request_timeout()),
+        );
         let outcome = acquire::wait_observed(
             &self.core,
             &request,
@@ -819,7 +829,8 @@ impl Client {
         .instrument(span.clone())
         .await;
         if outcome.is_err() {
-            request.withdraw().instrument(span).await;
+            let withdraw = request.withdraw().instrument(span);
+            let _ = tokio::time::timeout_at(bound.into(), withdraw).await;
         }
         outcome
     }
