@@ -423,8 +423,10 @@ async fn collect<G: MultiMember>(
     let keep_alive = (lease / 3).max(Duration::from_millis(1));
     let mut taken: Vec<(usize, G)> = Vec::with_capacity(keys.len());
     for &index in &order {
-        let waiting = G::take(core, &keys[index], &provisional, deadline);
-        tokio::pin!(waiting);
+        // Boxed and erased: the nested wait futures of both member kinds otherwise make the
+        // compiler's layout queries overflow their depth limit in a clean build.
+        let mut waiting: Pin<Box<dyn Future<Output = Result<G>> + Send + '_>> =
+            Box::pin(G::take(core, &keys[index], &provisional, deadline));
         let outcome = loop {
             tokio::select! {
                 outcome = &mut waiting => break outcome,
