@@ -808,6 +808,21 @@ impl Transport {
         }
     }
 
+    /// As [`run`](Self::run) for a background call: queued on a node's driver, it is sent only
+    /// after every call in flight to that node has been answered (resends after `NOSCRIPT`
+    /// included), so it never overtakes the call it follows up.
+    async fn run_after_in_flight(
+        self: &Arc<Self>,
+        call: ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        match self.enqueue(Cow::Owned(call), name, operation, true) {
+            Ok(reply) => self.reply(reply, name, operation).await,
+            Err(call) => self.run_alone(&call, name, operation).await,
+        }
+    }
+
     /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
     /// then it is sent after every call queued before it for that node, and the reply arrives
     /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
@@ -818,11 +833,20 @@ impl Transport {
         name: &str,
         operation: &'static str,
     ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
-        let call = call.into();
+        self.enqueue(call.into(), name, operation, false)
+    }
+
+    fn enqueue<'c>(
+        self: &Arc<Self>,
+        call: Cow<'c, ScriptCall>,
+        name: &str,
+        operation: &'static str,
+        after_in_flight: bool,
+    ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
         let Some(node) = self.batcher.node(self, &call) else {
             return Err(call);
         };
-        let (entry, reply) = Entry::new(call.into_owned(), name, operation);
+        let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight);
         match self.batcher.queue(self, node, entry) {
             Ok(()) => Ok(reply),
             Err(entry) => Err(Cow::Owned(entry.into_call())),
@@ -878,8 +902,8 @@ impl Transport {
     pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
         let transport = Arc::clone(self);
         self.spawn_detached(async move {
-            let key = call.first_key();
-            if let Err(err) = transport.run(&call, key, operation).await {
+            let key = call.first_key().to_owned();
+            if let Err(err) = transport.run_after_in_flight(call, &key, operation).await {
                 tracing::debug!(lock = key, error = %err, "background {operation} failed");
             }
         });

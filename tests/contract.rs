@@ -22,6 +22,8 @@ trait Primitive {
     type Guard: std::fmt::Debug;
     /// The primitive's key suffix (`<prefix>:{NAME}:<kind>`).
     const KIND: &'static str;
+    /// The script its acquiring call runs (`fencelock::lua_scripts` name).
+    const ACQUIRE: &'static str;
     async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<Self::Guard>;
     async fn take(client: &Client, name: &str, options: &LockOptions) -> Result<Self::Guard>;
     fn fence(guard: &Self::Guard) -> FenceToken;
@@ -66,6 +68,7 @@ struct Mutex;
 impl Primitive for Mutex {
     type Guard = LockGuard;
     const KIND: &'static str = "lock";
+    const ACQUIRE: &'static str = "acquire";
     async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<LockGuard> {
         client.try_lock(name, options).await
     }
@@ -90,6 +93,7 @@ struct Write;
 impl Primitive for Write {
     type Guard = WriteGuard;
     const KIND: &'static str = "rw";
+    const ACQUIRE: &'static str = "rw_write";
     async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<WriteGuard> {
         client.try_write_lock(name, options).await
     }
@@ -114,6 +118,7 @@ struct Fair;
 impl Primitive for Fair {
     type Guard = FairLockGuard;
     const KIND: &'static str = "fair";
+    const ACQUIRE: &'static str = "fair_acquire";
     async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
         client.try_fair_lock(name, options).await
     }
@@ -138,6 +143,7 @@ struct Permit;
 impl Primitive for Permit {
     type Guard = PermitGuard;
     const KIND: &'static str = "sem";
+    const ACQUIRE: &'static str = "semaphore_acquire";
     async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<PermitGuard> {
         client.semaphore(name, 1)?.try_acquire(options).await
     }
@@ -250,6 +256,38 @@ async fn cancel_safety<P: Primitive>() {
             }
         }
         let guard = free.unwrap_or_else(|| panic!("{}: a dropped call kept the hold", P::KIND));
+        P::release(guard).await.unwrap();
+    }
+    // The same on a server that lost the acquiring script but still has the others (restarted,
+    // or a promoted replica, and another client has since run a release): the cut call is
+    // resent after NOSCRIPT, and its undo must not overtake that resend.
+    for step in 0..24u64 {
+        let mut conn = server.node.connection().unwrap();
+        let mut reload = redis::pipe();
+        reload.cmd("SCRIPT").arg("FLUSH").ignore();
+        for script in fencelock::lua_scripts().filter(|script| script.name != P::ACQUIRE) {
+            reload.cmd("SCRIPT").arg("LOAD").arg(script.source).ignore();
+        }
+        reload.query::<()>(&mut conn).unwrap();
+        let dropped = Duration::from_micros(step * 150);
+        let _ = tokio::time::timeout(dropped, P::take(&a, "cancel", &options)).await;
+        let mut free = None;
+        for _ in 0..200 {
+            match P::try_take(&b, "cancel", &options).await {
+                Ok(guard) => {
+                    free = Some(guard);
+                    break;
+                }
+                Err(err) if err.is_busy() => tokio::time::sleep(Duration::from_millis(5)).await,
+                Err(err) => panic!("{}: {err:?}", P::KIND),
+            }
+        }
+        let guard = free.unwrap_or_else(|| {
+            panic!(
+                "{}: a call dropped at {dropped:?} on a server without its script kept the hold",
+                P::KIND
+            )
+        });
         P::release(guard).await.unwrap();
     }
     // A waiting call dropped while the hold is taken leaves no place or intent behind: once

@@ -8,10 +8,12 @@
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
 //! calls in the order they were queued: a call queued after another for the same key (an
 //! acquire's undo after a cancelled acquire, an attempt woken by a release of this client) runs
-//! after it. A caller dropped before its call was sent is left out of its round. (A call that
-//! redis-rs resends after `MOVED`, or that this module resends alone after `NOSCRIPT` or a
-//! moved key, may run after later rounds; the cases are rare and each acquire's undo covers
-//! what it could leave held.)
+//! after it. A caller dropped before its call was sent is left out of its round. A call that
+//! this module resends alone after `NOSCRIPT` or a moved key may run after later rounds (a
+//! server that lost its scripts answers `NOSCRIPT` to one script while it already runs another
+//! that a later round carries), so a background call (a cancelled acquire's undo, the release
+//! of a dropped guard) is sent only once every round in flight has been answered, resends
+//! included: the undo never overtakes the acquire it undoes.
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
@@ -52,6 +54,9 @@ pub(super) struct Entry {
     name: String,
     operation: &'static str,
     reply: oneshot::Sender<Result<Value>>,
+    /// Sent only after every round in flight is answered (a background call, see the module
+    /// docs).
+    after_in_flight: bool,
 }
 
 /// The drivers of one client, one per node, and the slot map that says which node a key is on.
@@ -177,6 +182,7 @@ impl Entry {
         call: ScriptCall,
         name: &str,
         operation: &'static str,
+        after_in_flight: bool,
     ) -> (Self, oneshot::Receiver<Result<Value>>) {
         let (reply, receiver) = oneshot::channel();
         let entry = Self {
@@ -184,6 +190,7 @@ impl Entry {
             name: name.to_owned(),
             operation,
             reply,
+            after_in_flight,
         };
         (entry, receiver)
     }
@@ -248,6 +255,9 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
             return;
         };
         pending.retain(|entry| !entry.reply.is_closed());
+        if pending.iter().any(|entry| entry.after_in_flight) {
+            join_all(std::mem::take(&mut in_flight)).await;
+        }
         let mut round: Round = Box::pin(join_all(sends(&transport, pending)));
         if std::future::poll_fn(|cx| Poll::Ready(round.as_mut().poll(cx)))
             .await

@@ -429,7 +429,7 @@ impl Node {
             && self.try_cmd::<String>(&mut redis::cmd("PING")).is_ok()
     }
 
-    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+    pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
         let client = match &self.tls {
             Some(certs) => certs.client(&self.url())?,
             None => redis::Client::open(self.url())?,
