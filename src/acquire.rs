@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::lock::handoff::Turn;
+use crate::local_queue::Turn;
 use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::{Readiness, Subscription};
 use crate::stats::Counters;
@@ -51,7 +51,7 @@ pub(crate) trait Request {
 
     /// Waits behind a task of this client that holds the resource, if one does, until handed
     /// the resource, told to ask Redis, or `until`; without asking Redis. The default: no
-    /// local queue (the mutex has one: `lock/handoff.rs`).
+    /// local queue (the mutex has one: `local_queue.rs`, `lock/handoff.rs`).
     ///
     /// # Cancel safety
     ///

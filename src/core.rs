@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fence::FenceMode;
-use crate::lock::Handoffs;
+use crate::local_queue::LocalQueues;
 use crate::runtime::wakeups::Wakeups;
 use crate::runtime::watchdog::Watchdog;
 use crate::stats::{Counters, Stats};
@@ -20,7 +20,7 @@ pub(crate) struct Core {
     pub(crate) counters: Arc<Counters>,
     pub(crate) prefix: String,
     /// Tasks of this client waiting for a mutex another of its tasks holds.
-    pub(crate) handoffs: Handoffs,
+    pub(crate) handoffs: Arc<LocalQueues>,
     /// The first 8 hex digits of this client's mutex owner tokens: the acquire script records
     /// which client waits, so a release hands over within the client only while no other waits.
     tag: String,
@@ -55,7 +55,7 @@ impl Core {
             transport,
             counters,
             prefix,
-            handoffs: Handoffs::default(),
+            handoffs: Arc::default(),
             tag: format!("{:08x}", rand::random::<u32>()),
             fence_mode,
             expiry,

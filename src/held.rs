@@ -1,6 +1,8 @@
 //! The state every guard wraps: one hold of one key by one owner, its fence, its lease (followed
 //! by the watchdog or not), and the scripts that release, extend and renew it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -10,7 +12,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
-use crate::lock::handoff;
+use crate::local_queue::Waiter;
 use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
@@ -99,6 +101,17 @@ pub(crate) struct Grant {
     pub(crate) replicas_acked: Option<u32>,
 }
 
+/// How a hold's release hands the lock to the client's next waiting task in the same call (the
+/// mutex's: `lock/handoff.rs`): releases `owner`'s hold `hold` (empty for the first) on `keys`'
+/// lock and grants it to `waiter`, or tells the waiter to ask Redis; returns the release's code.
+pub(crate) type HandOver = for<'a> fn(
+    &'a Arc<Core>,
+    &'a LockKeys,
+    &'a str,
+    &'a str,
+    Waiter,
+) -> Pin<Box<dyn Future<Output = Result<i64>> + Send + 'a>>;
+
 /// A hold the watchdog follows.
 pub(crate) struct Watched {
     /// The watchdog's id for the hold; `None` for a re-entry riding on another guard's watch.
@@ -136,9 +149,9 @@ pub(crate) struct Held {
     watched: Option<Watched>,
     replicas_acked: Option<u32>,
     released: bool,
-    /// A mutex hold registered in the client's local queue (`lock::handoff`): its release hands
-    /// the lock to the client's next waiting task.
-    handing: bool,
+    /// A mutex hold registered in the client's local queue: its release hands the lock to the
+    /// client's next waiting task with this.
+    handing: Option<HandOver>,
 }
 
 impl Held {
@@ -175,14 +188,14 @@ impl Held {
             watched,
             replicas_acked: grant.replicas_acked,
             released: false,
-            handing: false,
+            handing: None,
         }
     }
 
-    /// This mutex hold, registered as the client's holder of its lock (see `lock::handoff`):
-    /// the client's other tasks wait behind it, and its release hands the lock on.
-    pub(crate) fn handing(mut self) -> Self {
-        self.handing = true;
+    /// This mutex hold, registered as the client's holder of its lock (see `local_queue`): the
+    /// client's other tasks wait behind it, and its release hands the lock on with `hand_over`.
+    pub(crate) fn handing(mut self, hand_over: HandOver) -> Self {
+        self.handing = Some(hand_over);
         self
     }
 
@@ -367,11 +380,10 @@ impl Held {
 
     async fn release_unspanned(mut self) -> Result<()> {
         self.unwatch();
-        if self.handing {
-            if let Some(waiter) = handoff::next_waiter(&self.core, self.keys.lock_key()) {
+        if let Some(hand_over) = self.handing {
+            if let Some(waiter) = self.core.handoffs.next(self.keys.lock_key()) {
                 let core = Arc::clone(&self.core);
-                let code =
-                    handoff::release_to(&core, &self.keys, &self.owner, &self.hold, waiter).await?;
+                let code = hand_over(&core, &self.keys, &self.owner, &self.hold, waiter).await?;
                 return self.released(code);
             }
         }
@@ -399,7 +411,7 @@ impl Held {
     /// The release of a hold that may free the lock is queued (or answered): the client's tasks
     /// queued behind this hold ask Redis now, and one waiter of the client is woken.
     fn freeing(&self, freeing: bool) {
-        if self.handing {
+        if self.handing.is_some() {
             self.core.handoffs.pass(self.keys.lock_key());
         }
         if freeing {
@@ -419,6 +431,32 @@ impl Held {
     fn release_call(&self) -> ScriptCall {
         self.kind
             .release_call(&self.core, self.keys.lock_key(), &self.owner, &self.hold)
+    }
+
+    /// Releases in the background (a guard dropped without `release`), handing the lock on
+    /// when a task of this client waits for it.
+    fn release_detached(&self) {
+        let key = self.keys.lock_key();
+        let Some(hand_over) = self.handing else {
+            self.core
+                .transport
+                .run_detached(self.release_call(), "release");
+            return;
+        };
+        let Some(waiter) = self.core.handoffs.next(key) else {
+            self.core
+                .transport
+                .run_detached(self.release_call(), "release");
+            self.core.handoffs.pass(key);
+            return;
+        };
+        let (core, keys) = (Arc::clone(&self.core), self.keys.clone());
+        let (owner, hold) = (self.owner.clone(), self.hold.clone());
+        self.core.transport.spawn_detached(async move {
+            if let Err(err) = hand_over(&core, &keys, &owner, &hold, waiter).await {
+                tracing::debug!(lock = keys.name(), error = %err, "background release failed");
+            }
+        });
     }
 
     /// Stops the watchdog for this hold.
@@ -450,12 +488,7 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.unwatch();
         if !self.released {
-            if self.handing {
-                handoff::release_detached(&self.core, &self.keys, &self.owner, &self.hold);
-            } else {
-                let call = self.release_call();
-                self.core.transport.run_detached(call, "release");
-            }
+            self.release_detached();
         }
     }
 }

@@ -35,6 +35,7 @@ mod held;
 mod inspect;
 mod keys;
 mod latch;
+mod local_queue;
 mod lock;
 mod multi;
 mod options;

@@ -19,7 +19,6 @@ use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
 pub(crate) use guard::MUTEX;
-pub(crate) use handoff::Handoffs;
 pub use reentry::Reentry;
 
 /// One acquisition of a mutex: its keys and options.
@@ -93,7 +92,7 @@ impl Request for Acquire<'_> {
                 };
                 let mut held = Held::new(core, &MUTEX, grant, options);
                 if options.wait.is_none() {
-                    held = held.handing();
+                    held = held.handing(handoff::hand_over);
                     core.handoffs.hold(keys);
                 }
                 Ok(Attempt::Granted(LockGuard::new(held)))

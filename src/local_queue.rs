@@ -1,0 +1,180 @@
+//! The client's local queues: per lock key that a task of this client holds or asks Redis for
+//! (its *turn*), the client's other tasks that want it, in arrival order. Only the task with the
+//! turn asks Redis; the holder's release hands the lock to the first waiter or passes the turn.
+//!
+//! The queues know nothing of a primitive: what a release hands over travels type-erased, so
+//! the queues sit below [`crate::core::Core`], which keeps them, and the primitive that uses
+//! them (the mutex, `lock/handoff.rs`) builds and unpacks what is handed.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use tokio::sync::oneshot;
+
+use crate::keys::LockKeys;
+use crate::options::LockOptions;
+
+/// The client's local queues, one per lock key that a task of this client holds or has the
+/// turn for.
+#[derive(Default)]
+pub(crate) struct LocalQueues {
+    locks: Mutex<HashMap<Key, VecDeque<Waiter>>>,
+}
+
+/// A lock's keys, hashed and compared by the lock key (a clone is a reference count, so
+/// registering a holder allocates nothing).
+struct Key(LockKeys);
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.lock_key() == other.0.lock_key()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.lock_key().hash(state);
+    }
+}
+
+impl std::borrow::Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        self.0.lock_key()
+    }
+}
+
+/// A task of this client waiting for a lock another of its tasks holds or asks Redis for.
+pub(crate) struct Waiter {
+    pub(crate) keys: LockKeys,
+    /// The owner token the lock is granted under when handed to this waiter.
+    pub(crate) owner: String,
+    pub(crate) options: LockOptions,
+    pub(crate) to: oneshot::Sender<Handed>,
+}
+
+/// What a waiter is told.
+pub(crate) enum Handed {
+    /// The lock, granted by the holder's release: the primitive's guard, type-erased (dropped
+    /// unread, the guard releases it).
+    Granted(Box<dyn Any + Send>),
+    /// The turn to ask Redis: the task before it let go without handing the lock over.
+    Turn,
+}
+
+/// How a task entered the local queue.
+pub(crate) enum Entered {
+    /// No task of this client held or asked for the lock: this one has the turn.
+    Turn(Turn),
+    /// Queued behind the task that holds or asks for it.
+    Queued(oneshot::Receiver<Handed>),
+}
+
+/// The turn of one task of this client to ask Redis for a lock; the others queue behind it.
+/// Dropped without [`granted`](Self::granted) (the task gave up, or was cancelled), it passes
+/// to the next waiter.
+pub(crate) struct Turn {
+    queues: Arc<LocalQueues>,
+    keys: LockKeys,
+    armed: bool,
+}
+
+impl Turn {
+    /// The turn for `keys`' lock, passed on when dropped unless granted.
+    pub(crate) fn new(queues: &Arc<LocalQueues>, keys: &LockKeys) -> Self {
+        Self {
+            queues: Arc::clone(queues),
+            keys: keys.clone(),
+            armed: true,
+        }
+    }
+
+    /// The turn ended in a grant: the guard now stands for this client's hold.
+    pub(crate) fn granted(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if self.armed {
+            self.queues.pass(self.keys.lock_key());
+        }
+    }
+}
+
+impl LocalQueues {
+    fn locks(&self) -> MutexGuard<'_, HashMap<Key, VecDeque<Waiter>>> {
+        self.locks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records that a task of this client holds `keys`' lock (granted by Redis).
+    pub(crate) fn hold(&self, keys: &LockKeys) {
+        let mut locks = self.locks();
+        if !locks.contains_key(keys.lock_key()) {
+            locks.insert(Key(keys.clone()), VecDeque::new());
+        }
+    }
+
+    /// Takes the turn for `keys`' lock, or queues behind the task that has it under the owner
+    /// token `owner` makes.
+    pub(crate) fn enter(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        options: &LockOptions,
+        owner: impl FnOnce() -> String,
+    ) -> Entered {
+        let mut locks = self.locks();
+        let Some(queue) = locks.get_mut(keys.lock_key()) else {
+            locks.insert(Key(keys.clone()), VecDeque::new());
+            return Entered::Turn(Turn::new(self, keys));
+        };
+        let (to, from) = oneshot::channel();
+        queue.push_back(Waiter {
+            keys: keys.clone(),
+            owner: owner(),
+            options: options.clone(),
+            to,
+        });
+        Entered::Queued(from)
+    }
+
+    /// The first waiter still waiting for `key`'s lock.
+    pub(crate) fn next(&self, key: &str) -> Option<Waiter> {
+        let mut locks = self.locks();
+        let queue = locks.get_mut(key)?;
+        while let Some(waiter) = queue.pop_front() {
+            if !waiter.to.is_closed() {
+                return Some(waiter);
+            }
+        }
+        None
+    }
+
+    /// The task holding or asking for `key`'s lock let go without handing it over: the next
+    /// waiter takes the turn to ask Redis; with none, no task of this client has the lock.
+    pub(crate) fn pass(&self, key: &str) {
+        let mut locks = self.locks();
+        let Some(queue) = locks.get_mut(key) else {
+            return;
+        };
+        while let Some(waiter) = queue.pop_front() {
+            if waiter.to.send(Handed::Turn).is_ok() {
+                return;
+            }
+        }
+        locks.remove(key);
+    }
+}
+
+impl Waiter {
+    /// Gives this waiter the turn to ask Redis (the lock was not handed to it); with the
+    /// waiter gone, the turn passes on.
+    pub(crate) fn turn(self, queues: &LocalQueues) {
+        if self.to.send(Handed::Turn).is_err() {
+            queues.pass(self.keys.lock_key());
+        }
+    }
+}
