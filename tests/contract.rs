@@ -233,6 +233,24 @@ async fn idempotent_resend<P: Primitive>() {
     );
 }
 
+/// `client`'s one-shot attempts on `name`, 5 ms apart, up to `attempts`: the first guard taken,
+/// `None` while it stays busy.
+async fn taken_within<P: Primitive>(
+    client: &Client,
+    name: &str,
+    options: &LockOptions,
+    attempts: usize,
+) -> Option<P::Guard> {
+    for _ in 0..attempts {
+        match P::try_take(client, name, options).await {
+            Ok(guard) => return Some(guard),
+            Err(err) if err.is_busy() => tokio::time::sleep(Duration::from_millis(5)).await,
+            Err(err) => panic!("{}: {err:?}", P::KIND),
+        }
+    }
+    None
+}
+
 /// A call dropped at any moment holds nothing and leaves nothing behind: no holder, no queue
 /// place or writer intent that would keep others out, no task.
 async fn cancel_safety<P: Primitive>() {
@@ -244,17 +262,7 @@ async fn cancel_safety<P: Primitive>() {
     for step in 0..8u64 {
         let dropped = Duration::from_micros(step * 400);
         let _ = tokio::time::timeout(dropped, P::take(&a, "cancel", &options)).await;
-        let mut free = None;
-        for _ in 0..200 {
-            match P::try_take(&b, "cancel", &options).await {
-                Ok(guard) => {
-                    free = Some(guard);
-                    break;
-                }
-                Err(err) if err.is_busy() => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(err) => panic!("{}: {err:?}", P::KIND),
-            }
-        }
+        let free = taken_within::<P>(&b, "cancel", &options, 200).await;
         let guard = free.unwrap_or_else(|| panic!("{}: a dropped call kept the hold", P::KIND));
         P::release(guard).await.unwrap();
     }
@@ -271,17 +279,7 @@ async fn cancel_safety<P: Primitive>() {
         reload.query::<()>(&mut conn).unwrap();
         let dropped = Duration::from_micros(step * 150);
         let _ = tokio::time::timeout(dropped, P::take(&a, "cancel", &options)).await;
-        let mut free = None;
-        for _ in 0..200 {
-            match P::try_take(&b, "cancel", &options).await {
-                Ok(guard) => {
-                    free = Some(guard);
-                    break;
-                }
-                Err(err) if err.is_busy() => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(err) => panic!("{}: {err:?}", P::KIND),
-            }
-        }
+        let free = taken_within::<P>(&b, "cancel", &options, 200).await;
         let guard = free.unwrap_or_else(|| {
             panic!(
                 "{}: a call dropped at {dropped:?} on a server without its script kept the hold",
@@ -301,17 +299,7 @@ async fn cancel_safety<P: Primitive>() {
     );
     P::release(holder).await.unwrap();
     let c = Client::connect([server.url()]).await.unwrap();
-    let mut third = None;
-    for _ in 0..100 {
-        match P::try_take(&c, "cancel", &options).await {
-            Ok(guard) => {
-                third = Some(guard);
-                break;
-            }
-            Err(err) if err.is_busy() => tokio::time::sleep(Duration::from_millis(5)).await,
-            Err(err) => panic!("{}: {err:?}", P::KIND),
-        }
-    }
+    let third = taken_within::<P>(&c, "cancel", &options, 100).await;
     let third = third.unwrap_or_else(|| panic!("{}: the dropped waiter kept others out", P::KIND));
     P::release(third).await.unwrap();
     drop((a, b, c));
