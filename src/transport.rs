@@ -645,6 +645,10 @@ fn is_noscript(err: &RedisError) -> bool {
     err.code() == Some("NOSCRIPT")
 }
 
+/// How many request timeouts an undo waits for its reply: it follows the driver's rounds in
+/// flight (two at most, each answered within about one request timeout) before its own.
+pub(crate) const UNDO_TIMEOUTS: u32 = 3;
+
 /// After this many consecutive timeouts or connection errors the main connection is rebuilt.
 const REBUILD_AFTER: u32 = 2;
 
@@ -808,17 +812,28 @@ impl Transport {
         }
     }
 
-    /// As [`run`](Self::run) for a background call: queued on a node's driver, it is sent only
-    /// after every call in flight to that node has been answered (resends after `NOSCRIPT`
-    /// included), so it never overtakes the call it follows up.
-    async fn run_after_in_flight(
+    /// As [`run`](Self::run) for an undo: queued on a node's driver, it is sent only after the
+    /// driver's rounds in flight have been answered (resends after `NOSCRIPT` or a moved key
+    /// included), so it does not overtake the call it undoes when that went through the same
+    /// driver; its reply is awaited for [`UNDO_TIMEOUTS`] request timeouts.
+    pub(crate) async fn run_undo(
         self: &Arc<Self>,
         call: ScriptCall,
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
         match self.enqueue(Cow::Owned(call), name, operation, true) {
-            Ok(reply) => self.reply(reply, name, operation).await,
+            Ok(reply) => {
+                let limit = self.request_timeout * UNDO_TIMEOUTS;
+                match tokio::time::timeout(limit, reply).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+                        name: name.to_owned(),
+                        operation,
+                        after: limit,
+                    }),
+                }
+            }
             Err(call) => self.run_alone(&call, name, operation).await,
         }
     }
@@ -902,8 +917,20 @@ impl Transport {
     pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
         let transport = Arc::clone(self);
         self.spawn_detached(async move {
+            let key = call.first_key();
+            if let Err(err) = transport.run(&call, key, operation).await {
+                tracing::debug!(lock = key, error = %err, "background {operation} failed");
+            }
+        });
+    }
+
+    /// As [`run_detached`](Self::run_detached) for the undo of a call cut while in flight (see
+    /// [`run_undo`](Self::run_undo)).
+    pub(crate) fn undo_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+        let transport = Arc::clone(self);
+        self.spawn_detached(async move {
             let key = call.first_key().to_owned();
-            if let Err(err) = transport.run_after_in_flight(call, &key, operation).await {
+            if let Err(err) = transport.run_undo(call, &key, operation).await {
                 tracing::debug!(lock = key, error = %err, "background {operation} failed");
             }
         });
@@ -933,8 +960,9 @@ impl Transport {
     /// Waits until every background call has finished, or `limit` has passed. Returns how many
     /// are still running (0 when all finished).
     ///
-    /// Each background call is itself bounded by the request timeout, so a `limit` of one
-    /// request timeout covers every call started before this one.
+    /// Each background call is itself bounded by the request timeout (an undo by
+    /// [`UNDO_TIMEOUTS`] of them), so a `limit` of that many covers every call started before
+    /// this one.
     pub(crate) async fn settle(&self, limit: Duration) -> usize {
         let all_done = async {
             loop {

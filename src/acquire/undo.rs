@@ -80,6 +80,6 @@ impl Drop for InFlight<'_> {
                 hold,
             } => kind.release_call(core, key, owner, hold),
         };
-        self.transport.run_detached(undo, "release");
+        self.transport.undo_detached(undo, "release");
     }
 }

@@ -108,7 +108,7 @@ impl<'a> Acquire<'a> {
         if self
             .core
             .transport
-            .run(&call, self.keys.name(), "withdraw")
+            .run_undo(call, self.keys.name(), "withdraw")
             .await
             .is_ok()
         {
@@ -154,7 +154,7 @@ impl Drop for Acquire<'_> {
         if self.dirty.load(Ordering::Relaxed) && !self.granted.load(Ordering::Relaxed) {
             self.core
                 .transport
-                .run_detached(self.withdraw_call(), "withdraw");
+                .undo_detached(self.withdraw_call(), "withdraw");
         }
     }
 }

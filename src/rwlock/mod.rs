@@ -167,7 +167,7 @@ impl Intent {
             if let Err(err) = self
                 .core
                 .transport
-                .run(&call, name, "withdraw intent")
+                .run_undo(call, name, "withdraw intent")
                 .await
             {
                 tracing::debug!(lock = name, error = %err, "withdrawing the writer intent failed");
@@ -184,7 +184,7 @@ impl Intent {
 impl Drop for Intent {
     fn drop(&mut self) {
         if let Some(call) = self.withdraw.take() {
-            self.core.transport.run_detached(call, "withdraw intent");
+            self.core.transport.undo_detached(call, "withdraw intent");
         }
     }
 }

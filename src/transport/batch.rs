@@ -11,9 +11,11 @@
 //! after it. A caller dropped before its call was sent is left out of its round. A call that
 //! this module resends alone after `NOSCRIPT` or a moved key may run after later rounds (a
 //! server that lost its scripts answers `NOSCRIPT` to one script while it already runs another
-//! that a later round carries), so a background call (a cancelled acquire's undo, the release
-//! of a dropped guard) is sent only once every round in flight has been answered, resends
-//! included: the undo never overtakes the acquire it undoes.
+//! that a later round carries), so a cancelled call's undo is sent only once every round in
+//! flight has been answered, resends included: it does not overtake the call it undoes when
+//! both went through this driver. (An undo can still overtake a call sent another way: on a WAIT
+//! lane, before a slot-map change sent the undo to another driver, or on a connection since
+//! rebuilt; the hold then lasts until its lease ends.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
@@ -54,8 +56,7 @@ pub(super) struct Entry {
     name: String,
     operation: &'static str,
     reply: oneshot::Sender<Result<Value>>,
-    /// Sent only after every round in flight is answered (a background call, see the module
-    /// docs).
+    /// Sent only after every round in flight is answered (an undo, see the module docs).
     after_in_flight: bool,
 }
 
@@ -90,7 +91,8 @@ impl Batcher {
     ///
     /// Every one-key call goes through its node's driver, also the calls of scripts without
     /// a batch twin (sent alone), so a call queued after another for the same key is sent
-    /// after it whatever their scripts: a cancelled acquire's undo never overtakes it.
+    /// after it whatever their scripts (and a cancelled call's undo after its resends, see the
+    /// module docs).
     pub(super) fn node(&self, transport: &Arc<Transport>, call: &ScriptCall) -> Option<usize> {
         if !self.enabled || !call.has_one_key() {
             return None;
@@ -254,17 +256,29 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
         let Some(transport) = transport.upgrade() else {
             return;
         };
-        pending.retain(|entry| !entry.reply.is_closed());
-        if pending.iter().any(|entry| entry.after_in_flight) {
+        pending.retain(|entry| entry.after_in_flight || !entry.reply.is_closed());
+        let (undos, calls): (Vec<Entry>, Vec<Entry>) =
+            pending.into_iter().partition(|entry| entry.after_in_flight);
+        start(&transport, calls, &mut in_flight).await;
+        if !undos.is_empty() {
             join_all(std::mem::take(&mut in_flight)).await;
+            start(&transport, undos, &mut in_flight).await;
         }
-        let mut round: Round = Box::pin(join_all(sends(&transport, pending)));
-        if std::future::poll_fn(|cx| Poll::Ready(round.as_mut().poll(cx)))
-            .await
-            .is_pending()
-        {
-            in_flight.push(round);
-        }
+    }
+}
+
+/// Starts a round of `entries`: polls it once, which hands its calls to the connection, and
+/// keeps it in `in_flight` while it waits for replies.
+async fn start(transport: &Arc<Transport>, entries: Vec<Entry>, in_flight: &mut Vec<Round>) {
+    if entries.is_empty() {
+        return;
+    }
+    let mut round: Round = Box::pin(join_all(sends(transport, entries)));
+    if std::future::poll_fn(|cx| Poll::Ready(round.as_mut().poll(cx)))
+        .await
+        .is_pending()
+    {
+        in_flight.push(round);
     }
 }
 
