@@ -87,8 +87,9 @@ rel=$(redis-benchmark -p "$base" -c 64 -P 16 -n "$rel_n" -r "$held" --csv \
 echo "speed ceiling target=standalone acquire/s=${acq} release/s=${rel} pairs/s=$(printf %.0f "$(echo "1 / (1 / $acq + 1 / $rel)" | bc -l)")" | tee -a "$out"
 
 echo "== ratios (this run)"
-field() { # field KIND TARGET LIB KEY [EXTRA-MATCH]
-  grep "^speed $1 target=$2 lib=$3 ${5:-}" "$out" | head -1 | tr ' ' '\n' | grep "^$4=" | cut -d= -f2
+field() { # field KIND TARGET LIB KEY [EXTRA-MATCH]: from the first line that matches
+  { grep "^speed $1 target=$2 lib=$3 ${5:-}" "$out" || true; } | head -1 | tr ' ' '\n' |
+    { grep "^$4=" || true; } | cut -d= -f2
 }
 ratio() { # ratio LABEL A B
   if [ -n "$2" ] && [ -n "$3" ]; then
@@ -97,12 +98,16 @@ ratio() { # ratio LABEL A B
 }
 ceiling=$(grep '^speed ceiling' "$out" | tr ' ' '\n' | grep '^pairs/s=' | cut -d= -f2)
 for target in standalone cluster; do
-  f=$(field pairs $target fencelock pairs/s "mode=clock tasks=64 clients=1")
+  f=$(field pairs $target fencelock pairs/s)
   s=$(field pairs $target rslock pairs/s)
   ratio "pairs_${target}_fencelock/rslock" "$f" "$s"
   if [ $target = standalone ]; then ratio "pairs_standalone_fencelock/ceiling" "$f" "$ceiling"; fi
   ratio "contended_${target}_fencelock/rslock" \
     "$(field contended $target fencelock grants/s)" "$(field contended $target rslock grants/s)"
 done
-ratio "cluster_epoch/clock" "$(grep '^speed pairs target=cluster lib=fencelock mode=epoch' "$out" | tr ' ' '\n' | grep '^pairs/s=' | cut -d= -f2)" \
-  "$(grep '^speed pairs target=cluster lib=fencelock mode=clock' "$out" | tail -1 | tr ' ' '\n' | grep '^pairs/s=' | cut -d= -f2)"
+mode_rate() { # mode_rate MODE: the (e) line of fence mode MODE
+  { grep "^speed pairs target=cluster lib=fencelock mode=$1 " "$out" || true; } | tail -1 |
+    tr ' ' '\n' | { grep '^pairs/s=' || true; } | cut -d= -f2
+}
+ratio "cluster_epoch/clock" "$(mode_rate epoch)" "$(mode_rate clock)"
+ratio "cluster_epoch-clock/clock" "$(mode_rate epoch-clock)" "$(mode_rate clock)"
