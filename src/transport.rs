@@ -815,25 +815,34 @@ impl Transport {
     /// As [`run`](Self::run) for an undo: queued on a node's driver, it is sent only after the
     /// driver's rounds in flight have been answered (resends after `NOSCRIPT` or a moved key
     /// included), so it does not overtake the call it undoes when that went through the same
-    /// driver; its reply is awaited for [`UNDO_TIMEOUTS`] request timeouts.
+    /// driver. Its reply is awaited for one request timeout, as any call's; an undo given up
+    /// on stays queued and is still sent.
     pub(crate) async fn run_undo(
         self: &Arc<Self>,
         call: ScriptCall,
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
+        self.undo_within(call, name, operation, self.request_timeout)
+            .await
+    }
+
+    async fn undo_within(
+        self: &Arc<Self>,
+        call: ScriptCall,
+        name: &str,
+        operation: &'static str,
+        limit: Duration,
+    ) -> Result<Value> {
         match self.enqueue(Cow::Owned(call), name, operation, true) {
-            Ok(reply) => {
-                let limit = self.request_timeout * UNDO_TIMEOUTS;
-                match tokio::time::timeout(limit, reply).await {
-                    Ok(Ok(outcome)) => outcome,
-                    Ok(Err(_)) | Err(_) => Err(Error::Timeout {
-                        name: name.to_owned(),
-                        operation,
-                        after: limit,
-                    }),
-                }
-            }
+            Ok(reply) => match tokio::time::timeout(limit, reply).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+                    name: name.to_owned(),
+                    operation,
+                    after: limit,
+                }),
+            },
             Err(call) => self.run_alone(&call, name, operation).await,
         }
     }
@@ -925,12 +934,14 @@ impl Transport {
     }
 
     /// As [`run_detached`](Self::run_detached) for the undo of a call cut while in flight (see
-    /// [`run_undo`](Self::run_undo)).
+    /// [`run_undo`](Self::run_undo)); its reply is awaited for [`UNDO_TIMEOUTS`] request
+    /// timeouts, so [`settle`](Self::settle) knows when it has run.
     pub(crate) fn undo_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
         let transport = Arc::clone(self);
+        let limit = self.request_timeout * UNDO_TIMEOUTS;
         self.spawn_detached(async move {
             let key = call.first_key().to_owned();
-            if let Err(err) = transport.run_undo(call, &key, operation).await {
+            if let Err(err) = transport.undo_within(call, &key, operation, limit).await {
                 tracing::debug!(lock = key, error = %err, "background {operation} failed");
             }
         });
