@@ -20,7 +20,7 @@ use crate::options::{instant_after, LockOptions};
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
 use crate::semaphore::Semaphore;
 use crate::stats::Stats;
-use crate::transport::{Endpoint, Seeds, Timeouts, TlsFiles, Topology, Transport, UNDO_TIMEOUTS};
+use crate::transport::{Endpoint, Seeds, Timeouts, TlsFiles, Topology, Transport};
 
 /// The default [`ClientBuilder::expiry_grace`].
 pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(10);
@@ -860,9 +860,8 @@ impl Client {
     /// run as background tasks. Call it before the process exits, so that a lock whose guard
     /// was just dropped is free at once instead of staying held until its TTL ends.
     ///
-    /// Waits at most three request timeouts (each background release is itself bounded by
-    /// one; an undo waits for the calls in flight before it, then for its own); see
-    /// [`shutdown_within`](Self::shutdown_within) for another bound. The client stays
+    /// Waits at most one request timeout (each background release is itself bounded by it);
+    /// see [`shutdown_within`](Self::shutdown_within) for another bound. The client stays
     /// usable: shutdown only waits.
     ///
     /// # Examples
@@ -884,7 +883,7 @@ impl Client {
     ///
     /// Cancel safe: it only waits; the background releases go on.
     pub async fn shutdown(&self) -> Result<()> {
-        self.shutdown_within(self.core.transport.request_timeout() * UNDO_TIMEOUTS)
+        self.shutdown_within(self.core.transport.request_timeout())
             .await
     }
 

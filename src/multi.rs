@@ -135,9 +135,14 @@ impl sealed::Member for FairLockGuard {
         deadline: Option<Instant>,
     ) -> Result<Self> {
         let request = fair::Acquire::new(core, keys, options, deadline.is_some());
+        let bound = instant_after(
+            deadline.unwrap_or_else(Instant::now),
+            core.transport.request_timeout(),
+        );
         let outcome = take_one(core, &request, options, deadline).await;
         if outcome.is_err() {
-            request.withdraw().await;
+            // Within the call's bound; past it the request's drop withdraws in the background.
+            let _ = tokio::time::timeout_at(bound.into(), request.withdraw()).await;
         }
         outcome
     }

@@ -645,10 +645,6 @@ fn is_noscript(err: &RedisError) -> bool {
     err.code() == Some("NOSCRIPT")
 }
 
-/// How many request timeouts an undo waits for its reply: it follows the driver's rounds in
-/// flight (two at most, each answered within about one request timeout) before its own.
-pub(crate) const UNDO_TIMEOUTS: u32 = 3;
-
 /// After this many consecutive timeouts or connection errors the main connection is rebuilt.
 const REBUILD_AFTER: u32 = 2;
 
@@ -823,25 +819,31 @@ impl Transport {
         name: &str,
         operation: &'static str,
     ) -> Result<Value> {
-        self.undo_within(call, name, operation, self.request_timeout)
+        self.undo_within(call, name, operation, Some(self.request_timeout))
             .await
     }
 
+    /// [`run_undo`](Self::run_undo), its reply awaited for `limit`, or (`None`) until the
+    /// driver answers: its rounds are bounded, and a driver that ends drops what it holds.
     async fn undo_within(
         self: &Arc<Self>,
         call: ScriptCall,
         name: &str,
         operation: &'static str,
-        limit: Duration,
+        limit: Option<Duration>,
     ) -> Result<Value> {
+        let timeout = || Error::Timeout {
+            name: name.to_owned(),
+            operation,
+            after: limit.unwrap_or(self.request_timeout),
+        };
         match self.enqueue(Cow::Owned(call), name, operation, true) {
-            Ok(reply) => match tokio::time::timeout(limit, reply).await {
-                Ok(Ok(outcome)) => outcome,
-                Ok(Err(_)) | Err(_) => Err(Error::Timeout {
-                    name: name.to_owned(),
-                    operation,
-                    after: limit,
-                }),
+            Ok(reply) => match limit {
+                Some(limit) => match tokio::time::timeout(limit, reply).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(_)) | Err(_) => Err(timeout()),
+                },
+                None => reply.await.unwrap_or_else(|_| Err(timeout())),
             },
             Err(call) => self.run_alone(&call, name, operation).await,
         }
@@ -934,14 +936,13 @@ impl Transport {
     }
 
     /// As [`run_detached`](Self::run_detached) for the undo of a call cut while in flight (see
-    /// [`run_undo`](Self::run_undo)); its reply is awaited for [`UNDO_TIMEOUTS`] request
-    /// timeouts, so [`settle`](Self::settle) knows when it has run.
+    /// [`run_undo`](Self::run_undo)): counted for [`settle`](Self::settle) until the driver
+    /// has answered it, however long the rounds before it take.
     pub(crate) fn undo_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
         let transport = Arc::clone(self);
-        let limit = self.request_timeout * UNDO_TIMEOUTS;
         self.spawn_detached(async move {
             let key = call.first_key().to_owned();
-            if let Err(err) = transport.undo_within(call, &key, operation, limit).await {
+            if let Err(err) = transport.undo_within(call, &key, operation, None).await {
                 tracing::debug!(lock = key, error = %err, "background {operation} failed");
             }
         });
@@ -971,9 +972,9 @@ impl Transport {
     /// Waits until every background call has finished, or `limit` has passed. Returns how many
     /// are still running (0 when all finished).
     ///
-    /// Each background call is itself bounded by the request timeout (an undo by
-    /// [`UNDO_TIMEOUTS`] of them), so a `limit` of that many covers every call started before
-    /// this one.
+    /// Each background call is itself bounded by the request timeout, so a `limit` of one
+    /// request timeout covers every call started before this one, but for an undo that waits
+    /// behind its driver's slow rounds (then more are reported pending).
     pub(crate) async fn settle(&self, limit: Duration) -> usize {
         let all_done = async {
             loop {

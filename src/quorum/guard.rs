@@ -49,17 +49,18 @@ impl NodeRelease {
         }
     }
 
-    /// Runs the release now (bounded by the request timeout); the reply is not looked at.
+    /// Runs the release now (bounded by the request timeout); the reply is not looked at. An
+    /// undo: it follows the node's calls in flight (see `Transport::run_undo`).
     pub(super) async fn run(&self, name: &str) {
-        if let Err(err) = self.core.transport.run(&self.call, name, "release").await {
+        let call = self.call.clone();
+        if let Err(err) = self.core.transport.run_undo(call, name, "release").await {
             tracing::debug!(lock = name, error = %err, "quorum release failed on a node");
         }
     }
 
-    /// Runs the release in the background (bounded by the request timeout, counted for
-    /// `Client::shutdown`).
+    /// Runs the release in the background, as an undo (counted for `Client::shutdown`).
     pub(super) fn detach(self) {
-        self.core.transport.run_detached(self.call, "release");
+        self.core.transport.undo_detached(self.call, "release");
     }
 }
 

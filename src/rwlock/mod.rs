@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
-use crate::options::LockOptions;
+use crate::options::{instant_after, LockOptions};
 use crate::script::{
     parse_fence, parse_reply, ttl_millis, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
 };
@@ -379,6 +379,14 @@ impl Client {
         async {
             let keys = self.rwlock_keys(name, options)?;
             options.validate(name)?;
+            // The whole call, withdrawal included, keeps the waiting calls' bound (as
+            // `fair_lock`); a withdrawal cut there is still sent (see `Transport::run_undo`).
+            let bound = instant_after(
+                Instant::now(),
+                options
+                    .timeout
+                    .saturating_add(self.core().transport.request_timeout()),
+            );
             let id = uuid::Uuid::new_v4().simple().to_string();
             let intent = Intent::new(self.core(), &keys, &id);
             let request = Acquire {
@@ -400,7 +408,7 @@ impl Client {
                     Ok(WriteGuard::new(held))
                 }
                 Err(err) => {
-                    intent.withdraw(name).await;
+                    let _ = tokio::time::timeout_at(bound.into(), intent.withdraw(name)).await;
                     Err(err)
                 }
             }

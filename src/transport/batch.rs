@@ -6,16 +6,18 @@
 //! round is in flight the next callers queue up: there is no timer, so a lone call goes out at
 //! once, and batches grow only with the load. A driver keeps up to two rounds in flight and
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
-//! calls in the order they were queued: a call queued after another for the same key (an
-//! acquire's undo after a cancelled acquire, an attempt woken by a release of this client) runs
-//! after it. A caller dropped before its call was sent is left out of its round. A call that
-//! this module resends alone after `NOSCRIPT` or a moved key may run after later rounds (a
-//! server that lost its scripts answers `NOSCRIPT` to one script while it already runs another
-//! that a later round carries), so a cancelled call's undo is sent only once every round in
-//! flight has been answered, resends included: it does not overtake the call it undoes when
-//! both went through this driver. (An undo can still overtake a call sent another way: on a WAIT
-//! lane, before a slot-map change sent the undo to another driver, or on a connection since
-//! rebuilt; the hold then lasts until its lease ends.)
+//! calls in the order they were queued (an attempt woken by a release of this client runs after
+//! the release). A caller dropped before its call was sent is left out of its round.
+//!
+//! Undos are the exception. A call that this module resends alone after `NOSCRIPT` or a moved
+//! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
+//! script while it already runs another that a later round carries), so a cancelled call's
+//! undo waits for the rounds in flight when it was taken from the queue, resends included, and
+//! goes out after them, while the driver goes on sending what queues meanwhile: it does not
+//! overtake the call it undoes when both went through this driver. (An undo can still overtake
+//! a call sent another way: on a WAIT lane, with no slot map, before a slot-map change sent the
+//! undo to another driver, by the last round of a driver that ended idle just then, or on a
+//! connection since rebuilt; the hold then lasts until its lease ends.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
@@ -213,7 +215,8 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// A node's driver: takes every queued call and sends it as one round (one batch call per
 /// script, lone calls alone), up to [`IN_FLIGHT`] rounds at a time; what queues meanwhile goes
 /// in the next round. Each round is polled once as soon as it is made, which hands its calls
-/// to the connection before any later round's: Redis runs a node's calls in queue order. Ends
+/// to the connection before any later round's: Redis runs a node's calls in queue order, undos
+/// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
 /// with its queue (the client dropped), its transport, or after [`IDLE`] without a call.
 async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
     let mut in_flight: Vec<Round> = Vec::new();
@@ -259,11 +262,16 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
         pending.retain(|entry| entry.after_in_flight || !entry.reply.is_closed());
         let (undos, calls): (Vec<Entry>, Vec<Entry>) =
             pending.into_iter().partition(|entry| entry.after_in_flight);
-        start(&transport, calls, &mut in_flight).await;
         if !undos.is_empty() {
-            join_all(std::mem::take(&mut in_flight)).await;
-            start(&transport, undos, &mut in_flight).await;
+            // One round in flight that finishes the earlier rounds, then sends the undos.
+            let before = join_all(std::mem::take(&mut in_flight));
+            let undos = join_all(sends(&transport, undos));
+            in_flight.push(Box::pin(async move {
+                before.await;
+                undos.await;
+            }));
         }
+        start(&transport, calls, &mut in_flight).await;
     }
 }
 
