@@ -56,6 +56,29 @@ macro_rules! held_accessors {
 }
 pub(crate) use held_accessors;
 
+/// The crate's way into a guard that wraps one [`Held`] in a `held` field: made from it, read,
+/// changed and unwrapped (the multi-lock works on its members through these).
+macro_rules! held_wrapper {
+    () => {
+        pub(crate) fn new(held: $crate::held::Held) -> Self {
+            Self { held }
+        }
+
+        pub(crate) fn held(&self) -> &$crate::held::Held {
+            &self.held
+        }
+
+        pub(crate) fn held_mut(&mut self) -> &mut $crate::held::Held {
+            &mut self.held
+        }
+
+        pub(crate) fn into_held(self) -> $crate::held::Held {
+            self.held
+        }
+    };
+}
+pub(crate) use held_wrapper;
+
 /// The scripts a primitive's holds are released, extended and renewed with. They share one
 /// contract, so [`Held`] and the watchdog serve every primitive alike:
 ///

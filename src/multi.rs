@@ -88,21 +88,28 @@ async fn take_one<R: Request>(
     }
 }
 
+/// A member's held state, through its guard's own accessors (`held::held_wrapper`).
+macro_rules! member_held {
+    ($guard:ident) => {
+        fn held(&self) -> &Held {
+            $guard::held(self)
+        }
+
+        fn held_mut(&mut self) -> &mut Held {
+            $guard::held_mut(self)
+        }
+
+        fn into_held(self) -> Held {
+            $guard::into_held(self)
+        }
+    };
+}
+
 // The sealed trait's methods name crate-private types on purpose: nothing outside the crate
 // can name or call them.
 #[allow(private_interfaces)]
 impl sealed::Member for LockGuard {
-    fn held(&self) -> &Held {
-        LockGuard::held(self)
-    }
-
-    fn held_mut(&mut self) -> &mut Held {
-        self.held_mut()
-    }
-
-    fn into_held(self) -> Held {
-        self.into_held()
-    }
+    member_held!(LockGuard);
 
     async fn take<'a>(
         core: &'a Arc<Core>,
@@ -116,17 +123,7 @@ impl sealed::Member for LockGuard {
 
 #[allow(private_interfaces)]
 impl sealed::Member for FairLockGuard {
-    fn held(&self) -> &Held {
-        FairLockGuard::held(self)
-    }
-
-    fn held_mut(&mut self) -> &mut Held {
-        self.held_mut()
-    }
-
-    fn into_held(self) -> Held {
-        self.into_held()
-    }
+    member_held!(FairLockGuard);
 
     async fn take<'a>(
         core: &'a Arc<Core>,

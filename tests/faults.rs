@@ -102,6 +102,18 @@ async fn namespaces_links_cuts_and_shaping_work_and_are_removed() {
     assert!(!left(&["-o", "link", "show"]), "links removed");
 }
 
+/// Stops a namespaced client's runtime, then the cluster and the namespaces, off the async
+/// workers (stopping processes and removing namespaces blocks).
+async fn tear_down(rt: tokio::runtime::Runtime, cluster: Cluster, net: Net) {
+    tokio::task::spawn_blocking(move || {
+        rt.shutdown_background();
+        drop(cluster);
+        drop(net);
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_across_namespaces_grants_locks_to_a_client_in_its_own_namespace() {
     let _serial = SERIAL.lock().await;
@@ -139,13 +151,7 @@ async fn a_cluster_across_namespaces_grants_locks_to_a_client_in_its_own_namespa
         .await
         .unwrap();
     assert!(fence.get() > 0);
-    tokio::task::spawn_blocking(move || {
-        rt.shutdown_background();
-        drop(cluster);
-        drop(net);
-    })
-    .await
-    .unwrap();
+    tear_down(rt, cluster, net).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,13 +377,7 @@ async fn over_a_delayed_lossy_link_the_watchdog_keeps_the_lease_and_a_waiter_fol
     );
     assert!(call <= timeout + Duration::from_secs(1), "{call:?}");
 
-    tokio::task::spawn_blocking(move || {
-        rt.shutdown_background();
-        drop(cluster);
-        drop(net);
-    })
-    .await
-    .unwrap();
+    tear_down(rt, cluster, net).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

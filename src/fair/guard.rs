@@ -53,21 +53,7 @@ impl std::fmt::Debug for FairLockGuard {
 }
 
 impl FairLockGuard {
-    pub(super) fn new(held: Held) -> Self {
-        Self { held }
-    }
-
-    pub(crate) fn held(&self) -> &Held {
-        &self.held
-    }
-
-    pub(crate) fn held_mut(&mut self) -> &mut Held {
-        &mut self.held
-    }
-
-    pub(crate) fn into_held(self) -> Held {
-        self.held
-    }
+    crate::held::held_wrapper!();
 
     /// The fence token granted with this hold; present it with every write to protected storage.
     pub fn fence(&self) -> FenceToken {
