@@ -405,8 +405,8 @@ impl Held {
         self.unwatch();
         if let Some(hand_over) = self.handing {
             if let Some(waiter) = self.core.handoffs.next(self.keys.lock_key()) {
-                let core = Arc::clone(&self.core);
-                let code = hand_over(&core, &self.keys, &self.owner, &self.hold, waiter).await?;
+                let code =
+                    hand_over(&self.core, &self.keys, &self.owner, &self.hold, waiter).await?;
                 return self.released(code);
             }
         }
@@ -460,17 +460,16 @@ impl Held {
     /// when a task of this client waits for it.
     fn release_detached(&self) {
         let key = self.keys.lock_key();
-        let Some(hand_over) = self.handing else {
+        let next = self
+            .handing
+            .and_then(|hand_over| Some((hand_over, self.core.handoffs.next(key)?)));
+        let Some((hand_over, waiter)) = next else {
             self.core
                 .transport
                 .run_detached(self.release_call(), "release");
-            return;
-        };
-        let Some(waiter) = self.core.handoffs.next(key) else {
-            self.core
-                .transport
-                .run_detached(self.release_call(), "release");
-            self.core.handoffs.pass(key);
+            if self.handing.is_some() {
+                self.core.handoffs.pass(key);
+            }
             return;
         };
         let (core, keys) = (Arc::clone(&self.core), self.keys.clone());
