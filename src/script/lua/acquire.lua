@@ -14,15 +14,15 @@
 -- reply (no write) when the next fence would pass 2^53 - 1 or the epoch cannot be read. Not
 -- allow-oom: refused with OOM at maxmemory.
 #!lua
-local tag = string.sub(ARGV[1], 1, 8)
 if live then
   if owner == ARGV[1] then return {2, tonumber(lock[3]), 0} end
+  local tag = string.sub(ARGV[1], 1, 8)
   local w = lock[5]
   if not w then redis.call('HSET', KEYS[1], 'waiters', tag)
   elseif w ~= '*' and w ~= tag and w ~= 'y' .. tag then redis.call('HSET', KEYS[1], 'waiters', '*') end
   return {0, expires - now_ms, 0}
 end
-if lock[5] == 'y' .. tag then
+if lock[5] and lock[5] == 'y' .. string.sub(ARGV[1], 1, 8) then
   if expires and expires > now_ms then return {0, expires - now_ms, 0} end
   redis.call('HDEL', KEYS[1], 'waiters')
 end

@@ -19,13 +19,13 @@
 -- expiry already covers the fence, which for an epoch-clock fence is far ahead of the clock. Without a grace it removes any expiry. A release only removes fields and
 -- leaves the expiry alone. `memo` (declared before the prologue, one table per script call,
 -- shared by the keys of a batch) caches what one call reads once.
-local now = memo.now
-if not now then
-  now = redis.call('TIME')
-  memo.now = now
+local now_us, now_ms = memo.now_us, memo.now_ms
+if not now_us then
+  local now = redis.call('TIME')
+  now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  now_ms = math.floor(now_us / 1000)
+  memo.now_us, memo.now_ms = now_us, now_ms
 end
-local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local now_ms = math.floor(now_us / 1000)
 local grace = tonumber(ARGV[#ARGV])
 local function keep(key, fence, ends)
   if not grace then return redis.call('PERSIST', key) end
