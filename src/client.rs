@@ -556,6 +556,16 @@ impl Client {
     /// where the subscription does not hear it, as while the lock's slot migrates), and polls
     /// with jittered backoff when the server cannot publish or the subscription cannot be made.
     ///
+    /// While another task of this client holds the lock the call queues behind it, in arrival
+    /// order, and is handed the lock by that task's release: in the release's own script call,
+    /// or, when that call reserved fences for the tasks queued behind (up to 16), with no call:
+    /// the task then holds the lock under the same Redis hold (owner token, lease, watchdog) with
+    /// the next fence, while the lease has at least 90% of its TTL left (half under the
+    /// watchdog) and the call asked for the same TTL and renewal, without `max_hold`, a floor at
+    /// or above that fence, or `wait_replicas` (those always ask Redis). Fences still rise with
+    /// every grant, and every later grant by Redis is above the reserved ones. Another client
+    /// waiting gets in at the next handoff that goes through Redis.
+    ///
     /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
     ///
     /// # Errors

@@ -1,8 +1,10 @@
 //! The state every guard wraps: one hold of one key by one owner, its fence, its lease (followed
 //! by the watchdog or not), and the scripts that release, extend and renew it.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
@@ -12,7 +14,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
-use crate::local_queue::Waiter;
+use crate::local_queue::{Handed, Waiter};
 use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
@@ -135,6 +137,15 @@ pub(crate) type HandOver = for<'a> fn(
     Waiter,
 ) -> Pin<Box<dyn Future<Output = Result<i64>> + Send + 'a>>;
 
+/// How a mutex hold registered in the local queue hands the lock to the client's next waiting
+/// task: in one script call that releases and grants ([`HandOver`]), or, while fences reserved
+/// for its owner token remain and the lease has most of its TTL left, within the client with no
+/// call at all (`wrap` makes the primitive's guard of the hold handed on, type-erased).
+pub(crate) struct Handing {
+    pub(crate) over: HandOver,
+    pub(crate) wrap: fn(Held) -> Box<dyn Any + Send>,
+}
+
 /// A hold the watchdog follows.
 pub(crate) struct Watched {
     /// The watchdog's id for the hold; `None` for a re-entry riding on another guard's watch.
@@ -174,7 +185,15 @@ pub(crate) struct Held {
     released: bool,
     /// A mutex hold registered in the client's local queue: its release hands the lock to the
     /// client's next waiting task with this.
-    handing: Option<HandOver>,
+    handing: Option<&'static Handing>,
+    /// The lease length the hold was granted with.
+    ttl: Duration,
+    /// The last fence reserved for the owner token: `fence` itself, or more when the grant took
+    /// further fences for the client to hand the lock on within itself (see [`Handing`]).
+    last: FenceToken,
+    /// A [`Reentry`](crate::Reentry) handle shares the owner token: the hold is never handed on
+    /// under it within the client.
+    shared: AtomicBool,
 }
 
 impl Held {
@@ -212,14 +231,30 @@ impl Held {
             replicas_acked: grant.replicas_acked,
             released: false,
             handing: None,
+            ttl: grant.ttl,
+            last: grant.fence,
+            shared: AtomicBool::new(false),
         }
     }
 
     /// This mutex hold, registered as the client's holder of its lock (see `local_queue`): the
     /// client's other tasks wait behind it, and its release hands the lock on with `hand_over`.
-    pub(crate) fn handing(mut self, hand_over: HandOver) -> Self {
-        self.handing = Some(hand_over);
+    pub(crate) fn handing(mut self, handing: &'static Handing) -> Self {
+        self.handing = Some(handing);
         self
+    }
+
+    /// The grant also took the fences after this hold's up to `last`, for the client to hand
+    /// the lock on within itself under the same owner token.
+    pub(crate) fn reserved(mut self, last: FenceToken) -> Self {
+        self.last = last.max(self.fence);
+        self
+    }
+
+    /// A [`Reentry`](crate::Reentry) handle was made of this hold: its owner token is never
+    /// handed on within the client (the handle would take the next holder's lock).
+    pub(crate) fn share_token(&self) {
+        self.shared.store(true, Ordering::Relaxed);
     }
 
     /// Registers `grant` with the watchdog; `None` without a Tokio runtime.
@@ -402,14 +437,18 @@ impl Held {
     }
 
     async fn release_unspanned(mut self) -> Result<()> {
-        self.unwatch();
-        if let Some(hand_over) = self.handing {
+        if let Some(handing) = self.handing {
             if let Some(waiter) = self.core.handoffs.next(self.keys.lock_key()) {
-                let code =
-                    hand_over(&self.core, &self.keys, &self.owner, &self.hold, waiter).await?;
+                let Some(waiter) = self.hand_within(handing, waiter) else {
+                    return self.released(1);
+                };
+                self.unwatch();
+                let over = handing.over;
+                let code = over(&self.core, &self.keys, &self.owner, &self.hold, waiter).await?;
                 return self.released(code);
             }
         }
+        self.unwatch();
         let call = self.release_call();
         let transport = &self.core.transport;
         // A waiter of this client is woken as soon as the release is queued: its attempt is
@@ -456,26 +495,94 @@ impl Held {
             .release_call(&self.core, self.keys.lock_key(), &self.owner, &self.hold)
     }
 
+    /// Hands the lock to `waiter` within the client when it can go without a call: a first hold
+    /// (no re-entry, no [`Reentry`](crate::Reentry) handle), a fence left in the range reserved
+    /// for its owner token, a lease with at least half its TTL left under a watchdog (which goes
+    /// on renewing it under the same token) or 90% without one, and a waiter asking for the same
+    /// lease, renewal and no maximum hold or a floor below the next fence. The waiter is given a
+    /// hold of the same owner token, lease and watch with the next fence; this hold is done (its
+    /// watch moved). Returns the waiter otherwise.
+    fn hand_within(&mut self, handing: &'static Handing, waiter: Waiter) -> Option<Waiter> {
+        let next = self.fence.get() + 1;
+        let options = &waiter.options;
+        let watch_matches = match &self.watched {
+            Some(watched) => {
+                options.watchdog
+                    && watched.id.is_some()
+                    && watched.max_hold.is_none()
+                    && watched.every == options.renew_every
+                    && watched.lease.get().ended.is_none()
+            }
+            None => !options.watchdog,
+        };
+        let left = self.valid_until().saturating_duration_since(Instant::now());
+        let lease_left = if self.watched.is_some() {
+            left >= self.ttl / 2
+        } else {
+            left >= self.ttl.mul_f64(0.9)
+        };
+        let possible = self.hold.is_empty()
+            && !self.shared.load(Ordering::Relaxed)
+            && next <= self.last.get()
+            && watch_matches
+            && lease_left
+            && options.wait.is_none()
+            && options.max_hold.is_none()
+            && options.first_lease() == self.ttl
+            && options.floor.is_none_or(|floor| floor.get() < next);
+        let fence = FenceToken::new(next).filter(|_| possible);
+        let Some(fence) = fence else {
+            return Some(waiter);
+        };
+        let held = Held {
+            core: Arc::clone(&self.core),
+            kind: self.kind,
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            hold: Box::default(),
+            fence,
+            granted: Instant::now(),
+            valid_until: self.valid_until,
+            watched: self.watched.take(),
+            replicas_acked: None,
+            released: false,
+            handing: self.handing,
+            ttl: self.ttl,
+            last: self.last,
+            shared: AtomicBool::new(false),
+        };
+        Counters::add(&self.core.counters.grants, 1);
+        Counters::add(&self.core.counters.handoffs, 1);
+        tracing::debug!(lock = self.name(), %fence, "handed over within the client");
+        // A waiter gone meanwhile drops the guard, which hands the lock on or releases it.
+        let _ = waiter.to.send(Handed::Granted((handing.wrap)(held)));
+        None
+    }
+
     /// Releases in the background (a guard dropped without `release`), handing the lock on
     /// when a task of this client waits for it.
-    fn release_detached(&self) {
-        let key = self.keys.lock_key();
+    fn release_detached(&mut self) {
         let next = self
             .handing
-            .and_then(|hand_over| Some((hand_over, self.core.handoffs.next(key)?)));
-        let Some((hand_over, waiter)) = next else {
+            .and_then(|handing| Some((handing, self.core.handoffs.next(self.keys.lock_key())?)));
+        let Some((handing, waiter)) = next else {
+            self.unwatch();
             self.core
                 .transport
                 .run_detached(self.release_call(), "release");
             if self.handing.is_some() {
-                self.core.handoffs.pass(key);
+                self.core.handoffs.pass(self.keys.lock_key());
             }
             return;
         };
+        let Some(waiter) = self.hand_within(handing, waiter) else {
+            return;
+        };
+        self.unwatch();
         let (core, keys) = (Arc::clone(&self.core), self.keys.clone());
         let (owner, hold) = (self.owner.clone(), self.hold.clone());
         self.core.transport.spawn_detached(async move {
-            if let Err(err) = hand_over(&core, &keys, &owner, &hold, waiter).await {
+            if let Err(err) = (handing.over)(&core, &keys, &owner, &hold, waiter).await {
                 tracing::debug!(lock = keys.name(), error = %err, "background release failed");
             }
         });
@@ -483,7 +590,7 @@ impl Held {
 
     /// Stops the watchdog for this hold.
     fn unwatch(&mut self) {
-        if let Some(Watched { id: Some(id), .. }) = self.watched {
+        if let Some(Watched { id: Some(id), .. }) = self.watched.take() {
             self.core.watchdog.unwatch(id);
         }
     }
@@ -508,9 +615,9 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.unwatch();
         if !self.released {
             self.release_detached();
         }
+        self.unwatch();
     }
 }

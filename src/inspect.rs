@@ -140,7 +140,8 @@ pub struct Inspection {
     /// reader, of a semaphore permit. For a latch: armed (set, count above zero, not open).
     pub held: bool,
     /// The last fence granted (latch: the last generation), `None` when none is stored. The
-    /// next grant is above it.
+    /// next grant is above it. For a mutex whose holder's client queues more of its tasks, the
+    /// last of the fences reserved for them (see [`Client::lock`]): the holder's may be lower.
     pub fence: Option<FenceToken>,
     /// The longest live lease left (the holder's; readers' or permits': the one ending last),
     /// `None` when nothing is held (always for a latch).

@@ -153,6 +153,11 @@ impl LocalQueues {
         None
     }
 
+    /// How many tasks wait in line for `key`'s lock (some may have been cancelled meanwhile).
+    pub(crate) fn waiting(&self, key: &str) -> usize {
+        self.locks().get(key).map_or(0, VecDeque::len)
+    }
+
     /// The task holding or asking for `key`'s lock let go without handing it over: the next
     /// waiter takes the turn to ask Redis; with none, no task of this client has the lock.
     pub(crate) fn pass(&self, key: &str) {

@@ -554,10 +554,13 @@ pub(crate) static RELEASE: LazyLock<LuaScript> =
 /// - `KEYS[1]` lock key. `ARGV[1]` owner A, `ARGV[2]` A's hold id, `ARGV[3]` announce (as
 ///   [`RELEASE`]); `ARGV[4]` owner B (the same client: the same first 8 characters), `ARGV[5]`
 ///   B's TTL in ms, `ARGV[6]` B's floor, `ARGV[7]` fence mode (as [`ACQUIRE`]); `ARGV[8]` how
-///   long a refused handoff yields the lock to the other client, in ms; `ARGV[9]` expiry grace.
+///   long a refused handoff yields the lock to the other client, in ms; `ARGV[9]` how many
+///   fences to take for B: 1, or more to reserve the next ones for B's client, which hands the
+///   lock on within itself under B's token with them (the stored `fence` is the last taken);
+///   `ARGV[10]` expiry grace.
 ///
 /// Replies `{code, handed, fence, behind}`: `code` as [`RELEASE`] for A; `handed` `1` granted
-/// to B (`fence`, `behind` as [`ACQUIRE`]), `0` not freed (A's other holds remain, or another
+/// to B (`fence` the first fence taken, `behind` as [`ACQUIRE`]), `0` not freed (A's other holds remain, or another
 /// owner holds it), `2` freed and not handed: another client waits (the release announces, and
 /// this client's acquires find the lock busy for `ARGV[8]` ms, so the other one gets in
 /// first), or the fence rule refused.

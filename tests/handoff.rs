@@ -1,16 +1,21 @@
 //! Handoffs within one client on a real server: tasks of one client waiting for a lock another
 //! of its tasks holds queue locally and are handed the lock by its release in the same script
-//! call (one call per grant, no refused attempts), fences still rise, another client waiting
-//! gets in, and cancelled waiters leave nothing held.
+//! call (at most one call per grant, no refused attempts), a queue of them from fences that call
+//! reserved with no call at all, fences still rise, another client waiting gets in, a re-entry
+//! handle or a lease worn down sends the handoff through Redis, and cancelled waiters leave
+//! nothing held.
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use common::{eventually, Standalone};
-use fencelock::{Client, LockOptions};
+use fencelock::{Client, Error, LockGuard, LockOptions};
 
 /// Calls of `EVALSHA` and `EVAL` the server ran so far.
 fn script_calls(server: &Standalone) -> u64 {
@@ -28,6 +33,23 @@ fn options() -> LockOptions {
     LockOptions::new()
         .ttl(Duration::from_secs(30))
         .timeout(Duration::from_secs(20))
+}
+
+/// A lock call of `client`, polled once: a task of a client whose other task holds the lock is
+/// then queued behind it.
+async fn queued(
+    client: &Client,
+    name: &'static str,
+    options: LockOptions,
+) -> Pin<Box<impl Future<Output = fencelock::Result<LockGuard>>>> {
+    let client = client.clone();
+    let mut call = Box::pin(async move { client.lock(name, &options).await });
+    std::future::poll_fn(|cx| {
+        assert!(call.as_mut().poll(cx).is_pending(), "queued, not granted");
+        Poll::Ready(())
+    })
+    .await;
+    call
 }
 
 /// A server, a client of it, and the lock key of `name`.
@@ -244,4 +266,105 @@ async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_re
     assert!(next.fence() > fence);
     next.release().await.unwrap();
     assert!(!server.node.held(&key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queue_of_local_waiters_is_served_from_reserved_fences_without_a_call_each() {
+    let name = "handoff:reserved";
+    let (server, client, key) = one_client(name).await;
+    client
+        .lock(name, &options())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let calls_before = script_calls(&server);
+
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 50;
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..TASKS {
+        let (client, fences) = (client.clone(), Arc::clone(&fences));
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = client.lock(name, &options()).await.unwrap();
+                fences.lock().unwrap().push(guard.fence().get());
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let grants = (TASKS * ROUNDS) as u64;
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len() as u64, grants);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences rise strictly in grant order"
+    );
+    let calls = script_calls(&server) - calls_before;
+    println!("{calls} script calls for {grants} grants");
+    assert!(
+        calls * 4 <= grants,
+        "{calls} script calls for {grants} grants: the reserved fences were not used"
+    );
+    assert!(!server.node.held(&key), "the last release frees the lock");
+
+    // Another client comes after every fence handed out within the first one.
+    let other = Client::connect(vec![server.url()]).await.unwrap();
+    let guard = other.lock(name, &options()).await.unwrap();
+    assert!(guard.fence().get() > *fences.last().unwrap());
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reentry_handle_or_a_worn_lease_sends_the_handoff_through_redis() {
+    let name = "handoff:through";
+    let (server, client, _key) = one_client(name).await;
+    let ttl = Duration::from_secs(2);
+    let short = || options().ttl(ttl);
+
+    // X's release hands the lock to A in one call that reserves fences for B and C.
+    let x = client.lock(name, &short()).await.unwrap();
+    let a = queued(&client, name, short()).await;
+    let b = queued(&client, name, short()).await;
+    let c = queued(&client, name, short()).await;
+    x.release().await.unwrap();
+    let a = a.await.unwrap();
+
+    // A re-entry handle shares A's owner token: B must be granted under a token of its own, or
+    // the handle would take B's lock.
+    let handle = a.reentry();
+    let calls = script_calls(&server);
+    a.release().await.unwrap();
+    let b = b.await.unwrap();
+    assert!(
+        script_calls(&server) > calls,
+        "the handoff to B went through Redis"
+    );
+    assert!(b.fence() > handle.fence());
+    match handle.lock().await {
+        Err(Error::NotOwner { .. } | Error::Expired { .. }) => {}
+        other => panic!("the re-entry handle of a released hold took the lock: {other:?}"),
+    }
+
+    // B holds for a sixth of its TTL: less than 90% of its lease is left, so C is not given
+    // what remains of it but a lease of its own, through Redis.
+    tokio::time::sleep(ttl / 6).await;
+    let calls = script_calls(&server);
+    b.release().await.unwrap();
+    let c = c.await.unwrap();
+    let left = c.valid_until().saturating_duration_since(Instant::now());
+    assert!(
+        script_calls(&server) > calls,
+        "the handoff to C went through Redis"
+    );
+    assert!(
+        left > ttl.mul_f64(0.9),
+        "C was handed a worn lease: {left:?} left of {ttl:?}"
+    );
+    c.release().await.unwrap();
 }

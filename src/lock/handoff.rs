@@ -1,12 +1,22 @@
 //! Handoffs between the tasks of one client: while a task of this client holds a mutex, the
 //! client's other tasks that want it wait here, in arrival order, without asking Redis. The
 //! holder's release hands the lock to the first of them in the same script call
-//! (`script/lua/handoff.lua`: release A, grant B with the fence rule), so a grant costs one call
-//! and no refused attempts.
+//! (`script/lua/handoff.lua`: release A, grant B with the fence rule), so a grant costs at most
+//! one call and no refused attempts.
+//!
+//! That call also takes a fence for each task still queued behind B (up to [`RESERVE`] in all):
+//! Redis stores the last of them, so every later grant is above them all. B's release then
+//! hands the lock to the next task with no call at all while such fences remain (the `Held`'s
+//! `hand_within`): the next task gets a hold of the same owner token, lease and watch with the
+//! next fence, as long as the lease has most of its TTL left (half under a watchdog, which goes
+//! on renewing it, 90% without), the task asked for the same lease and renewal (no maximum
+//! hold, no floor at or above the fence), and no [`Reentry`](crate::Reentry) handle shares the
+//! token. Otherwise the release is a handoff call again.
 //!
 //! Another client is never starved: the acquire script records in `waiters` which client found
 //! the lock busy (the first 8 characters of its owner tokens name the client), and the handoff
-//! script hands over only while no other client waits. Otherwise it frees the lock, announces
+//! script hands over only while no other client waits (handoffs without a call do not look:
+//! another client waits at most [`RESERVE`] grants more). Otherwise it frees the lock, announces
 //! it, and yields it to the others for [`YIELD`]: this client's acquires find it busy meanwhile.
 //! A waiter that waits for replicas (`wait_replicas`) never queues here and is treated as
 //! another client (its owner token is fully random).
@@ -26,7 +36,7 @@ use crate::acquire::{InFlight, Local};
 use crate::core::Core;
 use crate::error::Result;
 use crate::fence::FenceToken;
-use crate::held::{Grant, Held};
+use crate::held::{Grant, Handing, Held};
 use crate::keys::LockKeys;
 use crate::local_queue::{Entered, Handed, Turn, Waiter};
 use crate::options::LockOptions;
@@ -39,6 +49,18 @@ use super::guard::{LockGuard, MUTEX};
 /// the other client's waiter is woken by the release's announcement and gets in first, unless
 /// it takes longer than this to try (then the lock goes to whoever asks first).
 pub(crate) const YIELD: Duration = Duration::from_millis(20);
+
+/// The most fences a handoff takes at once: the one it grants and the ones reserved for the
+/// holder to hand the lock on within the client without a call (one for each task queued
+/// behind it, up to this). Another client waiting gets in after at most this many grants more
+/// than with a call per grant.
+pub(crate) const RESERVE: u64 = 16;
+
+/// How a mutex hold hands the lock to this client's next waiting task.
+pub(crate) static HANDING: Handing = Handing {
+    over: hand_over,
+    wrap: |held| Box::new(LockGuard::new(held)),
+};
 
 /// Waits for the turn to ask Redis for `keys`' lock, queued behind this client's task that
 /// holds it or has the turn, until handed the lock, given the turn, or `until` (then it asks
@@ -93,9 +115,11 @@ pub(crate) async fn release_to(
     let lease = waiter.options.first_lease();
     let floor = waiter.options.floor.map_or(0, FenceToken::get);
     let (announce, mode, expiry) = (core.transport.announce(), core.fence_arg(), core.expiry());
-    // Two owners, hold id, announce, TTL, floor, mode, yield, grace; numbers ≤ 60 bytes.
-    let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 62;
-    let call = ScriptCall::start(&HANDOFF, &[key], 9, bytes + expiry.len())
+    let queued = u64::try_from(core.handoffs.waiting(key)).unwrap_or(u64::MAX);
+    let take = queued.saturating_add(1).min(RESERVE);
+    // Two owners, hold id, announce, TTL, floor, mode, yield, fences, grace; numbers ≤ 70 bytes.
+    let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 72;
+    let call = ScriptCall::start(&HANDOFF, &[key], 10, bytes + expiry.len())
         .arg(owner)
         .arg(hold)
         .arg(announce)
@@ -104,6 +128,7 @@ pub(crate) async fn release_to(
         .arg(floor)
         .arg(mode)
         .arg(ttl_ms(YIELD))
+        .arg(take)
         .arg(expiry);
     let in_flight = InFlight::release(core, &MUTEX, key, &waiter.owner, "");
     let sent = Instant::now();
@@ -154,7 +179,9 @@ pub(crate) async fn release_to(
         ttl: lease,
         replicas_acked: None,
     };
-    let guard = LockGuard::new(Held::new(core, &MUTEX, grant, &options).handing(hand_over));
+    let last = FenceToken::new(fence.get() + take - 1).unwrap_or(fence);
+    let held = Held::new(core, &MUTEX, grant, &options).reserved(last);
+    let guard = LockGuard::new(held.handing(&HANDING));
     // A waiter gone meanwhile drops the guard, which releases it and hands the lock on.
     let _ = to.send(Handed::Granted(Box::new(guard)));
     Ok(code)

@@ -92,7 +92,7 @@ impl Request for Acquire<'_> {
                 };
                 let mut held = Held::new(core, &MUTEX, grant, options);
                 if options.wait.is_none() {
-                    held = held.handing(handoff::hand_over);
+                    held = held.handing(&handoff::HANDING);
                     core.handoffs.hold(keys);
                 }
                 Ok(Attempt::Granted(LockGuard::new(held)))

@@ -25,7 +25,9 @@ use super::guard::{LockGuard, MUTEX};
 /// and a hold is never released twice.
 ///
 /// Ownership is proven by the handle (which carries the owner token), not by the calling thread
-/// or task. A re-entry guard follows the first guard's watchdog when it has one; once the first
+/// or task. A guard a handle was made of never hands the lock on to another task of the client
+/// under its owner token (see [`Client::lock`](crate::Client::lock) on handoffs within a
+/// client): its release goes through Redis, so the handle cannot take the next holder's lock. A re-entry guard follows the first guard's watchdog when it has one; once the first
 /// guard is released, renewal stops and the remaining holds last until the lease ends.
 ///
 /// # Examples
@@ -70,6 +72,7 @@ impl LockGuard {
     /// code that takes the lock itself. See [`Reentry`].
     pub fn reentry(&self) -> Reentry {
         let held = self.held();
+        held.share_token();
         Reentry {
             core: Arc::clone(held.core()),
             keys: held.keys().clone(),
@@ -143,7 +146,9 @@ impl Reentry {
             parse_reply::<(i64, i64, u64)>(self.keys.name(), "reenter", reply)?;
         let name = self.keys.name().to_owned();
         match code {
-            1 if u64::try_from(fence).ok() == Some(self.fence.get()) => {
+            // The stored fence is this owner's, or above it by the fences its grant reserved
+            // for handing the lock on within the client under the same token.
+            1 if u64::try_from(fence).is_ok_and(|stored| stored >= self.fence.get()) => {
                 tracing::debug!(lock = %name, fence = %self.fence, "re-entered");
                 let grant = Grant {
                     keys: self.keys.clone(),

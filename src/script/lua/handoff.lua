@@ -6,7 +6,8 @@
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[4] owner
 -- B's token (same client: same first 8 characters as A's), ARGV[5] B's TTL in ms, ARGV[6] B's
 -- floor, ARGV[7] fence mode (as acquire's ARGV[3] and ARGV[4]); ARGV[8] yield in ms; ARGV[9]
--- expiry grace.
+-- fences to take for B (1, or more to reserve the next ones for B's client to hand on within
+-- itself under B's token: the stored `fence` is then the last of them); ARGV[10] expiry grace.
 --
 -- The lock is handed to B only while no other client waits: `waiters` is unset or names this
 -- client (the first 8 characters of an owner token, `y` before them for a yield). Else it is
@@ -15,7 +16,8 @@
 -- it meanwhile announces), so the other client's woken waiter gets in first.
 --
 -- Replies {code, handed, fence, behind}: code as release's (1 released, 0 no live lease,
--- -1 held by another owner, left alone); handed 1: granted to B with `fence` (`behind` as
+-- -1 held by another owner, left alone); handed 1: granted to B with `fence`, the first of the
+-- fences taken (`behind` as
 -- acquire's); 0: not freed (A's other holds remain) or held by another owner; 2: freed and not
 -- handed (another client waits, or the fence rule refused: B then attempts and sees why).
 #!lua
@@ -36,7 +38,8 @@ end
 local tag = string.sub(ARGV[1], 1, 8)
 local others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
 local fence, behind
-if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7]) end
+local take = tonumber(ARGV[9]) or 1
+if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7], take) end
 if not fence then
   clear()
   if others then
@@ -51,8 +54,9 @@ if not fence then
 end
 if lock[4] then clear() elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
 local ends = now_ms + tonumber(ARGV[5])
+local last = fence + take - 1
 redis.call('HSET', KEYS[1], 'owner', ARGV[4],
   'until', string.format('%d', ends),
-  'fence', string.format('%d', fence))
-keep(KEYS[1], fence, ends)
+  'fence', string.format('%d', last))
+keep(KEYS[1], last, ends)
 return {code, 1, fence, behind}
