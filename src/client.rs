@@ -561,7 +561,8 @@ impl Client {
     /// or, when that call reserved fences for the tasks queued behind (up to 16), with no call:
     /// the task then holds the lock under the same Redis hold (owner token, lease, watchdog) with
     /// the next fence, while the lease has at least 90% of its TTL left (half under the
-    /// watchdog) and the call asked for the same TTL and renewal, without `max_hold`, a floor at
+    /// watchdog), no call releasing or extending that hold failed, and the call asked for the
+    /// same TTL and renewal, without `max_hold`, a floor at
     /// or above that fence, or `wait_replicas` (those always ask Redis). Fences still rise with
     /// every grant, and every later grant by Redis is above the reserved ones. Another client
     /// waiting gets in at the next handoff that goes through Redis.

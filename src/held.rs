@@ -384,6 +384,15 @@ impl Held {
     }
 
     async fn extend_unspanned(&mut self, ttl: Duration) -> Result<Instant> {
+        let extended = self.extend_call(ttl).await;
+        if extended.is_err() {
+            // The hold may be lost: only a call to Redis may hand it on.
+            self.no_hand_within();
+        }
+        extended
+    }
+
+    async fn extend_call(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
         let ttl_ms = ttl_millis(ttl);
@@ -400,6 +409,9 @@ impl Held {
         let (code, remaining) = parse_reply::<(i64, u64)>(self.name(), "extend", reply)?;
         self.outcome(code, "extend", &self.core.counters.extends)?;
         self.valid_until = lease_end(sent, Duration::from_millis(remaining));
+        // The lease length from now on: a task this hold is handed to within the client must
+        // have asked for the same.
+        self.ttl = ttl;
         if let Some(Watched {
             id: Some(id),
             every,
@@ -442,12 +454,14 @@ impl Held {
                 let Some(waiter) = self.hand_within(handing, waiter) else {
                     return self.released(1);
                 };
+                self.no_hand_within();
                 self.unwatch();
                 let over = handing.over;
                 let code = over(&self.core, &self.keys, &self.owner, &self.hold, waiter).await?;
                 return self.released(code);
             }
         }
+        self.no_hand_within();
         self.unwatch();
         let call = self.release_call();
         let transport = &self.core.transport;
@@ -557,6 +571,13 @@ impl Held {
         // A waiter gone meanwhile drops the guard, which hands the lock on or releases it.
         let _ = waiter.to.send(Handed::Granted((handing.wrap)(held)));
         None
+    }
+
+    /// A call that releases this hold is about to go out: from now on the hold is never handed
+    /// on without a call (a release cut or failed after it was sent drops the hold, and that
+    /// drop must ask Redis, which knows whether the hold still exists).
+    fn no_hand_within(&mut self) {
+        self.last = self.fence;
     }
 
     /// Releases in the background (a guard dropped without `release`), handing the lock on

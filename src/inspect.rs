@@ -292,8 +292,11 @@ impl Client {
     /// Returns what it found and freed, read in the same atomic step (`held` false: nothing
     /// was held and nothing changed). The old holder learns of the loss: its watchdog's next
     /// renewal, `extend` and `release` answer [`Error::Expired`] (or [`Error::NotOwner`] once
-    /// someone else holds it). Storage that checks fences rejects its late writes once a
-    /// later holder wrote with a higher fence.
+    /// someone else holds it). A mutex release that hands the lock to another task of the
+    /// holder's client without a call (see [`Client::lock`]) does not ask Redis: that task
+    /// learns of it at its own next call (renewal, `extend`, or a release that goes to Redis).
+    /// Storage that checks fences rejects their late writes once a later holder wrote with a
+    /// higher fence (every later grant is above the fences reserved for those handoffs).
     ///
     /// # Errors
     ///

@@ -2,8 +2,8 @@
 //! of its tasks holds queue locally and are handed the lock by its release in the same script
 //! call (at most one call per grant, no refused attempts), a queue of them from fences that call
 //! reserved with no call at all, fences still rise, another client waiting gets in, a re-entry
-//! handle or a lease worn down sends the handoff through Redis, and cancelled waiters leave
-//! nothing held.
+//! handle, a lease worn down or a release call that failed sends the handoff through Redis, and
+//! cancelled waiters leave nothing held.
 
 mod common;
 
@@ -367,4 +367,48 @@ async fn a_reentry_handle_or_a_worn_lease_sends_the_handoff_through_redis() {
         "C was handed a worn lease: {left:?} left of {ttl:?}"
     );
     c.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_failed_never_hands_the_lock_on_without_a_call() {
+    let name = "handoff:failed";
+    let server = Standalone::start();
+    let client = Client::builder([server.url()])
+        .request_timeout(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let watched = || options().ttl(ttl).watchdog(true);
+    let unwatched = || options().ttl(ttl);
+
+    // X's release hands the lock to A (watched) in one call that reserves fences for B and C
+    // (not watched: A's hold is not handed to B without a call, as its watch would not fit).
+    let x = client.lock(name, &watched()).await.unwrap();
+    let a = queued(&client, name, watched()).await;
+    let mut b = queued(&client, name, unwatched()).await;
+    let mut c = queued(&client, name, unwatched()).await;
+    x.release().await.unwrap();
+    let a = a.await.unwrap();
+
+    // A's handoff call to B finds the server stopped and fails, and A's hold is dropped with
+    // it. That drop must not hand the lock to C under A's token without a call: Redis may have
+    // run the handoff (A's hold released, B granted) or not; only Redis can tell.
+    server.node.pause();
+    let released = a.release().await;
+    assert!(released.is_err(), "the server is stopped: {released:?}");
+    std::future::poll_fn(|cx| {
+        assert!(
+            c.as_mut().poll(cx).is_pending(),
+            "C was handed the lock without a call after A's release failed"
+        );
+        assert!(
+            b.as_mut().poll(cx).is_pending(),
+            "B has no grant it knows of"
+        );
+        Poll::Ready(())
+    })
+    .await;
+    server.node.resume();
+    drop((b, c));
 }

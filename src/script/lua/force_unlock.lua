@@ -7,7 +7,9 @@
 -- open TTL ms (unused), ARGV[3] expiry grace.
 --
 -- Replies: the inspection (`inspect.lua`) of the state it found, before freeing it. The old
--- holder's release then answers 0 (expired) or -1 (another owner). allow-oom: it only frees.
+-- holder's next call then answers 0 (expired) or -1 (another owner); a release that hands the
+-- lock on within the holder's client makes no call, so the task it hands to learns it at its
+-- own next call. allow-oom: it only frees.
 #!lua flags=allow-oom
 local before = inspect('lock')
 if owner then
