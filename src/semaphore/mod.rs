@@ -57,6 +57,9 @@ pub struct Semaphore {
     core: Arc<Core>,
     keys: LockKeys,
     limit: Arc<AtomicU32>,
+    /// The limit a `set_limit` of this handle (or a clone) is storing, 0 when none is: an
+    /// attempt that finds it stored already retries with it.
+    setting: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Semaphore {
@@ -78,6 +81,7 @@ impl Semaphore {
             core: Arc::clone(core),
             keys,
             limit: Arc::new(AtomicU32::new(limit)),
+            setting: Arc::new(AtomicU32::new(0)),
         })
     }
 
@@ -270,7 +274,8 @@ impl Semaphore {
     ///
     /// # Cancel safety
     ///
-    /// A dropped call may or may not have changed the limit; this handle keeps its old one.
+    /// A dropped call may or may not have changed the limit; this handle keeps its old one
+    /// (until one of its waiting calls finds the new one stored, and takes it).
     pub async fn set_limit(&self, limit: u32) -> Result<Option<u32>> {
         let name = self.name();
         validate_limit(name, limit)?;
@@ -285,14 +290,21 @@ impl Semaphore {
             ],
         );
         let span = self.span("set_limit", limit);
+        self.setting.store(limit, Ordering::Relaxed);
         let reply = self
             .core
             .transport
             .run(&call, name, "set_limit")
             .instrument(span)
-            .await?;
-        let before = parse_reply::<u32>(name, "set_limit", reply)?;
-        self.limit.store(limit, Ordering::Relaxed);
+            .await;
+        let before = reply.and_then(|reply| parse_reply::<u32>(name, "set_limit", reply));
+        if before.is_ok() {
+            self.limit.store(limit, Ordering::Relaxed);
+        }
+        let _ = self
+            .setting
+            .compare_exchange(limit, 0, Ordering::Relaxed, Ordering::Relaxed);
+        let before = before?;
         Ok((before != 0).then_some(before))
     }
 
@@ -319,6 +331,7 @@ impl Semaphore {
             options,
             count,
             limit: &self.limit,
+            setting: &self.setting,
             waiter,
         })
     }
@@ -353,6 +366,8 @@ struct Acquire<'a> {
     /// The handle's limit, read at every attempt: a waiting call follows `set_limit` of its
     /// handle (and the handle's clones).
     limit: &'a AtomicU32,
+    /// The limit a `set_limit` of the handle is storing (0: none).
+    setting: &'a AtomicU32,
     /// The waiting call's id, which may hold a reservation; empty for none.
     waiter: String,
 }
@@ -435,9 +450,13 @@ impl Request for Acquire<'_> {
             }),
             [-1, stored] => {
                 let stored = u32::try_from(*stored).map_err(|_| unexpected())?;
-                if stored != requested && stored == self.limit.load(Ordering::Relaxed) {
+                let current = self.limit.load(Ordering::Relaxed);
+                let setting = self.setting.load(Ordering::Relaxed);
+                if stored != requested && (stored == current || stored == setting) {
                     // `set_limit` on this handle stored the new limit while this attempt, made
-                    // with the old one, was on its way: try again at once with the new one.
+                    // with the old one, was on its way (its reply may not be read yet): try
+                    // again at once with the new one.
+                    self.limit.store(stored, Ordering::Relaxed);
                     return Ok(Attempt::Busy {
                         retry_after: Duration::ZERO,
                     });
