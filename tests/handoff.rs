@@ -52,6 +52,28 @@ async fn queued(
     call
 }
 
+/// `tasks` tasks of `client` each take and release lock `name` `rounds` times; returns the
+/// fences in grant order (each recorded while held).
+async fn take_turns(client: &Client, name: &'static str, tasks: usize, rounds: usize) -> Vec<u64> {
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut running = Vec::new();
+    for _ in 0..tasks {
+        let (client, fences) = (client.clone(), Arc::clone(&fences));
+        running.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let guard = client.lock(name, &options()).await.unwrap();
+                fences.lock().unwrap().push(guard.fence().get());
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in running {
+        task.await.unwrap();
+    }
+    let fences = fences.lock().unwrap().clone();
+    fences
+}
+
 /// A server, a client of it, and the lock key of `name`.
 async fn one_client(name: &str) -> (Standalone, Client, String) {
     let server = Standalone::start();
@@ -77,25 +99,9 @@ async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
 
     const TASKS: usize = 8;
     const ROUNDS: usize = 50;
-    let fences = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let (client, fences) = (client.clone(), Arc::clone(&fences));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let guard = client.lock(name, &options()).await.unwrap();
-                // Recorded while held: the order of the vector is the order of the grants.
-                fences.lock().unwrap().push(guard.fence().get());
-                guard.release().await.unwrap();
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let fences = take_turns(&client, name, TASKS, ROUNDS).await;
 
     let grants = (TASKS * ROUNDS) as u64;
-    let fences = fences.lock().unwrap().clone();
     assert_eq!(fences.len() as u64, grants);
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
@@ -283,23 +289,8 @@ async fn a_queue_of_local_waiters_is_served_from_reserved_fences_without_a_call_
 
     const TASKS: usize = 16;
     const ROUNDS: usize = 50;
-    let fences = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let (client, fences) = (client.clone(), Arc::clone(&fences));
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..ROUNDS {
-                let guard = client.lock(name, &options()).await.unwrap();
-                fences.lock().unwrap().push(guard.fence().get());
-                guard.release().await.unwrap();
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let fences = take_turns(&client, name, TASKS, ROUNDS).await;
     let grants = (TASKS * ROUNDS) as u64;
-    let fences = fences.lock().unwrap().clone();
     assert_eq!(fences.len() as u64, grants);
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
