@@ -8,6 +8,9 @@
 //! - `modes`: fencelock's pairs per second in each fence mode (clock, epoch, counter,
 //!   epoch-clock).
 //!
+//! `--workers N` runs the client on N Tokio worker threads (default one per core). Where client
+//! and server share a machine's cores, `--workers 1` leaves the server a core of its own.
+//!
 //! Every measurement prints one line, `speed KIND key=value ...`, with, besides the rate, what
 //! it cost (over the measured interval only): client CPU (getrusage) and server CPU (`INFO cpu`
 //! of every master) per pair, commands the server ran per pair (`INFO commandstats`: the calls
@@ -88,6 +91,11 @@ struct Args {
     /// the default is the library's default.
     #[arg(long, default_value = "epoch-clock")]
     fence_mode: Mode,
+    /// Tokio worker threads of the client (0: one per core, Tokio's default). On a machine
+    /// whose cores the client shares with the server, `1` leaves the server a core of its own,
+    /// as redis-benchmark (one thread) does for the ceiling.
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -161,9 +169,20 @@ enum Bench {
     },
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if args.workers > 0 {
+        runtime.worker_threads(args.workers);
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .expect("cannot start the Tokio runtime");
+    runtime.block_on(run(args));
+}
+
+async fn run(args: Args) {
     let probe = ServerProbe::connect(&args.urls[0]).await;
     let seconds = Duration::from_secs(args.seconds);
     match args.bench {
@@ -176,8 +195,9 @@ async fn main() {
                     &args,
                     lib,
                     &format!(
-                        "mode={} tasks={tasks} clients={clients}",
-                        mode_label(&args, lib)
+                        "mode={} tasks={tasks} clients={clients} workers={}",
+                        mode_label(&args, lib),
+                        workers()
                     ),
                 );
             }
@@ -195,7 +215,7 @@ async fn main() {
                     "pairs",
                     &args,
                     Lib::Fencelock,
-                    &format!("mode={label} tasks={tasks} clients=1"),
+                    &format!("mode={label} tasks={tasks} clients=1 workers={}", workers()),
                 );
             }
         }
@@ -218,6 +238,11 @@ async fn main() {
             }
         }
     }
+}
+
+/// The client's Tokio worker threads.
+fn workers() -> usize {
+    tokio::runtime::Handle::current().metrics().num_workers()
 }
 
 /// The lock manager under test.

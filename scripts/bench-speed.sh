@@ -55,6 +55,12 @@ done
 echo "== (a) uncontended acquire + release, 64 tasks, random names of their own"
 run --url "$standalone" --target standalone pairs --tasks 64
 run --url "$cluster" --target cluster pairs --tasks 64
+# The same with one client worker thread: the client's runtime otherwise has one worker per core,
+# and on this machine it shares both with the server (in (d) the one-thread redis-benchmark
+# leaves the server a core of its own).
+echo "== (a1) the same, the client on one Tokio worker thread"
+run --workers 1 --url "$standalone" --target standalone pairs --tasks 64
+run --workers 1 --url "$cluster" --target cluster pairs --tasks 64
 echo "== (b) contended: 16 tasks on one lock, hold 0"
 run --url "$standalone" --target standalone contended --tasks 16
 run --url "$cluster" --target cluster contended --tasks 16
@@ -88,7 +94,7 @@ echo "speed ceiling target=standalone acquire/s=${acq} release/s=${rel} pairs/s=
 
 echo "== ratios (this run)"
 field() { # field KIND TARGET LIB KEY [EXTRA-MATCH]: from the first line that matches
-  { grep "^speed $1 target=$2 lib=$3 ${5:-}" "$out" || true; } | head -1 | tr ' ' '\n' |
+  { grep "^speed $1 target=$2 lib=$3 .*${5:-}" "$out" || true; } | head -1 | tr ' ' '\n' |
     { grep "^$4=" || true; } | cut -d= -f2
 }
 ratio() { # ratio LABEL A B
@@ -102,6 +108,9 @@ for target in standalone cluster; do
   s=$(field pairs $target rslock pairs/s)
   ratio "pairs_${target}_fencelock/rslock" "$f" "$s"
   if [ $target = standalone ]; then ratio "pairs_standalone_fencelock/ceiling" "$f" "$ceiling"; fi
+  f1=$(field pairs $target fencelock pairs/s "workers=1 ")
+  ratio "pairs_${target}_one_worker_fencelock/rslock" "$f1" "$(field pairs $target rslock pairs/s "workers=1 ")"
+  if [ $target = standalone ]; then ratio "pairs_standalone_one_worker_fencelock/ceiling" "$f1" "$ceiling"; fi
   ratio "contended_${target}_fencelock/rslock" \
     "$(field contended $target fencelock grants/s)" "$(field contended $target rslock grants/s)"
 done
