@@ -55,10 +55,8 @@ impl LuaScript {
     /// such as [`FENCE_RULE`]) without their headers, then the rest of `file`.
     fn with_snippets(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
         let (shebang, body) = split_shebang(file);
-        let source = format!(
-            "{shebang}\nlocal memo = {{}}\n{}",
-            op_source(snippets, body)
-        );
+        let (call, key) = op_source(snippets, body);
+        let source = format!("{shebang}\nlocal memo = {{}}\n{call}{key}");
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
 
@@ -75,9 +73,13 @@ impl LuaScript {
         let (head, tail) = without_header(BATCH)
             .split_once("--@body\n")
             .expect("batch.lua has a --@body line");
+        let (before, after) = head
+            .split_once("--@call\n")
+            .expect("batch.lua has a --@call line");
+        let (call, key) = op_source(snippets, body);
         let source = format!(
-            "{shebang}\nlocal memo = {{}}\n{head}{}\n{tail}",
-            op_source(snippets, body).trim_end_matches('\n')
+            "{shebang}\nlocal memo = {{}}\n{before}{call}{after}{}\n{tail}",
+            key.trim_end_matches('\n')
         );
         let batch_name: &'static str = Box::leak(format!("{name}_batch").into_boxed_str());
         script.batch = Some(Box::new(Self::from_source(
@@ -120,14 +122,23 @@ fn split_shebang(file: &str) -> (&str, &str) {
     file.split_once('\n').unwrap_or((file, ""))
 }
 
-/// What runs for one key: the shared [`PROLOGUE`], `snippets` and `body`, headers dropped.
-fn op_source(snippets: &[&str], body: &str) -> String {
-    let mut source = without_header(PROLOGUE).to_owned();
-    for snippet in snippets {
-        source.push_str(without_header(snippet));
+/// The code of a script built on the shared [`PROLOGUE`] and `snippets` (headers dropped), as
+/// what runs once per script call and what runs once per key: the part of the prologue and of
+/// each snippet above its `--@key` line (if it has one), then the rest of them and `body`. In a
+/// batch the keys share the first part (the time, helper functions that read no key).
+fn op_source(snippets: &[&str], body: &str) -> (String, String) {
+    let (mut call, mut key) = (String::new(), String::new());
+    for part in std::iter::once(&PROLOGUE).chain(snippets) {
+        match without_header(part).split_once("--@key\n") {
+            Some((once, each)) => {
+                call.push_str(once);
+                key.push_str(each);
+            }
+            None => key.push_str(without_header(part)),
+        }
     }
-    source.push_str(body);
-    source
+    key.push_str(body);
+    (call, key)
 }
 
 /// `file` without its leading `--` comment lines.
@@ -465,9 +476,9 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 
 /// The prologue every lock script shares, inserted after its `#!lua` line: the server's time
 /// (`now_us`, `now_ms`), the lock's state (`lock`, `owner`, `expires`, `live`), `keep(key,
-/// fence, ends)` to set the key's expiry after a write and `clear()` to remove every field but
-/// `fence`. The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to
-/// keep the key for good. See the file's header.
+/// fence, ends)` to set the key's expiry after a write and `clear(KEYS[1], lock)` to remove
+/// every field but `fence`. The last `ARGV` of every lock script is the key's expiry grace in
+/// ms, or empty to keep the key for good. See the file's header.
 const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
 
 /// The wrapper of a batchable script (`script/lua/batch.lua`): the script's code becomes a

@@ -29,7 +29,7 @@ end
 local stored = tonumber(lock[3]) or 0
 local fence, behind = next_fence(stored, tonumber(ARGV[3]), ARGV[4])
 if not fence then return behind end
-if lock[4] then clear() end
+if lock[4] then clear(KEYS[1], lock) end
 local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%d', ends),

@@ -1,7 +1,9 @@
 -- batch: run one single-key lock script for many keys of one node in one call (the client's
 -- per-node auto-batching). The client builds it from a script (its `#!lua` flags plus
--- `allow-cross-slot-keys`): `memo`, then the script's prologue, snippets and body become the
--- function `op(KEYS, ARGV)` below, so every key runs exactly the code of the single script.
+-- `allow-cross-slot-keys`): `memo`, then what the script's prologue and snippets run once per
+-- call (the code above their `--@key` line) in place of `--@call`, then the rest of them and
+-- the script's body as the function `op(KEYS, ARGV)` below, so every key runs exactly the code
+-- of the single script. The once-per-call code reads neither KEYS nor ARGV.
 --
 -- KEYS[1] the first entry's key (it routes the call to the node serving its slot).
 -- ARGV entries, one after another: key, number of arguments n, then the n arguments the single
@@ -14,6 +16,7 @@
 -- non local key"); the client then sends that entry alone, following MOVED/ASK. `memo` is one
 -- table per call: `fence.lua` keeps the node's config epoch there, read once per batch.
 local batch = ARGV
+--@call
 local function op(KEYS, ARGV)
 --@body
 end

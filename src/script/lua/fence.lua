@@ -12,7 +12,8 @@
 -- `fence, behind` (behind: µs the stored fence was ahead of the clock term, else 0),
 -- or `nil, error reply` (the caller returns it, before any write) when the fence would pass
 -- 2^53 - 1 or the epoch cannot be read. The epoch is read once per call and kept in `memo`
--- (one table per script call: a batch of many keys pays for one `CLUSTER INFO`).
+-- (one table per script call: a batch of many keys pays for one `CLUSTER INFO`). All of it
+-- runs once per script call (it ends with the `--@key` line, see prologue.lua).
 local function next_fence(stored, floor, mode, count)
   local fence = stored + 1
   floor = tonumber(floor) or 0
@@ -49,3 +50,4 @@ local function next_fence(stored, floor, mode, count)
   end
   return fence, behind
 end
+--@key

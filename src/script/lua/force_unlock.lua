@@ -1,5 +1,5 @@
 -- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
--- snippet first). Every hold goes (`clear()`: owner, lease, hold count and hold fields), the
+-- snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold fields), the
 -- fence stays, so the next grant is above the freed one; the key's expiry follows the rule of
 -- every write (`keep`), and a freed live lock is announced on the lock's channel.
 --
@@ -13,7 +13,7 @@
 #!lua flags=allow-oom
 local before = inspect('lock')
 if owner then
-  clear()
+  clear(KEYS[1], lock)
   keep(KEYS[1], lock[3], now_ms)
   if live then
     if ARGV[1] == 's' then redis.call('SPUBLISH', KEYS[1], '')

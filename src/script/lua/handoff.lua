@@ -41,7 +41,7 @@ local fence, behind
 local take = tonumber(ARGV[9]) or 1
 if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7], take) end
 if not fence then
-  clear()
+  clear(KEYS[1], lock)
   if others then
     redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
       'until', string.format('%d', now_ms + tonumber(ARGV[8])))
@@ -52,7 +52,7 @@ if not fence then
   end
   return {code, 2, 0, 0}
 end
-if lock[4] then clear() elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
+if lock[4] then clear(KEYS[1], lock) elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
 local ends = now_ms + tonumber(ARGV[5])
 local last = fence + take - 1
 redis.call('HSET', KEYS[1], 'owner', ARGV[4],

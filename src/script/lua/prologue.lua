@@ -1,12 +1,13 @@
 -- The prologue every lock script shares (inserted after its `#!lua` line): the server's
 -- time, the lock's state and its key's lifetime.
 --
--- `now_us` is `TIME` in microseconds, `now_ms` in milliseconds (read once per script call: the
--- keys of a batch share it, so a lease may start up to one batch's run time early, which only
--- shortens it); `live` is true when `owner` holds an unexpired lease; `lock[4]` is the hold
--- count of a re-entered lock (absent for one hold); `lock[5]` is set when an acquire found the
--- lock busy since it was last freed (a waiter may listen: the release announces). `clear()`
--- removes every field but `fence`.
+-- The part above the `--@key` line runs once per script call (a batch's keys share it, see
+-- batch.lua), the part below once per key. `now_us` is `TIME` in microseconds, `now_ms` in
+-- milliseconds (read once per script call: the keys of a batch share it, so a lease may start
+-- up to one batch's run time early, which only shortens it); `live` is true when `owner` holds
+-- an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one hold);
+-- `lock[5]` is set when an acquire found the lock busy since it was last freed (a waiter may
+-- listen: the release announces). `clear(KEYS[1], lock)` removes every field but `fence`.
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
 -- key for good. `keep(key, fence, ends)` is called after every write that grants or extends.
@@ -18,15 +19,15 @@
 -- mode), else only raises the expiry to that (or sets it on a key without one): the grant's
 -- expiry already covers the fence, which for an epoch-clock fence is far ahead of the clock. Without a grace it removes any expiry. A release only removes fields and
 -- leaves the expiry alone. `memo` (declared before the prologue, one table per script call,
--- shared by the keys of a batch) caches what one call reads once.
-local now_us, now_ms = memo.now_us, memo.now_ms
-if not now_us then
+-- shared by the keys of a batch) caches what one call reads once; `grace` is set anew for
+-- each key.
+local now_us, now_ms
+do
   local now = redis.call('TIME')
   now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
   now_ms = math.floor(now_us / 1000)
-  memo.now_us, memo.now_ms = now_us, now_ms
 end
-local grace = tonumber(ARGV[#ARGV])
+local grace
 local function keep(key, fence, ends)
   if not grace then return redis.call('PERSIST', key) end
   if not memo.shift and math.ceil((tonumber(fence) or 0) / 1000) > ends then
@@ -40,12 +41,14 @@ local function keep(key, fence, ends)
   if fence_ms > ends then ends = fence_ms end
   redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
 end
+local function clear(key, lock)
+  if not lock[4] then return redis.call('HDEL', key, 'owner', 'until', 'waiters') end
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if field ~= 'fence' then redis.call('HDEL', key, field) end
+  end
+end
+--@key
+grace = tonumber(ARGV[#ARGV])
 local lock = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds', 'waiters')
 local owner, expires = lock[1], tonumber(lock[2])
 local live = owner and expires and expires > now_ms
-local function clear()
-  if not lock[4] then return redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters') end
-  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if field ~= 'fence' then redis.call('HDEL', KEYS[1], field) end
-  end
-end

@@ -15,7 +15,7 @@ if owner ~= ARGV[1] then
   return 0
 end
 if not live then
-  clear()
+  clear(KEYS[1], lock)
   return 0
 end
 if lock[4] or ARGV[2] ~= '' then
@@ -26,7 +26,7 @@ if lock[4] or ARGV[2] ~= '' then
     return 1
   end
 end
-clear()
+clear(KEYS[1], lock)
 if not lock[5] then return 1 end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end

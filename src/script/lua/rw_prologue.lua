@@ -11,8 +11,11 @@
 -- already ends later (a live entry may need it; the fence counts only in a call that granted,
 -- as in the prologue's `keep`); `settle()` after a release: when no writer or
 -- reader entry is left, the key expires `grace` after now (or after a live intent's end).
+-- `until_of(value)` and `fence_of(value)` read a reader entry; they run once per script call
+-- (above the `--@key` line, see prologue.lua), the rest once per key.
 local function until_of(v) return tonumber(string.match(v or '', '^(%d+)')) end
 local function fence_of(v) return tonumber(string.match(v or '', ':(%d+)$')) end
+--@key
 local rw = redis.call('HMGET', KEYS[1], 'w', 'wu', 'i', 'iu')
 local writer, writer_until, intent, intent_until = rw[1], tonumber(rw[2]), rw[3], tonumber(rw[4])
 local writer_live = writer and writer_until and writer_until > now_ms

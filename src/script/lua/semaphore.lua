@@ -9,7 +9,9 @@
 -- `sem_read(key)` returns {limit, fence, permits = list of {n, owner, ends, fence, live},
 -- res = {owner, count, ends, live} or nil} (`sem_parse_permit(n, value)` and
 -- `sem_parse_res(value)` parse one entry); `sem_end(s)` the latest end a live entry needs (at
--- least now); `sem_permit(owner, ends, fence)` formats a permit entry.
+-- least now); `sem_permit(owner, ends, fence)` formats a permit entry. None of them reads a key's
+-- state but through its arguments: all of it runs once per script call (it ends with the
+-- `--@key` line, see prologue.lua).
 local function sem_parse_permit(n, value)
   local o, e, f = string.match(value or '', '^(%S+) (%d+) (%d+)$')
   if not o then return nil end
@@ -52,3 +54,4 @@ end
 local function sem_permit(owner, ends, fence)
   return owner .. ' ' .. string.format('%.0f', ends) .. ' ' .. string.format('%.0f', fence)
 end
+--@key
