@@ -10,6 +10,7 @@
 //!
 //! `--workers N` runs the client on N Tokio worker threads (default one per core). Where client
 //! and server share a machine's cores, `--workers 1` leaves the server a core of its own.
+//! `--no-batching` turns fencelock's per-node batching off.
 //!
 //! Every measurement prints one line, `speed KIND key=value ...`, with, besides the rate, what
 //! it cost (over the measured interval only): client CPU (getrusage) and server CPU (`INFO cpu`
@@ -96,6 +97,10 @@ struct Args {
     /// as redis-benchmark (one thread) does for the ceiling.
     #[arg(long, default_value_t = 0)]
     workers: usize,
+    /// Turn fencelock's per-node batching off (`ClientBuilder::batching(false)`): every call
+    /// goes out on its own, past the node's batch driver.
+    #[arg(long)]
+    no_batching: bool,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -274,6 +279,7 @@ impl Job {
                 for _ in 0..clients.max(1) {
                     let client = Client::builder(args.urls.clone())
                         .fence_mode(mode)
+                        .batching(!args.no_batching)
                         .connect()
                         .await
                         .expect("connect");
