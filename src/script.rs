@@ -50,9 +50,10 @@ impl LuaScript {
         Self::with_snippets(name, &[], file)
     }
 
-    /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, the
-    /// shared [`PROLOGUE`], then each of `snippets` (the primitive's own prologue, shared rules
-    /// such as [`FENCE_RULE`]) without their headers, then the rest of `file`.
+    /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, then the
+    /// once-per-call parts of the shared [`PROLOGUE`] and of `snippets` (the primitive's own
+    /// prologue, shared rules such as [`FENCE_RULE`]), then their once-per-key parts, headers
+    /// dropped (see [`op_source`]), then the rest of `file`.
     fn with_snippets(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
         let (shebang, body) = split_shebang(file);
         let (call, key) = op_source(snippets, body);
@@ -129,22 +130,31 @@ fn split_shebang(file: &str) -> (&str, &str) {
 fn op_source(snippets: &[&str], body: &str) -> (String, String) {
     let (mut call, mut key) = (String::new(), String::new());
     for part in std::iter::once(&PROLOGUE).chain(snippets) {
-        match without_header(part).split_once("--@key\n") {
-            Some((once, each)) => {
-                call.push_str(once);
-                key.push_str(each);
+        let text = without_header(part);
+        let marker = if text.starts_with(KEY_MARKER) {
+            Some(0)
+        } else {
+            text.find(&format!("\n{KEY_MARKER}")).map(|at| at + 1)
+        };
+        match marker {
+            Some(at) => {
+                call.push_str(&text[..at]);
+                key.push_str(&text[at + KEY_MARKER.len()..]);
             }
-            None => key.push_str(without_header(part)),
+            None => key.push_str(text),
         }
     }
     key.push_str(body);
     (call, key)
 }
 
-/// `file` without its leading `--` comment lines.
+/// The line that ends a snippet's once-per-call part (see [`op_source`]).
+const KEY_MARKER: &str = "--@key\n";
+
+/// `file` without its leading `--` comment lines (a `--@` marker line is not one of them).
 fn without_header(file: &str) -> &str {
     let mut rest = file;
-    while rest.starts_with("--") {
+    while rest.starts_with("--") && !rest.starts_with("--@") {
         rest = rest.split_once('\n').map_or("", |(_, next)| next);
     }
     rest

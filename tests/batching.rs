@@ -1,7 +1,8 @@
 //! Per-node auto-batching on real servers: concurrent calls for keys of one node go out as one
 //! script call, each caller gets its own reply (grants, busy answers, errors), a key whose slot
 //! moved away falls back to a call of its own, a caller cancelled before its call was answered
-//! leaves nothing held, and epoch mode reads the node's epoch once per batch.
+//! leaves nothing held, epoch mode reads the node's epoch once per batch, and each key of a batch
+//! call runs with its own arguments.
 
 mod common;
 
@@ -257,4 +258,41 @@ async fn epoch_mode_reads_the_epoch_once_per_batch() {
         assert!(guard.fence().get() > 1 << 32, "an epoch fence");
     }
     assert!(reads < 200, "{reads} CLUSTER INFO reads for 200 grants");
+}
+
+/// The keys of one batch call share the script's once-per-call code (the server's time, the
+/// helper functions) but each runs with its own arguments: here each key's expiry grace (none
+/// keeps the key for good), set for one key after another in one call.
+#[test]
+fn each_key_of_a_batch_call_keeps_its_own_expiry_grace() {
+    let server = Standalone::start();
+    let batch = fencelock::lua_scripts()
+        .find(|script| script.name == "acquire_batch")
+        .expect("the acquire batch script");
+    let keys = [
+        ("fencelock:{a}:lock", "60000"),
+        ("fencelock:{b}:lock", ""),
+        ("fencelock:{c}:lock", "1000"),
+    ];
+    let mut call = redis::cmd("EVAL");
+    call.arg(batch.source).arg(1).arg(keys[0].0);
+    for (key, grace) in keys {
+        // key, argument count, then acquire's arguments: owner, TTL ms, floor, mode, grace.
+        call.arg(key)
+            .arg(5)
+            .arg("0123456789abcdef")
+            .arg(10_000)
+            .arg(0)
+            .arg("clock")
+            .arg(grace);
+    }
+    let replies: Vec<Vec<i64>> = server.node.cmd(&mut call);
+    assert_eq!(replies.len(), 3);
+    assert!(replies.iter().all(|reply| reply[0] == 1), "{replies:?}");
+    let pttl = |key: &str| -> i64 { server.node.cmd(redis::cmd("PTTL").arg(key)) };
+    let a = pttl(keys[0].0);
+    assert!(a > 60_000 && a <= 70_000, "lease + 60 s grace, got {a} ms");
+    assert_eq!(pttl(keys[1].0), -1, "no grace: kept for good");
+    let c = pttl(keys[2].0);
+    assert!(c > 1_000 && c <= 11_000, "lease + 1 s grace, got {c} ms");
 }

@@ -1,5 +1,5 @@
--- The fence rule every granting script shares (inserted after the prologue, which defines
--- `now_us`): `next_fence(stored, floor, mode)` is the next fence above `stored`, the last fence
+-- The fence rule every granting script shares (inserted after the prologue's once-per-call
+-- part, which defines `now_us`): `next_fence(stored, floor, mode)` is the next fence above `stored`, the last fence
 -- granted (0 for none); `count` (default 1) fences are taken from it at once (a semaphore's
 -- many permits: `fence` .. `fence + count - 1`), all of which must stay below 2^53.
 --

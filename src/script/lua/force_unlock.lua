@@ -1,7 +1,7 @@
 -- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
--- snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold fields), the
--- fence stays, so the next grant is above the freed one; the key's expiry follows the rule of
--- every write (`keep`), and a freed live lock is announced on the lock's channel.
+-- snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
+-- fields), the fence stays, so the next grant is above the freed one; the key's expiry follows
+-- the rule of every write (`keep`), and a freed live lock is announced on the lock's channel.
 --
 -- KEYS[1] the lock key. ARGV[1] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[2]
 -- open TTL ms (unused), ARGV[3] expiry grace.

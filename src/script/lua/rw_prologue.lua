@@ -1,4 +1,4 @@
--- The read-write lock's prologue (after the lock prologue and the fence rule): its hash
+-- The read-write lock's prologue (after the lock prologue's and the fence rule's code): its hash
 -- `fencelock:{NAME}:rw` holds `fence` (the one counter), the writer `w` (owner) and `wu` (lease
 -- end ms), one field `r:<owner>` = `<lease end ms>:<fence>` per reader, the first waiting
 -- writer's intent `i` (its wait id) and `iu` (intent lease end ms), and for an owner with
