@@ -498,15 +498,28 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
         },
     )
     .await;
+    let spublished = || {
+        master
+            .info("commandstats")
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_spublish:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before_release = spublished();
     let released = Instant::now();
     guard.release().await.unwrap();
     let handed = task.await.unwrap().unwrap();
     eprintln!("cluster handoff {:?}", released.elapsed());
     assert_eq!(
-        waiter.stats().wakeups,
+        spublished() - before_release,
         1,
-        "woken by SPUBLISH on its own channel"
+        "the release announced on the head's own channel, once"
     );
+    // Woken by that message, unless the waiter's re-check attempt (every 250 ms) was already
+    // on its way when the release landed and took the grant first (seen once in a CI run).
+    assert!(waiter.stats().wakeups <= 1, "{:?}", waiter.stats());
     let mut before = handed.fence();
     handed.release().await.unwrap();
 
