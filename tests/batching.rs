@@ -56,16 +56,6 @@ async fn warm_up(client: &Client, options: &LockOptions) {
     panic!("the client never batched");
 }
 
-fn evalsha_calls(node: &common::Node) -> u64 {
-    let stats = node.info("commandstats");
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
     let server = Standalone::start();
@@ -80,9 +70,9 @@ async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
     names.push("held".into());
     names.push("wrong".into());
 
-    let calls_before = evalsha_calls(&server.node);
+    let calls_before = server.node.calls("evalsha");
     let results = lock_at_once(&client, &names, &options).await;
-    let calls = evalsha_calls(&server.node) - calls_before;
+    let calls = server.node.calls("evalsha") - calls_before;
 
     let mut guards = Vec::new();
     for (name, result) in names.iter().zip(results) {
@@ -142,9 +132,9 @@ async fn with_batching_off_every_call_goes_alone() {
         .await
         .unwrap();
     let names: Vec<String> = (0..50).map(|i| format!("alone:{i}")).collect();
-    let calls_before = evalsha_calls(&server.node);
+    let calls_before = server.node.calls("evalsha");
     let results = lock_at_once(&client, &names, &LockOptions::new()).await;
-    assert_eq!(evalsha_calls(&server.node) - calls_before, 50);
+    assert_eq!(server.node.calls("evalsha") - calls_before, 50);
     assert!(results.iter().all(Result::is_ok));
     assert_eq!(client.stats().batches, 0);
 }
@@ -241,15 +231,7 @@ async fn epoch_mode_reads_the_epoch_once_per_batch() {
         .unwrap();
     let master = cluster.master_of_slot(0);
     let options = LockOptions::new().ttl(Duration::from_secs(30)).slot(0);
-    let info_calls = || {
-        master
-            .info("commandstats")
-            .lines()
-            .find_map(|line| line.strip_prefix("cmdstat_cluster|info:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let info_calls = || master.calls("cluster|info");
     warm_up(&client, &options).await;
     let names: Vec<String> = (0..200).map(|i| format!("epoch:{i}")).collect();
     let before = info_calls();

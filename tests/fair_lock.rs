@@ -498,15 +498,7 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
         },
     )
     .await;
-    let spublished = || {
-        master
-            .info("commandstats")
-            .lines()
-            .find_map(|line| line.strip_prefix("cmdstat_spublish:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let spublished = || master.calls("spublish");
     let before_release = spublished();
     let released = Instant::now();
     guard.release().await.unwrap();

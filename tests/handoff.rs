@@ -17,18 +17,6 @@ use std::time::{Duration, Instant};
 use common::{eventually, Standalone};
 use fencelock::{Client, Error, LockGuard, LockOptions};
 
-/// Calls of `EVALSHA` and `EVAL` the server ran so far.
-fn script_calls(server: &Standalone) -> u64 {
-    let stats = server.node.info("commandstats");
-    ["cmdstat_evalsha:calls=", "cmdstat_eval:calls="]
-        .iter()
-        .filter_map(|prefix| {
-            let line = stats.lines().find(|line| line.starts_with(prefix))?;
-            line[prefix.len()..].split(',').next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
-
 fn options() -> LockOptions {
     LockOptions::new()
         .ttl(Duration::from_secs(30))
@@ -82,11 +70,8 @@ async fn one_client(name: &str) -> (Standalone, Client, String) {
     (server, client, key)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
-    let name = "handoff:local";
-    let (server, client, key) = one_client(name).await;
-    // Warm up: connection open, scripts loaded.
+/// Takes and releases `name` once: the connection is open and the scripts are loaded.
+async fn warm_up(client: &Client, name: &str) {
     client
         .lock(name, &options())
         .await
@@ -94,8 +79,15 @@ async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
         .release()
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
+    let name = "handoff:local";
+    let (server, client, key) = one_client(name).await;
+    warm_up(&client, name).await;
     let before = client.stats();
-    let calls_before = script_calls(&server);
+    let calls_before = server.node.script_calls();
 
     const TASKS: usize = 8;
     const ROUNDS: usize = 50;
@@ -126,7 +118,7 @@ async fn local_waiters_are_handed_the_lock_in_one_call_per_grant() {
         "{handoffs} handoffs for {grants} grants ({stats:?})"
     );
     // One script call per grant: the release that hands over is the grant.
-    let calls = script_calls(&server) - calls_before;
+    let calls = server.node.script_calls() - calls_before;
     assert!(
         calls <= grants + 2 * TASKS as u64,
         "{calls} script calls for {grants} grants"
@@ -278,14 +270,8 @@ async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_re
 async fn a_queue_of_local_waiters_is_served_from_reserved_fences_without_a_call_each() {
     let name = "handoff:reserved";
     let (server, client, key) = one_client(name).await;
-    client
-        .lock(name, &options())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    let calls_before = script_calls(&server);
+    warm_up(&client, name).await;
+    let calls_before = server.node.script_calls();
 
     const TASKS: usize = 16;
     const ROUNDS: usize = 50;
@@ -296,7 +282,7 @@ async fn a_queue_of_local_waiters_is_served_from_reserved_fences_without_a_call_
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences rise strictly in grant order"
     );
-    let calls = script_calls(&server) - calls_before;
+    let calls = server.node.script_calls() - calls_before;
     println!("{calls} script calls for {grants} grants");
     assert!(
         calls * 4 <= grants,
@@ -329,11 +315,11 @@ async fn a_reentry_handle_or_a_worn_lease_sends_the_handoff_through_redis() {
     // A re-entry handle shares A's owner token: B must be granted under a token of its own, or
     // the handle would take B's lock.
     let handle = a.reentry();
-    let calls = script_calls(&server);
+    let calls = server.node.script_calls();
     a.release().await.unwrap();
     let b = b.await.unwrap();
     assert!(
-        script_calls(&server) > calls,
+        server.node.script_calls() > calls,
         "the handoff to B went through Redis"
     );
     assert!(b.fence() > handle.fence());
@@ -345,12 +331,12 @@ async fn a_reentry_handle_or_a_worn_lease_sends_the_handoff_through_redis() {
     // B holds for a sixth of its TTL: less than 90% of its lease is left, so C is not given
     // what remains of it but a lease of its own, through Redis.
     tokio::time::sleep(ttl / 6).await;
-    let calls = script_calls(&server);
+    let calls = server.node.script_calls();
     b.release().await.unwrap();
     let c = c.await.unwrap();
     let left = c.valid_until().saturating_duration_since(Instant::now());
     assert!(
-        script_calls(&server) > calls,
+        server.node.script_calls() > calls,
         "the handoff to C went through Redis"
     );
     assert!(

@@ -164,19 +164,6 @@ async fn keys_of_one_slot_are_taken_by_one_script_call() {
     let after = client.stats();
     assert_eq!(after.acquire_attempts - before.acquire_attempts, 1);
     assert_eq!(after.grants - before.grants, 1);
-    let calls = |info: &str| -> u64 {
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum()
-    };
     let info = server.node.info("commandstats");
     let fences: Vec<i64> = guard.fences().iter().map(|(_, f)| i64::from(*f)).collect();
     assert_eq!(fences.len(), 5);
@@ -184,12 +171,12 @@ async fn keys_of_one_slot_are_taken_by_one_script_call() {
 
     // A fresh client: one script call on the server for the whole set.
     let fresh = Client::connect([server.url()]).await.unwrap();
-    let before = calls(&server.node.info("commandstats"));
+    let before = server.node.script_calls();
     let guard = fresh
         .try_lock_all(&["o:1", "o:2", "o:3"], &tagged)
         .await
         .unwrap();
-    let after = calls(&server.node.info("commandstats"));
+    let after = server.node.script_calls();
     assert_eq!(after - before, 1, "one EVALSHA/EVAL for three keys\n{info}");
     // The cross-slot path takes one call per member and one extend each.
     let untagged = LockOptions::new();

@@ -488,6 +488,23 @@ impl Node {
             .unwrap_or_default()
     }
 
+    /// How many times the server ran `command` so far, as `INFO commandstats` names it
+    /// (`evalsha`, `spublish`, `cluster|info`); 0 for none.
+    pub fn calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.info("commandstats")
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Script calls (`EVALSHA` and `EVAL`) the server ran so far.
+    pub fn script_calls(&self) -> u64 {
+        self.calls("evalsha") + self.calls("eval")
+    }
+
     fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.pid().to_string()])
