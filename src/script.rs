@@ -581,10 +581,10 @@ pub(crate) static RELEASE: LazyLock<LuaScript> =
 ///   `ARGV[10]` expiry grace.
 ///
 /// Replies `{code, handed, fence, behind}`: `code` as [`RELEASE`] for A; `handed` `1` granted
-/// to B (`fence` the first fence taken, `behind` as [`ACQUIRE`]), `0` not freed (A's other holds remain, or another
-/// owner holds it), `2` freed and not handed: another client waits (the release announces, and
-/// this client's acquires find the lock busy for `ARGV[8]` ms, so the other one gets in
-/// first), or the fence rule refused.
+/// to B (`fence` the first fence taken, `behind` as [`ACQUIRE`]), `0` not freed (A's other
+/// holds remain, or another owner holds it), `2` freed and not handed: another client waits
+/// (the release announces, and this client's acquires find the lock busy for `ARGV[8]` ms, so
+/// the other one gets in first), or the fence rule refused.
 ///
 /// Flagged like [`ACQUIRE`] (refused at `maxmemory`: it may grant).
 ///

@@ -27,8 +27,9 @@ use super::guard::{LockGuard, MUTEX};
 /// Ownership is proven by the handle (which carries the owner token), not by the calling thread
 /// or task. A guard a handle was made of never hands the lock on to another task of the client
 /// under its owner token (see [`Client::lock`](crate::Client::lock) on handoffs within a
-/// client): its release goes through Redis, so the handle cannot take the next holder's lock. A re-entry guard follows the first guard's watchdog when it has one; once the first
-/// guard is released, renewal stops and the remaining holds last until the lease ends.
+/// client): its release goes through Redis, so the handle cannot take the next holder's lock.
+/// A re-entry guard follows the first guard's watchdog when it has one; once the first guard
+/// is released, renewal stops and the remaining holds last until the lease ends.
 ///
 /// # Examples
 ///
