@@ -56,6 +56,25 @@ pub struct ClientBuilder {
     batching: bool,
     expiry_grace: Duration,
     tls: TlsFiles,
+    /// Boxed: most clients take them from the URLs.
+    credentials: Option<Box<Credentials>>,
+}
+
+/// The user and password of [`ClientBuilder::username`] and [`ClientBuilder::password`].
+#[derive(Clone, Default)]
+struct Credentials {
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    /// The user, never the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// The most WAIT lanes a client may open.
@@ -215,6 +234,47 @@ impl ClientBuilder {
         self
     }
 
+    /// Authenticates as `username` (a Redis ACL user) on every connection, instead of the user
+    /// in the URLs (or `default`). Pair it with [`password`](Self::password).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:6379"])
+    ///     .username("locks")
+    ///     .password(std::env::var("REDIS_PASSWORD").unwrap_or_default())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.credentials.get_or_insert_default().username = Some(username.into());
+        self
+    }
+
+    /// Authenticates with `password` on every connection, instead of the password in the URLs,
+    /// so that it need not be written into a URL (nor show in logs, `ps` or shell history).
+    /// Never shown by `Debug` or in error messages.
+    ///
+    /// Not for a client built with [`Client::from_cluster_client`]: set the credentials on the
+    /// cluster client's builder (`connect` fails with [`Error::InvalidConfig`] otherwise).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:6379"])
+    ///     .password(std::env::var("REDIS_PASSWORD").unwrap_or_default())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.credentials.get_or_insert_default().password = Some(password.into());
+        self
+    }
+
     /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
     ///
     /// # Errors
@@ -279,8 +339,15 @@ impl ClientBuilder {
             connect: self.connect_timeout,
             response: self.request_timeout,
         };
+        let seeds = match &self.credentials {
+            Some(credentials) => self.seeds.with_credentials(
+                credentials.username.as_deref(),
+                credentials.password.as_deref(),
+            )?,
+            None => self.seeds,
+        };
         let (endpoint, conn) =
-            Endpoint::discover(&self.seeds, timeouts, self.retries, &self.tls).await?;
+            Endpoint::discover(&seeds, timeouts, self.retries, &self.tls).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
         Ok(Client {
             core: Arc::new(Core::new(
@@ -418,6 +485,7 @@ impl Client {
             batching: true,
             expiry_grace: DEFAULT_EXPIRY_GRACE,
             tls: TlsFiles::default(),
+            credentials: None,
         }
     }
 

@@ -24,7 +24,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// assert_eq!(u64::from(b), 8);
 /// assert_eq!(b.to_string(), "8");
 /// ```
+///
+/// With the `serde` feature it serializes as its number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct FenceToken(u64);
 
 impl FenceToken {

@@ -35,12 +35,20 @@ use crate::transport::Topology;
 /// assert_eq!(Kind::ReadWrite.as_str(), "rwlock");
 /// assert_eq!("semaphore".parse::<Kind>(), Ok(Kind::Semaphore));
 /// ```
+///
+/// With the `serde` feature it serializes as [`Kind::as_str`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize),
+    serde(rename_all = "lowercase")
+)]
 #[non_exhaustive]
 pub enum Kind {
     /// The mutex (`Client::lock`), key `<prefix>:{NAME}:lock`.
     Mutex,
     /// The read-write lock (`Client::read_lock`/`write_lock`), key `…:rw`.
+    #[cfg_attr(feature = "serde", serde(rename = "rwlock"))]
     ReadWrite,
     /// The fair lock (`Client::fair_lock`), key `…:fair`.
     Fair,
@@ -123,7 +131,12 @@ impl std::str::FromStr for Kind {
 ///
 /// Leases are judged against the server's clock, as the scripts judge them. Fields that a
 /// kind does not have are `None`.
+///
+/// With the `serde` feature it serializes as the object `fencelock status --json` prints: the
+/// fields by these names (`null` for `None`), fences as numbers, `kind` as
+/// [`Kind::as_str`], and `lease_left` as `lease_ms`, whole milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Inspection {
     /// The name as given (or, from [`Client::list_locks`], as decoded from the key).
@@ -145,6 +158,10 @@ pub struct Inspection {
     pub fence: Option<FenceToken>,
     /// The longest live lease left (the holder's; readers' or permits': the one ending last),
     /// `None` when nothing is held (always for a latch).
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "lease_ms", serialize_with = "serialize_millis")
+    )]
     pub lease_left: Option<Duration>,
     /// Live holds: re-entered holds count each (mutex, each read-write owner); a semaphore's
     /// live permits; 0 for a latch.
@@ -166,6 +183,20 @@ pub struct Inspection {
     pub latch_generation: Option<FenceToken>,
     /// Latch: the latest generation that opened (`None` for none).
     pub latch_opened: Option<FenceToken>,
+}
+
+/// `Inspection::lease_left` as whole milliseconds.
+#[cfg(feature = "serde")]
+fn serialize_millis<S: serde::Serializer>(
+    lease: &Option<Duration>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match lease {
+        Some(lease) => {
+            serializer.serialize_u64(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX))
+        }
+        None => serializer.serialize_none(),
+    }
 }
 
 impl fmt::Display for Inspection {
@@ -205,7 +236,10 @@ impl fmt::Display for Inspection {
 }
 
 /// What [`Client::list_locks`] found: every primitive's key under the client's prefix.
+///
+/// With the `serde` feature it serializes as an object of these three fields.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LockList {
     /// One inspection per key found, sorted by name, then kind.

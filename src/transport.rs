@@ -111,6 +111,48 @@ pub(crate) enum Seeds {
     Cluster(Box<ClusterClient>),
 }
 
+impl Seeds {
+    /// The seeds with this user and password in place of the ones they carry.
+    pub(crate) fn with_credentials(
+        self,
+        username: Option<&str>,
+        password: Option<&str>,
+    ) -> Result<Seeds> {
+        let infos = match self {
+            Seeds::Urls(urls) => urls
+                .iter()
+                .map(|url| parse_url(url))
+                .collect::<Result<Vec<_>>>()?,
+            Seeds::Infos(infos) => infos,
+            Seeds::Cluster(_) => {
+                return Err(Error::InvalidConfig {
+                    reason: "a user or password was set on a client built from a cluster \
+                             client: set them on the cluster client's builder"
+                        .into(),
+                })
+            }
+        };
+        if infos.is_empty() {
+            return Ok(Seeds::Urls(Vec::new()));
+        }
+        Ok(Seeds::Infos(
+            infos
+                .into_iter()
+                .map(|info| {
+                    let mut settings = info.redis_settings().clone();
+                    if let Some(username) = username {
+                        settings = settings.set_username(username);
+                    }
+                    if let Some(password) = password {
+                        settings = settings.set_password(password);
+                    }
+                    info.set_redis_settings(settings)
+                })
+                .collect(),
+        ))
+    }
+}
+
 impl std::fmt::Debug for Seeds {
     /// Addresses only: no password is shown.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -155,7 +197,7 @@ impl Endpoint {
         let seeds = match seeds {
             Seeds::Urls(urls) if urls.is_empty() => {
                 return Err(Error::InvalidConfig {
-                    reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:7000"
+                    reason: "no Redis URL given: pass at least one, e.g. redis://127.0.0.1:6379"
                         .into(),
                 })
             }
@@ -583,7 +625,7 @@ fn connect_error(target: &str, source: RedisError) -> Error {
     let reason = if let Some(reason) = tls::failure(&source) {
         reason.to_owned()
     } else if is_auth_failure(&source) {
-        "authentication failed: check the user and password in the URL".to_owned()
+        "authentication failed: check the user and password".to_owned()
     } else if source.is_connection_refusal() || source.is_io_error() {
         "connection refused or dropped: is Redis running there?".to_owned()
     } else {

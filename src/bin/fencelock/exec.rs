@@ -66,12 +66,13 @@ pub struct ExecArgs {
     #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
     /// Say on stderr what exec waits for (`waiting for NAME: held by another owner, lease ends
-    /// in 8.2s`) even when stderr is not a terminal.
-    #[arg(short, long, env = "FENCELOCK_VERBOSE", value_parser = FalseyValueParser::new(), conflicts_with = "quiet")]
-    verbose: bool,
-    /// Never say what exec waits for (by default it does when stderr is a terminal).
-    #[arg(short, long, env = "FENCELOCK_QUIET", value_parser = FalseyValueParser::new())]
-    quiet: bool,
+    /// in 8.2s`) even when stderr is not a terminal: the global -v.
+    #[arg(skip)]
+    pub verbose: bool,
+    /// Never say what exec waits for (by default it does when stderr is a terminal): the
+    /// global -q.
+    #[arg(skip)]
+    pub quiet: bool,
     /// Lock name; several names take a multi-lock of them all (mutexes, or fair locks with
     /// --fair), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
     /// FENCELOCK_TOKEN then list the names and their fences, space-separated, in the order

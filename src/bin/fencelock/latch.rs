@@ -2,21 +2,47 @@
 //!
 //! `set NAME COUNT` prints the new generation; `count-down NAME [--id ID]` prints the count
 //! still outstanding; `wait NAME [--timeout D]` prints the generation that opened and exits 0,
-//! or exits 75 when the latch did not open in time. 64 bad input, 69 Redis unreachable.
+//! or exits 75 when the latch did not open in time. 64 bad input, 69 Redis unreachable. With
+//! `--json` each prints one JSON object instead (see `docs/cli-json.md`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use fencelock::ClientBuilder;
+use serde::Serialize;
 
-use crate::{duration_arg, fail};
+use crate::{duration_arg, fail, print_json};
 
 /// Arguments of `fencelock latch`.
 #[derive(Args, Debug)]
 pub struct LatchArgs {
+    /// Print one JSON object: `set`/`wait` {name, generation}, `count-down` {name, id,
+    /// remaining}.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_JSON",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    json: bool,
     #[command(subcommand)]
     command: LatchCommand,
+}
+
+/// `latch set --json` and `latch wait --json`.
+#[derive(Serialize)]
+struct Generation<'a> {
+    name: &'a str,
+    generation: u64,
+}
+
+/// `latch count-down --json`.
+#[derive(Serialize)]
+struct CountedDown<'a> {
+    name: &'a str,
+    id: &'a str,
+    remaining: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -56,9 +82,20 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
         Ok(client) => client,
         Err(err) => return fail(&err),
     };
+    let json = args.json;
     let outcome = match args.command {
         LatchCommand::Set { name, count } => match client.latch(&name) {
-            Ok(latch) => latch.set(count).await.map(|g| g.to_string()),
+            Ok(latch) => latch.set(count).await.map(|g| {
+                if json {
+                    print_json(&Generation {
+                        name: &name,
+                        generation: g.into(),
+                    })
+                } else {
+                    println!("{g}");
+                    ExitCode::SUCCESS
+                }
+            }),
             Err(err) => Err(err),
         },
         LatchCommand::CountDown { name, id } => {
@@ -68,20 +105,35 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
                 id
             });
             match client.latch(&name) {
-                Ok(latch) => latch.count_down(&id).await.map(|n| n.to_string()),
+                Ok(latch) => latch.count_down(&id).await.map(|remaining| {
+                    if json {
+                        print_json(&CountedDown {
+                            name: &name,
+                            id: &id,
+                            remaining,
+                        })
+                    } else {
+                        println!("{remaining}");
+                        ExitCode::SUCCESS
+                    }
+                }),
                 Err(err) => Err(err),
             }
         }
         LatchCommand::Wait { name, timeout } => match client.latch(&name) {
-            Ok(latch) => latch.wait(timeout).await.map(|g| g.to_string()),
+            Ok(latch) => latch.wait(timeout).await.map(|g| {
+                if json {
+                    print_json(&Generation {
+                        name: &name,
+                        generation: g.into(),
+                    })
+                } else {
+                    println!("{g}");
+                    ExitCode::SUCCESS
+                }
+            }),
             Err(err) => Err(err),
         },
     };
-    match outcome {
-        Ok(line) => {
-            println!("{line}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => fail(&err),
-    }
+    outcome.unwrap_or_else(|err| fail(&err))
 }

@@ -15,27 +15,69 @@ mod exec;
 mod group;
 mod latch;
 mod ops;
+mod secrets;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use fencelock::{Client, ClientBuilder, Error, LockKeys, Placement};
+use serde::Serialize;
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
 #[derive(Parser, Debug)]
 #[command(name = "fencelock", version, after_help = EXIT_CODES)]
 struct Cli {
-    /// Redis node URL; repeat for several nodes (any reachable cluster node is enough).
+    /// Redis node URL; repeat for several nodes (any reachable cluster node is enough). A
+    /// password in it works, but --password-file or FENCELOCK_PASSWORD keep it out of `ps`.
     #[arg(
         long = "url",
         global = true,
         env = "FENCELOCK_URL",
         value_delimiter = ',',
-        default_value = "redis://127.0.0.1:7000"
+        default_value = "redis://127.0.0.1:6379"
     )]
     urls: Vec<String>,
+
+    /// Redis ACL user to authenticate as (instead of the URL's, or `default`).
+    #[arg(long, global = true, env = "FENCELOCK_USER", value_name = "USER")]
+    user: Option<String>,
+
+    /// Read the password from FILE (its first line); wins over the FENCELOCK_PASSWORD
+    /// environment variable, which wins over a password in the URL.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_PASSWORD_FILE",
+        value_name = "FILE"
+    )]
+    password_file: Option<PathBuf>,
+
+    /// Say more on stderr: -v what exec waits for even when stderr is not a terminal; -vv
+    /// also the library's debug events (-vvv trace events; RUST_LOG chooses them instead).
+    #[arg(
+        short,
+        long,
+        global = true,
+        action = ArgAction::Count,
+        env = "FENCELOCK_VERBOSE",
+        value_parser = verbosity_arg,
+        conflicts_with = "quiet"
+    )]
+    verbose: u8,
+
+    /// Say nothing on stderr but errors (exec does not say what it waits for, even on a
+    /// terminal).
+    #[arg(
+        short,
+        long,
+        global = true,
+        env = "FENCELOCK_QUIET",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    quiet: bool,
 
     /// Key prefix.
     #[arg(
@@ -76,7 +118,13 @@ forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
 latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.
 
 status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed), 64 for \
-bad input (unlock without --force), 69 when Redis cannot be reached.";
+bad input (unlock without --force), 69 when Redis cannot be reached or refuses (a missing ACL \
+permission is named).
+
+Credentials: --user or FENCELOCK_USER; the password from --password-file, FENCELOCK_PASSWORD \
+or the URL (redis://user:password@host:port). They are never printed.
+
+--json output of every command: docs/cli-json.md.";
 
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -101,6 +149,9 @@ enum Command {
         name: String,
         #[command(flatten)]
         placement: PlacementArgs,
+        /// Print one JSON object: name, slot, key.
+        #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+        json: bool,
     },
     /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
     /// wait NAME [--timeout D]` (exit 75 if not open in time).
@@ -123,8 +174,40 @@ enum Command {
     /// the fields of status.
     List(ops::ListArgs),
     /// A live view of the locks under the prefix (--prefix), refreshed every second: name,
-    /// kind, state, lease left, fence, waiters, grants per second. q or Ctrl-C quits.
+    /// kind, state, lease left, fence, waiters, grants per second. q or Ctrl-C quits. With
+    /// --once, or when stdout is not a terminal, one plain frame (or --json one document).
     Top(ops::TopArgs),
+    /// Print the man page (roff) on stdout, or with --dir write fencelock.1 and one page per
+    /// subcommand into DIR (`scripts/install.sh` does).
+    #[command(hide = true)]
+    Man {
+        /// Write the pages into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// clap value parser for `-v` (the count clap keeps) and `FENCELOCK_VERBOSE` (a count, or a
+/// boolean word: true/yes/on is 1, false/no/off/empty is 0).
+fn verbosity_arg(text: &str) -> Result<u8, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "false" | "no" | "off" => Ok(0),
+        "true" | "yes" | "on" => Ok(1),
+        number => number.parse().map_err(|_| {
+            format!("{text:?} is not a verbosity: use a count (0, 1, 2, 3) or true/false")
+        }),
+    }
+}
+
+/// The CLI definition: every environment variable's value is kept out of `--help` (URLs and
+/// paths may carry secrets), for every argument of every subcommand.
+fn cli_command() -> clap::Command {
+    fn hide_env_values(command: clap::Command) -> clap::Command {
+        command
+            .mut_args(|arg| arg.hide_env_values(true))
+            .mut_subcommands(hide_env_values)
+    }
+    hide_env_values(Cli::command())
 }
 
 /// TLS files for rediss:// URLs.
@@ -160,9 +243,66 @@ struct TlsArgs {
     key: Option<PathBuf>,
 }
 
+/// The user and password to authenticate with, beside any in the URLs.
+#[derive(Clone, Default)]
+struct Credentials {
+    user: Option<String>,
+    password: Option<String>,
+}
+
+impl Credentials {
+    /// The credentials of the global options: the password from `--password-file`, else from
+    /// `FENCELOCK_PASSWORD`. Every password known (the URLs' too) is registered for redaction.
+    fn read(cli: &Cli) -> Result<Self, String> {
+        for url in &cli.urls {
+            secrets::remember_url(url);
+        }
+        let password = match &cli.password_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|err| {
+                    format!(
+                        "cannot read the password file {} (--password-file / \
+                         FENCELOCK_PASSWORD_FILE): {err}",
+                        path.display()
+                    )
+                })?;
+                let line = text.lines().next().unwrap_or_default().to_owned();
+                if line.is_empty() {
+                    return Err(format!(
+                        "the password file {} is empty: write the password on its first line",
+                        path.display()
+                    ));
+                }
+                Some(line)
+            }
+            None => std::env::var("FENCELOCK_PASSWORD")
+                .ok()
+                .filter(|p| !p.is_empty()),
+        };
+        if let Some(password) = &password {
+            secrets::remember(password);
+        }
+        Ok(Self {
+            user: cli.user.clone(),
+            password,
+        })
+    }
+}
+
 /// A client builder for the global options.
-fn client_builder(urls: Vec<String>, prefix: String, tls: TlsArgs) -> ClientBuilder {
+fn client_builder(
+    urls: Vec<String>,
+    prefix: String,
+    tls: TlsArgs,
+    credentials: &Credentials,
+) -> ClientBuilder {
     let mut builder = Client::builder(urls).prefix(prefix);
+    if let Some(user) = &credentials.user {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &credentials.password {
+        builder = builder.password(password);
+    }
     if let Some(ca) = tls.ca {
         builder = builder.tls_ca_file(ca);
     }
@@ -208,8 +348,91 @@ pub mod code {
     pub const REPLICAS: u8 = 76;
 }
 
+/// Redis's ACL refusal in an error's chain (`NOPERM` for a command fencelock sent, or a
+/// script's "can't run this command"), as a message naming what is missing.
+fn missing_permission(error: &Error) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(err) = cause {
+        if let Some(redis) = err.downcast_ref::<redis::RedisError>() {
+            if let Some(what) = acl_refusal(redis) {
+                return Some(format!(
+                    "permission denied by the Redis ACL: the user may not {what}; grant it (the \
+                     rules each command needs are in the README's \"ACL\" section)"
+                ));
+            }
+        }
+        cause = err.source();
+    }
+    None
+}
+
+/// What an ACL refusal says the user may not do, or `None` for another error.
+fn acl_refusal(error: &redis::RedisError) -> Option<String> {
+    let text = error.to_string();
+    let quoted = |text: &str| text.split('\'').nth(1).map(str::to_owned);
+    if error.code() == Some("NOPERM") {
+        let detail = error.detail().unwrap_or(&text);
+        return Some(if detail.contains("command") {
+            let command = quoted(detail).unwrap_or_else(|| detail.to_owned());
+            format!("run the command {} (+{command})", command.to_uppercase())
+        } else if detail.contains("channel") {
+            "use a channel under the prefix (&PREFIX:*)".to_owned()
+        } else if detail.contains("key") {
+            "access a key under the prefix (~PREFIX:*)".to_owned()
+        } else {
+            format!("do this (Redis said: NOPERM {detail})")
+        });
+    }
+    if !text.contains("The user executing the script can't") {
+        return None;
+    }
+    if text.contains("access at least one of the keys") {
+        return Some("access a key under the prefix (~PREFIX:*) from a script".to_owned());
+    }
+    if text.contains("channel") {
+        return Some("publish to a channel under the prefix (&PREFIX:*) from a script".to_owned());
+    }
+    // Redis does not say which command a script was refused: name the script's commands.
+    let script = text
+        .split("script: ")
+        .nth(1)
+        .map(|rest| rest.chars().take(40).collect::<String>())
+        .and_then(|sha| fencelock::lua_scripts().find(|s| s.sha1 == sha));
+    Some(match script {
+        Some(script) => format!(
+            "run one of the commands fencelock's script {} calls: {} (Redis does not say \
+             which; its ACL LOG does)",
+            script.name,
+            script_commands(script.source).join(" ")
+        ),
+        None => "run a command one of fencelock's scripts calls (Redis does not say which; \
+                 its ACL LOG does)"
+            .to_owned(),
+    })
+}
+
+/// The commands a Lua script calls (`redis.call('HSET', ...)`), as `+hset` ACL rules.
+fn script_commands(source: &str) -> Vec<String> {
+    let mut commands: Vec<String> = source
+        .split("call(")
+        .skip(1)
+        .filter_map(|rest| {
+            let rest = rest.trim_start().strip_prefix(['\'', '"'])?;
+            let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+            (!name.is_empty()).then(|| format!("+{}", name.to_lowercase()))
+        })
+        .collect();
+    commands.sort();
+    commands.dedup();
+    commands
+}
+
 /// Prints a one-line error with its causes and returns the exit code for it.
 pub fn fail(error: &Error) -> ExitCode {
+    if let Some(line) = missing_permission(error) {
+        eprintln!("fencelock: {}", secrets::redact(&line));
+        return ExitCode::from(code::UNAVAILABLE);
+    }
     let mut line = error.to_string();
     let mut cause = std::error::Error::source(error);
     while let Some(err) = cause {
@@ -221,7 +444,7 @@ pub fn fail(error: &Error) -> ExitCode {
         }
         cause = err.source();
     }
-    eprintln!("fencelock: {line}");
+    eprintln!("fencelock: {}", secrets::redact(&line));
     ExitCode::from(match error {
         Error::Busy { .. } | Error::Timeout { .. } => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
@@ -236,6 +459,97 @@ pub fn fail(error: &Error) -> ExitCode {
     })
 }
 
+/// Runs `work` on a current-thread runtime (69 when none can be built).
+fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(work),
+        Err(err) => {
+            eprintln!("fencelock: cannot start the async runtime: {err}");
+            ExitCode::from(code::UNAVAILABLE)
+        }
+    }
+}
+
+/// Prints `value` as one line of JSON.
+pub fn print_json(value: &impl Serialize) -> ExitCode {
+    match serde_json::to_string(value) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("fencelock: cannot write JSON: {err}");
+            ExitCode::from(code::UNAVAILABLE)
+        }
+    }
+}
+
+/// `slot --json`.
+#[derive(Serialize)]
+struct SlotJson<'a> {
+    name: &'a str,
+    slot: u16,
+    key: &'a str,
+}
+
+/// Parses the command line; `Err` carries the exit code after printing help, the version or a
+/// usage error.
+fn parse() -> Result<Cli, ExitCode> {
+    let parsed = cli_command()
+        .try_get_matches()
+        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    match parsed {
+        Ok(cli) => Ok(cli),
+        Err(err) if !err.use_stderr() => {
+            let _ = err.print();
+            Err(ExitCode::SUCCESS)
+        }
+        Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
+            // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
+            let text = err.render().to_string();
+            let line = text.lines().next().unwrap_or_default();
+            eprintln!(
+                "fencelock: {}",
+                secrets::redact(line.trim_start_matches("error: "))
+            );
+            Err(ExitCode::from(code::USAGE))
+        }
+        Err(err) => {
+            let _ = err.print();
+            Err(ExitCode::from(code::USAGE))
+        }
+    }
+}
+
+/// With -vv (debug), -vvv (trace) or `RUST_LOG` (its filter), prints the library's `tracing`
+/// events on stderr, passwords redacted.
+fn init_tracing(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => EnvFilter::try_new(spec),
+        _ => match verbose {
+            0 | 1 => return,
+            2 => EnvFilter::try_new("fencelock=debug"),
+            _ => EnvFilter::try_new("fencelock=trace"),
+        },
+    };
+    let filter = match filter {
+        Ok(filter) => filter,
+        Err(err) => {
+            eprintln!("fencelock: RUST_LOG is not a usable filter ({err}): no events shown");
+            return;
+        }
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| secrets::RedactingStderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() -> ExitCode {
     if std::env::args_os()
         .nth(1)
@@ -243,23 +557,9 @@ fn main() -> ExitCode {
     {
         return group::guardian_main();
     }
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
-        Err(err) if !err.use_stderr() => {
-            let _ = err.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
-            // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
-            let text = err.render().to_string();
-            let line = text.lines().next().unwrap_or_default();
-            eprintln!("fencelock: {}", line.trim_start_matches("error: "));
-            return ExitCode::from(code::USAGE);
-        }
-        Err(err) => {
-            let _ = err.print();
-            return ExitCode::from(code::USAGE);
-        }
+        Err(code) => return code,
     };
     if cli.quorum && !matches!(cli.command, Command::Exec(_)) {
         eprintln!("fencelock: --quorum applies to exec only: run other commands per deployment");
@@ -275,17 +575,25 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
+    let credentials = match Credentials::read(&cli) {
+        Ok(credentials) => credentials,
+        Err(message) => {
+            eprintln!("fencelock: {message}");
+            return ExitCode::from(code::USAGE);
+        }
+    };
+    init_tracing(cli.verbose);
     match cli.command {
         Command::Completions { shell } => {
-            use clap::CommandFactory;
             clap_complete::generate(
                 shell,
-                &mut Cli::command(),
+                &mut cli_command(),
                 "fencelock",
                 &mut std::io::stdout(),
             );
             ExitCode::SUCCESS
         }
+        Command::Man { dir } => man(dir),
         Command::Script { sha, name } => match fencelock::lua_scripts().find(|s| s.name == name) {
             Some(script) => {
                 println!("{}", if sha { script.sha1 } else { script.source });
@@ -300,82 +608,86 @@ fn main() -> ExitCode {
                 ExitCode::from(code::USAGE)
             }
         },
-        Command::Slot { name, placement } => {
-            match LockKeys::new(&cli.prefix, &name, &placement.placement()) {
-                Ok(keys) => {
-                    println!("slot {}", keys.slot());
-                    println!("lock {}", keys.lock_key());
-                    ExitCode::SUCCESS
-                }
-                Err(err) => fail(&err),
+        Command::Slot {
+            name,
+            placement,
+            json,
+        } => match LockKeys::new(&cli.prefix, &name, &placement.placement()) {
+            Ok(keys) if json => print_json(&SlotJson {
+                name: &name,
+                slot: keys.slot(),
+                key: keys.lock_key(),
+            }),
+            Ok(keys) => {
+                println!("slot {}", keys.slot());
+                println!("lock {}", keys.lock_key());
+                ExitCode::SUCCESS
             }
-        }
-        Command::Exec(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    eprintln!("fencelock: cannot start the async runtime: {err}");
-                    return ExitCode::from(code::UNAVAILABLE);
-                }
-            };
+            Err(err) => fail(&err),
+        },
+        Command::Exec(mut args) => {
+            args.verbose = cli.verbose > 0;
+            args.quiet = cli.quiet;
             let target = if cli.quorum {
                 exec::Target::Quorum(
                     cli.urls
                         .into_iter()
-                        .map(|url| client_builder(vec![url], cli.prefix.clone(), cli.tls.clone()))
+                        .map(|url| {
+                            client_builder(
+                                vec![url],
+                                cli.prefix.clone(),
+                                cli.tls.clone(),
+                                &credentials,
+                            )
+                        })
                         .collect(),
                 )
             } else {
-                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls))
+                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls, &credentials))
             };
-            runtime.block_on(exec::run(target, args))
+            block_on(exec::run(target, args))
         }
         Command::Latch(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    eprintln!("fencelock: cannot start the async runtime: {err}");
-                    return ExitCode::from(code::UNAVAILABLE);
-                }
-            };
-            let client = client_builder(cli.urls, cli.prefix, cli.tls);
-            runtime.block_on(latch::run(client, args))
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(latch::run(client, args))
         }
-        Command::Status(_) | Command::Unlock(_) | Command::List(_) | Command::Top(_) => {
-            run_ops(cli)
+        Command::Status(args) => {
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(ops::status(client, args))
+        }
+        Command::Unlock(args) => {
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(ops::unlock(client, args))
+        }
+        Command::List(args) => {
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(ops::list(client, args))
+        }
+        Command::Top(args) => {
+            let prefix = cli.prefix.clone();
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(ops::top(client, prefix, args))
         }
     }
 }
 
-/// Runs `status`, `unlock`, `list` or `top` on a current-thread runtime.
-fn run_ops(cli: Cli) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("fencelock: cannot start the async runtime: {err}");
-            return ExitCode::from(code::UNAVAILABLE);
+/// `fencelock man [--dir DIR]`.
+fn man(dir: Option<PathBuf>) -> ExitCode {
+    let command = cli_command();
+    let written = match &dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(command, dir))
         }
+        None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
     };
-    let prefix = cli.prefix.clone();
-    let client = client_builder(cli.urls, cli.prefix, cli.tls);
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Status(args) => ops::status(client, args).await,
-            Command::Unlock(args) => ops::unlock(client, args).await,
-            Command::List(args) => ops::list(client, args).await,
-            Command::Top(args) => ops::top(client, prefix, args).await,
-            _ => ExitCode::from(code::USAGE),
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            let place = dir.map_or("stdout".to_owned(), |d| d.display().to_string());
+            eprintln!("fencelock: cannot write the man page to {place}: {err}");
+            ExitCode::from(code::UNAVAILABLE)
         }
-    })
+    }
 }
 
 /// clap value parser for durations.

@@ -3,19 +3,21 @@
 //! `status` and `unlock --force` print one line (or with `--json` one JSON object) and exit 0
 //! whether the primitive was held or not; `list` prints one line (or one JSON array) for every
 //! primitive key under the prefix, scanning every master with a bound; `top` redraws a table
-//! of them every second until `q` or Ctrl-C. Exit 64 for bad input, 69 when Redis cannot be
-//! reached.
+//! of them every second until `q` or Ctrl-C (`--once`, or a stdout that is not a terminal:
+//! one plain frame, or `--json` one document). Exit 64 for bad input, 69 when Redis cannot be
+//! reached. The JSON fields are documented in `docs/cli-json.md`.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use fencelock::{Client, ClientBuilder, Inspection, Kind, LockList};
-use serde_json::{json, Value};
+use serde::Serialize;
+use unicode_width::UnicodeWidthChar;
 
-use crate::{code, duration_arg, fail, PlacementArgs};
+use crate::{code, duration_arg, fail, print_json, secrets, PlacementArgs};
 
 /// Which primitive of a name: the mutex unless one of these is given.
 #[derive(Args, Debug)]
@@ -79,7 +81,8 @@ pub struct UnlockArgs {
     kind: KindArgs,
     #[command(flatten)]
     placement: PlacementArgs,
-    /// Print what was freed as one JSON object (the fields of `status --json`).
+    /// Print one JSON object: the state before (the fields of `status --json`) and `freed`
+    /// (true when something was held, or a latch armed, and is now free or open).
     #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
     json: bool,
     /// Lock name.
@@ -117,27 +120,22 @@ pub struct TopArgs {
         value_name = "N"
     )]
     max_keys: u64,
+    /// Print one frame as plain text (no terminal codes) and exit 0; what top does when stdout
+    /// is not a terminal.
+    #[arg(long)]
+    once: bool,
+    /// With --once (implied): print the frame as one JSON document (prefix, scanned,
+    /// truncated, locks: the fields of `status --json` plus state and grants_per_second).
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    json: bool,
 }
 
-/// An inspection as the JSON object of `status --json`.
-pub fn to_json(found: &Inspection) -> Value {
-    json!({
-        "name": found.name,
-        "kind": found.kind.as_str(),
-        "key": found.key,
-        "slot": found.slot,
-        "held": found.held,
-        "fence": found.fence.map(u64::from),
-        "lease_ms": found.lease_left.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        "holds": found.holds,
-        "waiters": found.waiters,
-        "readers": found.readers,
-        "permits_in_use": found.permits_in_use,
-        "permit_limit": found.permit_limit,
-        "latch_count": found.latch_count,
-        "latch_generation": found.latch_generation.map(u64::from),
-        "latch_opened": found.latch_opened.map(u64::from),
-    })
+/// What `unlock --force --json` prints: the state before, and whether it was freed.
+#[derive(Serialize)]
+struct Unlocked<'a> {
+    #[serde(flatten)]
+    before: &'a Inspection,
+    freed: bool,
 }
 
 async fn connect(builder: ClientBuilder) -> Result<Client, ExitCode> {
@@ -155,10 +153,7 @@ pub async fn status(builder: ClientBuilder, args: StatusArgs) -> ExitCode {
         .inspect_at(args.kind.kind(), &args.name, &placement)
         .await
     {
-        Ok(found) if args.json => {
-            println!("{}", to_json(&found));
-            ExitCode::SUCCESS
-        }
+        Ok(found) if args.json => print_json(&found),
         Ok(found) => {
             println!("{found}");
             ExitCode::SUCCESS
@@ -185,10 +180,10 @@ pub async fn unlock(builder: ClientBuilder, args: UnlockArgs) -> ExitCode {
         .force_unlock_at(args.kind.kind(), &args.name, &placement)
         .await
     {
-        Ok(found) if args.json => {
-            println!("{}", to_json(&found));
-            ExitCode::SUCCESS
-        }
+        Ok(found) if args.json => print_json(&Unlocked {
+            freed: found.held,
+            before: &found,
+        }),
         Ok(found) if found.held => {
             let verb = if found.kind == Kind::Latch {
                 "opened"
@@ -224,8 +219,10 @@ pub async fn list(builder: ClientBuilder, args: ListArgs) -> ExitCode {
     match client.list_locks(args.max_keys).await {
         Ok(list) => {
             if args.json {
-                let all: Vec<Value> = list.locks.iter().map(to_json).collect();
-                println!("{}", Value::Array(all));
+                let printed = print_json(&list.locks);
+                if printed != ExitCode::SUCCESS {
+                    return printed;
+                }
             } else {
                 for found in &list.locks {
                     println!("{found}");
@@ -270,11 +267,54 @@ fn grants_per_second(before: Option<(u64, Instant)>, fence: Option<u64>, now: In
     }
 }
 
+/// `text` cut or padded with spaces to `width` terminal columns (wide characters count two).
 fn cell(text: &str, width: usize) -> String {
-    let mut out: String = text.chars().take(width).collect();
-    let len = out.chars().count();
-    out.extend(std::iter::repeat_n(' ', width - len));
+    let mut out = String::new();
+    let mut used = 0;
+    for c in text.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > width {
+            break;
+        }
+        out.push(c);
+        used += w;
+    }
+    out.extend(std::iter::repeat_n(' ', width - used));
     out
+}
+
+/// How wide `text` is on a terminal.
+fn columns(text: &str) -> usize {
+    text.chars().map(|c| c.width().unwrap_or(0)).sum()
+}
+
+/// A lock's state word: held/free, or armed/open for a latch.
+fn state(found: &Inspection) -> &'static str {
+    match (found.kind, found.held) {
+        (Kind::Latch, true) => "armed",
+        (Kind::Latch, false) => "open",
+        (_, true) => "held",
+        (_, false) => "free",
+    }
+}
+
+/// The columns after NAME, with their widths (the last is not padded).
+const COLUMNS: [(&str, usize); 6] = [
+    ("KIND", 9),
+    ("STATE", 6),
+    ("LEASE", 8),
+    ("FENCE", 17),
+    ("WAITERS", 7),
+    ("GRANTS/S", 8),
+];
+
+/// How a frame is drawn: live on a terminal of some width, or once as plain text.
+#[derive(Clone, Copy)]
+enum Screen {
+    /// The live view: lines end in `\r\n` (raw mode), NAME fills the width left.
+    Live { width: u16 },
+    /// `--once`: lines end in `\n`, NAME as wide as the widest name.
+    Once,
 }
 
 /// One frame of `top`: the table of `list`, with grants per second from `last` (updated).
@@ -283,30 +323,52 @@ fn frame(
     list: &LockList,
     last: &mut HashMap<String, (u64, Instant)>,
     interval: Duration,
+    screen: Screen,
 ) -> String {
     let now = Instant::now();
-    let mut out = String::from("\x1b[H\x1b[2J");
-    out.push_str(&format!(
-        "fencelock top   prefix {prefix}   {} locks   every {:?}   q or Ctrl-C quits\r\n",
-        list.locks.len(),
-        interval
-    ));
+    let (newline, name_width) = match screen {
+        Screen::Live { width } => {
+            let rest: usize = COLUMNS.iter().map(|(_, w)| w + 1).sum();
+            (
+                "\r\n",
+                usize::from(width).saturating_sub(rest).clamp(16, 64),
+            )
+        }
+        Screen::Once => (
+            "\n",
+            list.locks
+                .iter()
+                .map(|found| columns(&found.name))
+                .max()
+                .unwrap_or(0)
+                .max(4),
+        ),
+    };
+    let mut out = format!(
+        "fencelock top   prefix {prefix}   {} locks",
+        list.locks.len()
+    );
+    if matches!(screen, Screen::Live { .. }) {
+        out.push_str(&format!(
+            "   every {}   q or Ctrl-C quits",
+            humantime::format_duration(interval)
+        ));
+    }
+    out.push_str(newline);
     if list.truncated {
         out.push_str(&format!(
-            "(stopped after scanning about {} keys: --max-keys)\r\n",
+            "(stopped after scanning about {} keys: --max-keys){newline}",
             list.scanned
         ));
     }
-    out.push_str(&format!(
-        "\r\n{} {} {} {} {} {} {}\r\n",
-        cell("NAME", 32),
-        cell("KIND", 9),
-        cell("STATE", 6),
-        cell("LEASE", 8),
-        cell("FENCE", 17),
-        cell("WAITERS", 7),
-        "GRANTS/S"
-    ));
+    out.push_str(newline);
+    let mut header = cell("NAME", name_width);
+    for (title, width) in COLUMNS {
+        header.push(' ');
+        header.push_str(&cell(title, width));
+    }
+    out.push_str(header.trim_end());
+    out.push_str(newline);
     let mut seen = HashMap::new();
     for found in &list.locks {
         let fence = found.fence.map(u64::from);
@@ -314,91 +376,149 @@ fn frame(
         if let Some(fence) = fence {
             seen.insert(found.key.clone(), (fence, now));
         }
-        let state = match (found.kind, found.held) {
-            (Kind::Latch, true) => "armed",
-            (Kind::Latch, false) => "open",
-            (_, true) => "held",
-            (_, false) => "free",
-        };
         let lease = found
             .lease_left
             .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
         let waiters = found.waiters.map_or("-".into(), |n| n.to_string());
-        out.push_str(&format!(
-            "{} {} {} {} {} {} {}\r\n",
-            cell(&found.name, 32),
-            cell(found.kind.as_str(), 9),
-            cell(state, 6),
-            cell(&lease, 8),
-            cell(&fence.map_or("-".into(), |f| f.to_string()), 17),
-            cell(&waiters, 7),
-            rate
-        ));
+        let fence = fence.map_or("-".into(), |f| f.to_string());
+        let values = [
+            found.kind.as_str(),
+            state(found),
+            &lease,
+            &fence,
+            &waiters,
+            &rate,
+        ];
+        let mut line = cell(&found.name, name_width);
+        for ((_, width), value) in COLUMNS.iter().zip(values) {
+            line.push(' ');
+            line.push_str(&cell(value, *width));
+        }
+        out.push_str(line.trim_end());
+        out.push_str(newline);
     }
     *last = seen;
     out
 }
 
-/// The terminal's settings while `top` runs: no line buffering or echo, so `q` arrives at
-/// once; restored on drop. Signals (Ctrl-C) stay on.
-struct RawInput {
-    saved: Option<libc::termios>,
+/// One row of `top --once --json`: the fields of `status --json`, the state word and the rate
+/// (`null`: one frame has no earlier one to compare with).
+#[derive(Serialize)]
+struct TopRow<'a> {
+    #[serde(flatten)]
+    lock: &'a Inspection,
+    state: &'static str,
+    grants_per_second: Option<f64>,
 }
 
-impl RawInput {
-    fn enable() -> Self {
-        // SAFETY: tcgetattr/tcsetattr on fd 0 with a termios the kernel filled in.
-        unsafe {
-            if libc::isatty(0) != 1 {
-                return Self { saved: None };
-            }
-            let mut saved: libc::termios = std::mem::zeroed();
-            if libc::tcgetattr(0, &mut saved) != 0 {
-                return Self { saved: None };
-            }
-            let mut raw = saved;
-            raw.c_lflag &= !(libc::ICANON | libc::ECHO);
-            raw.c_cc[libc::VMIN] = 1;
-            raw.c_cc[libc::VTIME] = 0;
-            libc::tcsetattr(0, libc::TCSANOW, &raw);
-            Self { saved: Some(saved) }
-        }
+/// `top --once --json`.
+#[derive(Serialize)]
+struct TopDocument<'a> {
+    prefix: &'a str,
+    scanned: u64,
+    truncated: bool,
+    locks: Vec<TopRow<'a>>,
+}
+
+/// The terminal while the live `top` runs: raw mode (keys arrive at once, unechoed), the
+/// alternate screen, no cursor; restored on drop.
+struct LiveTerminal {
+    raw: bool,
+}
+
+impl LiveTerminal {
+    fn enter() -> Self {
+        let raw = crossterm::terminal::enable_raw_mode().is_ok();
+        let _ = crossterm::execute!(
+            std::io::stdout(),
+            crossterm::terminal::EnterAlternateScreen,
+            crossterm::cursor::Hide
+        );
+        Self { raw }
+    }
+
+    fn draw(&self, text: &str) {
+        use crossterm::{cursor::MoveTo, queue, style::Print, terminal};
+        let mut stdout = std::io::stdout();
+        let _ = queue!(
+            stdout,
+            MoveTo(0, 0),
+            terminal::Clear(terminal::ClearType::All),
+            Print(text)
+        );
+        let _ = stdout.flush();
     }
 }
 
-impl Drop for RawInput {
+impl Drop for LiveTerminal {
     fn drop(&mut self) {
-        if let Some(saved) = self.saved {
-            // SAFETY: restores the settings read in `enable`.
-            unsafe {
-                libc::tcsetattr(0, libc::TCSANOW, &saved);
-            }
+        let _ = crossterm::execute!(
+            std::io::stdout(),
+            crossterm::cursor::Show,
+            crossterm::terminal::LeaveAlternateScreen
+        );
+        if self.raw {
+            let _ = crossterm::terminal::disable_raw_mode();
         }
     }
 }
 
-/// Runs `fencelock top` until `q`, end of input on a terminal, Ctrl-C (SIGINT) or SIGTERM;
-/// exits 0.
+/// Whether `event` asks `top` to quit: q, Q, Esc or Ctrl-C (raw mode delivers it as a key).
+fn is_quit(event: &crossterm::event::Event) -> bool {
+    use crossterm::event::{Event, KeyCode, KeyEventKind, KeyModifiers};
+    let Event::Key(key) = event else {
+        return false;
+    };
+    key.kind != KeyEventKind::Release
+        && match key.code {
+            KeyCode::Char('q' | 'Q') | KeyCode::Esc => true,
+            KeyCode::Char('c' | 'C') => key.modifiers.contains(KeyModifiers::CONTROL),
+            _ => false,
+        }
+}
+
+/// `top --once`: one frame on stdout, plain or JSON.
+async fn top_once(client: &Client, prefix: &str, args: &TopArgs) -> ExitCode {
+    let list = match client.list_locks(args.max_keys).await {
+        Ok(list) => list,
+        Err(err) => return fail(&err),
+    };
+    if args.json {
+        return print_json(&TopDocument {
+            prefix,
+            scanned: list.scanned,
+            truncated: list.truncated,
+            locks: list
+                .locks
+                .iter()
+                .map(|lock| TopRow {
+                    lock,
+                    state: state(lock),
+                    grants_per_second: None,
+                })
+                .collect(),
+        });
+    }
+    let text = frame(
+        prefix,
+        &list,
+        &mut HashMap::new(),
+        args.interval,
+        Screen::Once,
+    );
+    print!("{text}");
+    ExitCode::SUCCESS
+}
+
+/// Runs `fencelock top` until `q`, Esc, Ctrl-C, SIGINT or SIGTERM, and exits 0; with `--once`,
+/// `--json` or a stdout that is not a terminal, prints one frame and exits 0.
 pub async fn top(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitCode {
     let client = match connect(builder).await {
         Ok(client) => client,
         Err(code) => return code,
     };
-    let raw = RawInput::enable();
-    let (quit_tx, mut quit) = tokio::sync::mpsc::unbounded_channel::<()>();
-    if raw.saved.is_some() {
-        // A thread, not a task: a blocking read of the terminal, ended with the process.
-        std::thread::spawn(move || {
-            let mut byte = [0u8; 1];
-            loop {
-                // SAFETY: reads one byte into a buffer of one byte.
-                let n = unsafe { libc::read(0, byte.as_mut_ptr().cast(), 1) };
-                if n <= 0 || byte[0] == b'q' || byte[0] == b'Q' {
-                    let _ = quit_tx.send(());
-                    return;
-                }
-            }
-        });
+    if args.once || args.json || !std::io::stdout().is_terminal() {
+        return top_once(&client, &prefix, &args).await;
     }
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut interrupt), Ok(mut terminate)) = (
@@ -408,25 +528,47 @@ pub async fn top(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitC
         eprintln!("fencelock: cannot listen for signals");
         return ExitCode::from(code::UNAVAILABLE);
     };
+    let terminal = LiveTerminal::enter();
+    let (quit_tx, mut quit) = tokio::sync::mpsc::unbounded_channel::<()>();
+    if terminal.raw {
+        // A thread, not a task: a blocking read of the terminal, ended with the process.
+        std::thread::spawn(move || loop {
+            match crossterm::event::read() {
+                Ok(event) if is_quit(&event) => {
+                    let _ = quit_tx.send(());
+                    return;
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = quit_tx.send(());
+                    return;
+                }
+            }
+        });
+    }
     let mut last = HashMap::new();
-    let mut stdout = std::io::stdout();
-    let outcome = loop {
+    loop {
+        let width = crossterm::terminal::size().map_or(120, |(width, _)| width);
         let text = match client.list_locks(args.max_keys).await {
-            Ok(list) => frame(&prefix, &list, &mut last, args.interval),
-            Err(err) => format!("\x1b[H\x1b[2Jfencelock top: {err}\r\n(retrying)\r\n"),
+            Ok(list) => frame(
+                &prefix,
+                &list,
+                &mut last,
+                args.interval,
+                Screen::Live { width },
+            ),
+            Err(err) => secrets::redact(&format!("fencelock top: {err}\r\n(retrying)\r\n")),
         };
-        let _ = stdout.write_all(text.as_bytes());
-        let _ = stdout.flush();
+        terminal.draw(&text);
         tokio::select! {
             () = tokio::time::sleep(args.interval) => {}
-            _ = quit.recv() => break ExitCode::SUCCESS,
-            _ = interrupt.recv() => break ExitCode::SUCCESS,
-            _ = terminate.recv() => break ExitCode::SUCCESS,
+            _ = quit.recv() => break,
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
         }
-    };
-    drop(raw);
-    let _ = stdout.write_all(b"\r\n");
-    outcome
+    }
+    drop(terminal);
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]
@@ -460,5 +602,8 @@ mod tests {
         );
         assert_eq!(cell("abcdef", 3), "abc");
         assert_eq!(cell("ab", 3), "ab ");
+        // Wide characters take two columns: padded and cut by columns, not chars.
+        assert_eq!(cell("日本", 5), "日本 ");
+        assert_eq!(cell("日本語", 5), "日本 ");
     }
 }
