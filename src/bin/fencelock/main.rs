@@ -253,9 +253,16 @@ struct Credentials {
 impl Credentials {
     /// The credentials of the global options: the password from `--password-file`, else from
     /// `FENCELOCK_PASSWORD`. Every password known (the URLs' too) is registered for redaction.
-    fn read(cli: &Cli) -> Result<Self, String> {
+    /// A command that does not `connect` reads no file.
+    fn read(cli: &Cli, connect: bool) -> Result<Self, String> {
         for url in &cli.urls {
             secrets::remember_url(url);
+        }
+        if let Ok(password) = std::env::var("FENCELOCK_PASSWORD") {
+            secrets::remember(&password);
+        }
+        if !connect {
+            return Ok(Self::default());
         }
         let password = match &cli.password_file {
             Some(path) => {
@@ -575,7 +582,14 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    let credentials = match Credentials::read(&cli) {
+    let connects = !matches!(
+        cli.command,
+        Command::Completions { .. }
+            | Command::Man { .. }
+            | Command::Script { .. }
+            | Command::Slot { .. }
+    );
+    let credentials = match Credentials::read(&cli, connects) {
         Ok(credentials) => credentials,
         Err(message) => {
             eprintln!("fencelock: {message}");
