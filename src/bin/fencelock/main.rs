@@ -390,6 +390,14 @@ fn acl_refusal(error: &redis::RedisError) -> Option<String> {
             format!("do this (Redis said: NOPERM {detail})")
         });
     }
+    if text.contains("cannot read cluster_my_epoch from CLUSTER INFO") {
+        // The fence rule calls CLUSTER INFO under pcall and reports this instead of NOPERM.
+        return Some(
+            "run CLUSTER INFO from a script (+cluster|info: the epoch and epoch-clock fence \
+             modes read the master's config epoch)"
+                .to_owned(),
+        );
+    }
     if !text.contains("The user executing the script can't") {
         return None;
     }
