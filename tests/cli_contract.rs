@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use common::{wait_until, Standalone};
+use common::{wait_until, Cluster, Node, Standalone};
 use fencelock::{Client, LockOptions};
 use serde_json::Value;
 
@@ -509,14 +509,18 @@ fn readme_acl_rules(user: &str) -> Vec<String> {
         .collect()
 }
 
-/// `ACL SETUSER user reset rules...` on `server`.
-fn set_user(server: &Standalone, user: &str, rules: &[String]) {
+/// `ACL SETUSER user reset rules...` on `node`.
+fn set_user_on(node: &Node, user: &str, rules: &[String]) {
     let mut command = redis::cmd("ACL");
     command.arg("SETUSER").arg(user).arg("reset");
     for rule in rules {
         command.arg(rule);
     }
-    let _: () = server.node.cmd(&mut command);
+    let _: () = node.cmd(&mut command);
+}
+
+fn set_user(server: &Standalone, user: &str, rules: &[String]) {
+    set_user_on(&server.node, user, rules);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -706,4 +710,70 @@ async fn acl_the_readme_rules_are_enough_and_a_missing_permission_is_named() {
         assert!(!text.contains(PASSWORD));
         set_user(&server, user, rules);
     }
+}
+
+#[test]
+fn acl_the_readme_rules_are_enough_on_a_cluster() {
+    let cluster = Cluster::start();
+    let url = cluster.urls()[0].clone();
+    let locks = readme_acl_rules("fencelock-locks");
+    let ops = readme_acl_rules("fencelock-ops");
+    for node in &cluster.nodes {
+        set_user_on(node, "fencelock-locks", &locks);
+        set_user_on(node, "fencelock-ops", &ops);
+    }
+    let as_user = |user: &str, args: &[&str]| {
+        let output = run(fencelock()
+            .env("FENCELOCK_PASSWORD", PASSWORD)
+            .args(["--url", &url, "--user", user])
+            .args(args));
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{user} {args:?}: {}",
+            stderr(&output)
+        );
+        stdout(&output)
+    };
+    as_user("fencelock-locks", &["exec", "job", "--", "true"]);
+    as_user(
+        "fencelock-locks",
+        &["exec", "--fair", "a", "b", "--", "true"],
+    );
+    as_user(
+        "fencelock-locks",
+        &["exec", "--permits", "2", "pool", "--", "true"],
+    );
+    as_user("fencelock-locks", &["latch", "set", "gate", "1"]);
+    assert!(as_user("fencelock-ops", &["list"]).contains("job mutex free"));
+    as_user("fencelock-ops", &["top", "--once"]);
+    as_user("fencelock-ops", &["status", "--fair", "a"]);
+    as_user("fencelock-ops", &["unlock", "--force", "--latch", "gate"]);
+
+    // Without +cluster|info the fence rule cannot read the epoch: named.
+    let fewer: Vec<String> = locks
+        .iter()
+        .filter(|r| *r != "+cluster|info")
+        .cloned()
+        .collect();
+    assert_eq!(fewer.len() + 1, locks.len());
+    for node in &cluster.nodes {
+        set_user_on(node, "fencelock-locks", &fewer);
+    }
+    let output = run(fencelock().env("FENCELOCK_PASSWORD", PASSWORD).args([
+        "--url",
+        &url,
+        "--user",
+        "fencelock-locks",
+        "exec",
+        "job",
+        "--",
+        "true",
+    ]));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("may not run CLUSTER INFO from a script (+cluster|info"),
+        "{}",
+        stderr(&output)
+    );
 }
