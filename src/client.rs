@@ -235,7 +235,9 @@ impl ClientBuilder {
     }
 
     /// Authenticates as `username` (a Redis ACL user) on every connection, instead of the user
-    /// in the URLs (or `default`). Pair it with [`password`](Self::password).
+    /// in the URLs (or `default`). Pair it with [`password`](Self::password); without any
+    /// password (here or in the URLs) it authenticates with an empty one, which only a
+    /// `nopass` user accepts, rather than connecting as `default`.
     ///
     /// # Examples
     ///

@@ -145,6 +145,10 @@ impl Seeds {
                     }
                     if let Some(password) = password {
                         settings = settings.set_password(password);
+                    } else if username.is_some() && settings.password().is_none() {
+                        // redis-rs authenticates only with a password: without one the
+                        // connection would silently be the `default` user's.
+                        settings = settings.set_password("");
                     }
                     info.set_redis_settings(settings)
                 })

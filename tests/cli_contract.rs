@@ -608,6 +608,21 @@ async fn acl_the_readme_rules_are_enough_and_a_missing_permission_is_named() {
     let holder = holder.wait_with_output().unwrap();
     assert_eq!(holder.status.code(), Some(0), "{}", stderr(&holder));
 
+    // --user without a password is refused, not quietly the default user.
+    let output = run(fencelock().args(["--url", &url, "--user", "fencelock-ops", "status", "job"]));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("authentication failed"),
+        "{}",
+        stderr(&output)
+    );
+    // -q: no note about the random id of a count-down.
+    let output = as_user("fencelock-locks", &["-q", "latch", "count-down", "gate"]);
+    assert_eq!(
+        (stdout(&output).trim(), stderr(&output).as_str()),
+        ("0", "")
+    );
+
     // The operator: status, list, top --once, unlock --force, on a held lock.
     let client = Client::connect([url.clone()]).await.unwrap();
     let guard = client.lock("job", &options()).await.unwrap();

@@ -26,6 +26,9 @@ pub struct LatchArgs {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     json: bool,
+    /// The global -q: no note on stderr about the random id `count-down` chose.
+    #[arg(skip)]
+    pub quiet: bool,
     #[command(subcommand)]
     command: LatchCommand,
 }
@@ -101,7 +104,11 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
         LatchCommand::CountDown { name, id } => {
             let id = id.unwrap_or_else(|| {
                 let id = uuid::Uuid::new_v4().simple().to_string();
-                eprintln!("fencelock: counting down as id {id} (pass --id to make retries safe)");
+                if !args.quiet {
+                    eprintln!(
+                        "fencelock: counting down as id {id} (pass --id to make retries safe)"
+                    );
+                }
                 id
             });
             match client.latch(&name) {

@@ -68,8 +68,8 @@ struct Cli {
     )]
     verbose: u8,
 
-    /// Say nothing on stderr but errors (exec does not say what it waits for, even on a
-    /// terminal).
+    /// No notes on stderr, only errors and warnings: exec does not say what it waits for (even
+    /// on a terminal), latch count-down not which random id it chose.
     #[arg(
         short,
         long,
@@ -669,7 +669,8 @@ fn main() -> ExitCode {
             };
             block_on(exec::run(target, args))
         }
-        Command::Latch(args) => {
+        Command::Latch(mut args) => {
+            args.quiet = cli.quiet;
             let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
             block_on(latch::run(client, args))
         }
