@@ -2,7 +2,9 @@
 //!
 //! `set NAME COUNT` prints the new generation; `count-down NAME [--id ID]` prints the count
 //! still outstanding; `wait NAME [--timeout D]` prints the generation that opened and exits 0,
-//! or exits 75 when the latch did not open in time. 64 bad input, 69 Redis unreachable.
+//! or exits 75 when the latch did not open in time; a signal while it waits ends it with 128 +
+//! the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP). 64 bad input, 69 Redis
+//! unreachable.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use fencelock::ClientBuilder;
 
+use crate::signals::Signals;
 use crate::{duration_arg, fail};
 
 /// Arguments of `fencelock latch`.
@@ -52,6 +55,9 @@ enum LatchCommand {
 
 /// Runs `fencelock latch ...`.
 pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
+    if let LatchCommand::Wait { name, timeout } = &args.command {
+        return wait(builder, name, *timeout).await;
+    }
     let client = match builder.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),
@@ -72,10 +78,7 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
                 Err(err) => Err(err),
             }
         }
-        LatchCommand::Wait { name, timeout } => match client.latch(&name) {
-            Ok(latch) => latch.wait(timeout).await.map(|g| g.to_string()),
-            Err(err) => Err(err),
-        },
+        LatchCommand::Wait { .. } => return ExitCode::from(crate::code::USAGE),
     };
     match outcome {
         Ok(line) => {
@@ -83,5 +86,34 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => fail(&err),
+    }
+}
+
+/// `latch wait`: SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught before it connects and end
+/// the wait (its subscription is dropped; a latch wait holds nothing) with 128 + the signal's
+/// number.
+async fn wait(builder: ClientBuilder, name: &str, timeout: Duration) -> ExitCode {
+    let mut signals = Signals::install();
+    let waited = signals
+        .interruptible(async {
+            let client = builder.connect().await?;
+            let outcome = client.latch(name)?.wait(timeout).await;
+            let _ = client.shutdown().await;
+            outcome
+        })
+        .await;
+    match waited {
+        Ok(Ok(generation)) => {
+            println!("{generation}");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(err)) => fail(&err),
+        Err(received) => {
+            eprintln!(
+                "fencelock: latch wait stopped by {} while waiting for latch {name:?}",
+                received.name
+            );
+            received.exit_code()
+        }
     }
 }

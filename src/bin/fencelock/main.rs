@@ -10,17 +10,21 @@
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
 //! 70 also when the release finds that the lock was lost before the command finished.
 
+mod argv;
 mod duration;
 mod exec;
 mod group;
+mod hold;
 mod latch;
 mod ops;
+mod signals;
+mod wait;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use fencelock::{Client, ClientBuilder, Error, LockKeys, Placement};
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
@@ -49,14 +53,14 @@ struct Cli {
     #[command(flatten)]
     tls: TlsArgs,
 
-    /// exec only: each --url is a separate deployment (a standalone server, or one seed node of
+    /// exec and hold only: each --url is a separate deployment (a standalone server, or one seed node of
     /// a cluster), and NAME is a quorum lock over them, granted by a majority (an odd number of
     /// at least 3 deployments).
     #[arg(
         long,
         global = true,
         env = "FENCELOCK_QUORUM",
-        value_parser = clap::builder::FalseyValueParser::new()
+        value_parser = switch_arg
     )]
     quorum: bool,
 
@@ -84,7 +88,15 @@ enum Command {
     /// several NAMEs: all those mutexes as one multi-lock); CMD gets FENCELOCK_TOKEN and
     /// FENCELOCK_NAME (space-separated for several names, in the order given; and
     /// FENCELOCK_PERMIT) and runs in its own process group, which dies with fencelock.
+    #[command(
+        override_usage = "fencelock exec [OPTIONS] NAME CMD [ARGS]...\n       fencelock exec \
+                          [OPTIONS] NAME... -- CMD [ARGS]..."
+    )]
     Exec(exec::ExecArgs),
+    /// Take lock NAME (kinds and options as for exec), print its token on stdout as soon as it
+    /// is held, keep it (watchdog on) until SIGINT, SIGTERM or SIGHUP, release it, exit 0; 70
+    /// if it was lost while held, 75 if not acquired within --timeout.
+    Hold(hold::HoldArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
     /// renew, fenced_set, semaphore_acquire, ...), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
     /// it; the text without its final newline has the SHA1 fencelock sends with EVALSHA.
@@ -243,11 +255,17 @@ fn main() -> ExitCode {
     {
         return group::guardian_main();
     }
-    let cli = match Cli::try_parse() {
+    let argv = argv::command_after_name(std::env::args_os().collect(), &Cli::command());
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
             let _ = err.print();
             return ExitCode::SUCCESS;
+        }
+        Err(err) if argv::env_error(&err, &Cli::command(), &argv).is_some() => {
+            let line = argv::env_error(&err, &Cli::command(), &argv).unwrap_or_default();
+            eprintln!("fencelock: {line}");
+            return ExitCode::from(code::USAGE);
         }
         Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
             // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
@@ -261,15 +279,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
-    if cli.quorum && !matches!(cli.command, Command::Exec(_)) {
-        eprintln!("fencelock: --quorum applies to exec only: run other commands per deployment");
+    let locking = matches!(cli.command, Command::Exec(_) | Command::Hold(_));
+    if cli.quorum && !locking {
+        eprintln!(
+            "fencelock: --quorum applies to exec and hold only: run other commands per deployment"
+        );
         return ExitCode::from(code::USAGE);
     }
-    if !matches!(cli.command, Command::Exec(_)) {
+    if !locking {
         // The printing subcommands end quietly, as Unix tools do, when their reader goes away
         // (`fencelock script acquire | head -1`): Rust ignores SIGPIPE, and println! would
-        // panic on the broken pipe. exec keeps ignoring it: a closed stderr must not kill the
-        // supervisor of a running command.
+        // panic on the broken pipe. exec and hold keep ignoring it: a closed stderr must not
+        // kill the supervisor of a running command or the holder of a lock.
         // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -311,27 +332,18 @@ fn main() -> ExitCode {
             }
         }
         Command::Exec(args) => {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    eprintln!("fencelock: cannot start the async runtime: {err}");
-                    return ExitCode::from(code::UNAVAILABLE);
-                }
-            };
-            let target = if cli.quorum {
-                exec::Target::Quorum(
-                    cli.urls
-                        .into_iter()
-                        .map(|url| client_builder(vec![url], cli.prefix.clone(), cli.tls.clone()))
-                        .collect(),
-                )
-            } else {
-                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls))
-            };
-            runtime.block_on(exec::run(target, args))
+            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls);
+            match runtime() {
+                Ok(runtime) => runtime.block_on(exec::run(target, args)),
+                Err(code) => code,
+            }
+        }
+        Command::Hold(args) => {
+            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls);
+            match runtime() {
+                Ok(runtime) => runtime.block_on(hold::run(target, args)),
+                Err(code) => code,
+            }
         }
         Command::Latch(args) => {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -351,6 +363,30 @@ fn main() -> ExitCode {
             run_ops(cli)
         }
     }
+}
+
+/// What exec and hold lock on: one deployment, or with `--quorum` one per URL.
+fn target(quorum: bool, urls: Vec<String>, prefix: String, tls: TlsArgs) -> exec::Target {
+    if quorum {
+        exec::Target::Quorum(
+            urls.into_iter()
+                .map(|url| client_builder(vec![url], prefix.clone(), tls.clone()))
+                .collect(),
+        )
+    } else {
+        exec::Target::Single(client_builder(urls, prefix, tls))
+    }
+}
+
+/// A current-thread runtime, or the exit code for failing to start one.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| {
+            eprintln!("fencelock: cannot start the async runtime: {err}");
+            ExitCode::from(code::UNAVAILABLE)
+        })
 }
 
 /// Runs `status`, `unlock`, `list` or `top` on a current-thread runtime.
@@ -377,6 +413,8 @@ fn run_ops(cli: Cli) -> ExitCode {
         }
     })
 }
+
+pub use argv::switch_arg;
 
 /// clap value parser for durations.
 pub fn duration_arg(text: &str) -> Result<Duration, String> {

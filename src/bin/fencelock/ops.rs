@@ -22,19 +22,19 @@ use crate::{code, duration_arg, fail, PlacementArgs};
 #[group(multiple = false)]
 pub struct KindArgs {
     /// The read-write lock NAME (`:rw`).
-    #[arg(long, env = "FENCELOCK_READ", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_READ", value_parser = crate::switch_arg)]
     read: bool,
     /// The read-write lock NAME (`:rw`), as --read.
-    #[arg(long, env = "FENCELOCK_WRITE", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_WRITE", value_parser = crate::switch_arg)]
     write: bool,
     /// The fair lock NAME (`:fair`).
-    #[arg(long, env = "FENCELOCK_FAIR", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_FAIR", value_parser = crate::switch_arg)]
     fair: bool,
     /// The semaphore NAME (`:sem`); N is not checked against the stored limit.
     #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N")]
     permits: Option<u32>,
     /// The countdown latch NAME (`:latch`); unlock --force opens it.
-    #[arg(long, env = "FENCELOCK_LATCH", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_LATCH", value_parser = crate::switch_arg)]
     latch: bool,
 }
 
@@ -62,7 +62,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     /// Print one JSON object: name, kind, key, slot, held, fence, lease_ms, holds, waiters, ...
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Lock name.
     name: String,
@@ -80,7 +80,7 @@ pub struct UnlockArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     /// Print what was freed as one JSON object (the fields of `status --json`).
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Lock name.
     name: String,
@@ -90,7 +90,7 @@ pub struct UnlockArgs {
 #[derive(Args, Debug)]
 pub struct ListArgs {
     /// Print one JSON array of objects with the fields of `status --json`.
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Stop after SCAN examined about this many keys in all (a message on stderr says the
     /// list is incomplete).
