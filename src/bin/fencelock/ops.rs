@@ -232,6 +232,12 @@ pub async fn list(builder: ClientBuilder, args: ListArgs) -> ExitCode {
                 }
             }
             truncation_note(&list);
+            for key in &list.skipped {
+                eprintln!(
+                    "fencelock: warning: skipped key {key:?}: it has a lock's name under the \
+                     prefix but is not a lock (another program's key?)"
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(err) => fail(&err),
