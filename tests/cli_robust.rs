@@ -35,7 +35,12 @@ async fn quorum_refuses_one_server_counted_twice() {
         vec![first.clone(), second.clone(), format!("{first}/0")],
     ] {
         let output = fencelock(&urls, &["--quorum", "exec", "-n", "job", "true"]);
-        assert_eq!(output.status.code(), Some(64), "{urls:?}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(64),
+            "{urls:?}: {}",
+            stderr(&output)
+        );
         assert!(
             stderr(&output).contains("reach the same server"),
             "{}",

@@ -164,6 +164,32 @@ async fn sighup_to_a_waiting_multi_lock_frees_the_member_taken_and_exits_129() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn sigterm_to_a_waiting_permit_exec_leaves_the_semaphore_as_it_was() {
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{pool}:sem";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let semaphore = client.semaphore("pool", 1).unwrap();
+    let permit = semaphore.try_acquire(&options()).await.unwrap();
+    let before: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
+
+    let mut waiter = spawn(&url, &["exec", "-v", "--permits", "1", "pool", "true"]);
+    let mut line = String::new();
+    BufReader::new(waiter.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("waiting for pool"), "{line}");
+    kill(&waiter, libc::SIGTERM);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    let after: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
+    assert_eq!(after, before, "nothing of the wait left");
+    permit.release().await.unwrap();
+    let next = semaphore.try_acquire(&options()).await.unwrap();
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
     let server = Standalone::start();
     let url = server.url();

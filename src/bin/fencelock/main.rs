@@ -1,10 +1,13 @@
-//! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
+//! `fencelock`: run a command while holding a fenced lock, hold one until signalled, or show
+//! where a lock's keys live.
 //!
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
 //! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76
 //! when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was lost while the
 //! command ran (the command is terminated); 64 for bad input; 69 when Redis cannot be reached;
-//! 127 when the command cannot be started.
+//! 127 when the command cannot be started; 128 + N when signal N (SIGINT, SIGTERM, SIGHUP,
+//! SIGQUIT) arrived before the lock was held (what the wait held is withdrawn first). `hold`
+//! exits 0 once released on a signal, otherwise as `exec`.
 //!
 //! `exec` runs the command in its own process group with a guardian process that kills the whole
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
@@ -71,16 +74,26 @@ struct Cli {
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
 --timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few \
 replicas confirmed; 70 lock lost while the command ran (the command is terminated) or found \
-lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started.
+lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started; \
+130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP), 131 (SIGQUIT) when the signal arrived while \
+connecting or waiting for the lock (nothing of the wait stays held).
+
+hold prints the token once held and exits 0 after releasing on SIGINT, SIGTERM or SIGHUP; 70 \
+the lock was lost while held (expired or force-unlocked); 75, 64, 69 and 128+N as for exec.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
 forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
 
-latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.
+latch wait exits 0 once the latch is open, 75 if it is not open within --timeout, 128+N on \
+signal N while waiting.
 
-status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed), 64 for \
-bad input (unlock without --force), 69 when Redis cannot be reached.";
+status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed; list \
+skips a foreign key under the prefix with a warning), 64 for bad input (unlock without --force), \
+69 when Redis cannot be reached.
+
+Switches in the environment (FENCELOCK_FAIR, ...) take 1/true (on) or 0/false/empty (off); \
+anything else exits 64 naming the variable.";
 
 #[derive(Subcommand, Debug)]
 enum Command {

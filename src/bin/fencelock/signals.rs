@@ -2,8 +2,8 @@
 //!
 //! They are caught from the start of the command, before it connects or waits, so that a
 //! signal while waiting ends the wait through its cancel-safe drop (a waiting writer's intent,
-//! a fair waiter's place, multi-lock members already taken and a semaphore reservation are
-//! withdrawn in the background) and [`Client::shutdown`](fencelock::Client::shutdown) sees those
+//! a fair waiter's place and multi-lock members already taken are withdrawn in the
+//! background) and [`Client::shutdown`](fencelock::Client::shutdown) sees those
 //! undos reach Redis before fencelock exits with 128 + the signal's number, as a shell reports a
 //! process a signal ended. While `exec`'s command runs they are forwarded to its process group
 //! instead.
