@@ -127,11 +127,22 @@ pub fn env_error(err: &clap::Error, cli: &clap::Command, argv: &[OsString]) -> O
     let line = text.lines().next().unwrap_or_default();
     let line = line.trim_start_matches("error: ");
     let variable = variable.to_string_lossy();
-    Some(line.replacen(
+    let mut line = line.replacen(
         &format!("'{flag}'"),
         &format!("{variable} (the environment variable of --{long})"),
         1,
-    ))
+    );
+    // An enum's values follow on the next line: `  [possible values: clock, epoch, ...]`.
+    if let Some(values) = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("[possible values: "))
+    {
+        line.push_str(&format!(
+            "; possible values: {}",
+            values.trim_end_matches(']')
+        ));
+    }
+    Some(line)
 }
 
 /// The argument with long name `long` in `cli` or any of its subcommands.

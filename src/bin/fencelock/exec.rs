@@ -5,7 +5,9 @@
 //! the whole group is terminated when the lock is lost, killed when fencelock dies, and gets
 //! the SIGINT, SIGTERM, SIGHUP and SIGQUIT fencelock receives. Processes the command leaves
 //! behind in its group when it exits get SIGTERM, then SIGKILL after the grace period, before
-//! the lock is released: nothing of the command runs without the lock.
+//! the lock is released: nothing of the command runs without the lock. Before the lock is
+//! held, those signals end the wait instead (see [`crate::signals`] and [`take`]), which `hold`
+//! shares.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,6 +27,7 @@ use crate::{code, duration_arg, fail, switch_arg, PlacementArgs};
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
+    /// What to lock and how.
     #[command(flatten)]
     pub lock: LockArgs,
     /// The command and its arguments: after NAME (one name), or after `--` (every argument
@@ -88,8 +91,8 @@ pub struct LockArgs {
     quiet: bool,
     /// Lock name; several names take a multi-lock of them all (mutexes, or fair locks with
     /// --fair), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
-    /// FENCELOCK_TOKEN then list the names and their fences, space-separated, in the order
-    /// given.
+    /// FENCELOCK_TOKEN (hold: its token line) then list the names and their fences,
+    /// space-separated, in the order given.
     #[arg(required = true, value_name = "NAME")]
     pub names: Vec<String>,
 }
@@ -181,7 +184,9 @@ pub enum Connected {
 
 /// A connected [`Target`] and the hold taken on it.
 pub struct Taken {
+    /// The client, kept while the hold is (its background releases need it).
     pub client: Connected,
+    /// The hold taken.
     pub hold: Hold,
 }
 
@@ -291,6 +296,7 @@ pub async fn take(
     }
 }
 
+/// Runs `fencelock exec`: takes the hold, runs the command under it, releases it.
 pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     let mut signals = Signals::install();
     let Some((program, rest)) = args.command.split_first() else {

@@ -21,6 +21,7 @@ use crate::signals::Signals;
 /// Arguments of `fencelock hold`.
 #[derive(Args, Debug)]
 pub struct HoldArgs {
+    /// What to lock and how, as for exec.
     #[command(flatten)]
     pub lock: LockArgs,
 }
