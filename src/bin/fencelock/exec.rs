@@ -17,6 +17,7 @@ use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
     MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, WriteGuard, MIN_TTL,
 };
+use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
 
 use crate::group::Group;
@@ -348,7 +349,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
                 group.wait_empty(SIGNALLED_GRACE).await;
             }
             if group.others_alive() {
-                group.signal(libc::SIGTERM);
+                group.signal(Signal::SIGTERM);
                 group.wait_empty(GRACE).await;
             }
             group.kill().await;
@@ -375,7 +376,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
         }
         Supervised::Lost(reason) => {
             let fence = guard.tokens();
-            group.signal(libc::SIGTERM);
+            group.signal(Signal::SIGTERM);
             if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
                 group.wait_empty(GRACE).await;
             }
@@ -602,7 +603,7 @@ async fn supervise(
             }
             received = signals.next() => {
                 signalled = true;
-                group.signal(received.number);
+                group.signal(received.signal);
             }
             err = &mut lost => return Supervised::Lost(err.to_string()),
         }

@@ -304,10 +304,9 @@ fn main() -> ExitCode {
         // (`fencelock script acquire | head -1`): Rust ignores SIGPIPE, and println! would
         // panic on the broken pipe. exec and hold keep ignoring it: a closed stderr must not
         // kill the supervisor of a running command or the holder of a lock.
-        // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        // SAFETY: SIG_DFL installs no handler; no other thread runs yet.
+        let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     }
     match cli.command {
         Command::Completions { shell } => {

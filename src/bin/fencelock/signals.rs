@@ -12,21 +12,22 @@ use std::future::Future;
 use std::process::ExitCode;
 use std::task::Poll;
 
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
 
 /// The signals caught, with their numbers and names.
-const CAUGHT: [(SignalKind, libc::c_int, &str); 4] = [
-    (SignalKind::interrupt(), libc::SIGINT, "SIGINT"),
-    (SignalKind::terminate(), libc::SIGTERM, "SIGTERM"),
-    (SignalKind::hangup(), libc::SIGHUP, "SIGHUP"),
-    (SignalKind::quit(), libc::SIGQUIT, "SIGQUIT"),
+const CAUGHT: [(SignalKind, Signal); 4] = [
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
 ];
 
 /// A signal fencelock received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Received {
-    /// Its number, e.g. 15 for SIGTERM.
-    pub number: libc::c_int,
+    /// The signal.
+    pub signal: Signal,
     /// Its name, e.g. `SIGTERM`.
     pub name: &'static str,
 }
@@ -35,13 +36,13 @@ impl Received {
     /// The exit status a shell reports for a process this signal ended: 128 + its number
     /// (130 SIGINT, 131 SIGQUIT, 129 SIGHUP, 143 SIGTERM).
     pub fn exit_code(self) -> ExitCode {
-        ExitCode::from(u8::try_from(128 + self.number).unwrap_or(1))
+        ExitCode::from(u8::try_from(128 + self.signal as i32).unwrap_or(1))
     }
 }
 
 /// The caught signals' streams; installed once, before anything waits.
 pub struct Signals {
-    streams: Vec<(Signal, Received)>,
+    streams: Vec<(tokio::signal::unix::Signal, Received)>,
 }
 
 impl Signals {
@@ -50,8 +51,12 @@ impl Signals {
     pub fn install() -> Signals {
         let streams = CAUGHT
             .iter()
-            .filter_map(|&(kind, number, name)| {
-                Some((signal(kind).ok()?, Received { number, name }))
+            .filter_map(|&(kind, caught)| {
+                let received = Received {
+                    signal: caught,
+                    name: caught.as_str(),
+                };
+                Some((signal(kind).ok()?, received))
             })
             .collect();
         Signals { streams }
