@@ -193,11 +193,15 @@ pub struct Taken {
 
 impl Connected {
     /// Waits for the client's background work (releases, undos), at most one request timeout.
-    pub async fn shutdown(&self) {
-        let _ = match self {
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::shutdown`]: some of that work was still running at the bound.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        match self {
             Connected::Single(client) => client.shutdown().await,
             Connected::Quorum(client) => client.shutdown().await,
-        };
+        }
     }
 }
 
@@ -286,10 +290,15 @@ pub async fn take(
         Ok(Err(err)) => Err(fail(&err)),
         Err(received) => {
             // The acquisition was dropped above: its undo runs in the background; wait for it.
-            client.shutdown().await;
+            let left = match client.shutdown().await {
+                Ok(()) => "nothing of it is held".to_owned(),
+                Err(err) => format!(
+                    "what it held could not be withdrawn in time ({err}) and frees itself when \
+                     its lease ends"
+                ),
+            };
             eprintln!(
-                "fencelock: {what} stopped by {} while waiting for lock {name:?}; nothing of it \
-                 is held",
+                "fencelock: {what} stopped by {} while waiting for lock {name:?}; {left}",
                 received.name
             );
             Err(received.exit_code())

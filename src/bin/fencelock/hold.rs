@@ -67,7 +67,7 @@ pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
         },
         Some(reason) => {
             let _ = guard.release().await;
-            client.shutdown().await;
+            let _ = client.shutdown().await;
             eprintln!("fencelock: lost lock {name:?} (fence {fence}) while holding it: {reason}");
             ExitCode::from(code::LOCK_LOST)
         }
