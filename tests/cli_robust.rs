@@ -89,3 +89,24 @@ async fn list_skips_a_foreign_key_with_a_warning() {
     );
     guard.release().await.unwrap();
 }
+
+#[test]
+fn quorum_refuses_two_nodes_of_one_cluster() {
+    let cluster = common::Cluster::start();
+    let nodes = cluster.urls();
+    let other = Standalone::start();
+    let third = Standalone::start();
+    // Two seeds of the same cluster are one deployment, not two.
+    let urls = vec![nodes[0].clone(), nodes[1].clone(), other.url()];
+    let output = fencelock(&urls, &["--quorum", "exec", "-n", "job", "true"]);
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("reach the same server (node id"),
+        "{}",
+        stderr(&output)
+    );
+    // One seed of it next to two standalone servers is fine.
+    let urls = vec![nodes[0].clone(), other.url(), third.url()];
+    let output = fencelock(&urls, &["--quorum", "exec", "-n", "job", "true"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+}
