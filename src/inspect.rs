@@ -249,6 +249,22 @@ pub struct LockList {
     /// The scan stopped at the cap before it covered every master's keyspace: `locks` is
     /// incomplete.
     pub truncated: bool,
+    /// Keys under the prefix with a primitive's name that are not that primitive's (another
+    /// program wrote them, e.g. a string where a lock's hash belongs: `WRONGTYPE`), skipped;
+    /// each is also logged as a `tracing` warning.
+    pub skipped: Vec<String>,
+}
+
+/// Whether inspecting a key failed because the key is not the primitive's (another type, or a
+/// reply the inspection cannot read), rather than because Redis failed.
+fn is_foreign(err: &Error) -> bool {
+    match err {
+        Error::Redis { source, .. } => {
+            source.code() == Some("WRONGTYPE") || source.to_string().contains("WRONGTYPE")
+        }
+        Error::UnexpectedReply { .. } => true,
+        _ => false,
+    }
 }
 
 /// Keys `SCAN` is asked to examine per call.
@@ -391,7 +407,9 @@ impl Client {
     /// '<prefix>:{*' COUNT 1000`, master by master), each inspected. Stops once about
     /// `max_scanned` keys were examined in all (calls × `COUNT`) and says so in
     /// [`LockList::truncated`]. Keys whose names do not decode back to the same key (another
-    /// program's keys under the prefix) are skipped.
+    /// program's keys under the prefix) are skipped; so are keys with a primitive's name that
+    /// do not hold that primitive's state (another type, or fields it does not read), listed in
+    /// [`LockList::skipped`] and logged as warnings.
     ///
     /// # Errors
     ///
@@ -435,8 +453,14 @@ impl Client {
             let Some((kind, name, placement)) = parse_key(&core.prefix, &key) else {
                 continue;
             };
-            list.locks
-                .push(self.inspect_at(kind, &name, &placement).await?);
+            match self.inspect_at(kind, &name, &placement).await {
+                Ok(found) => list.locks.push(found),
+                Err(err) if is_foreign(&err) => {
+                    tracing::warn!(key = %key, error = %err, "skipped a key that is not a primitive's");
+                    list.skipped.push(key);
+                }
+                Err(err) => return Err(err),
+            }
         }
         list.locks
             .sort_by(|a, b| (&a.name, a.kind).cmp(&(&b.name, b.kind)));

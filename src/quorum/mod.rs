@@ -37,6 +37,7 @@ use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions, Waiting};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, QUORUM_COMMIT};
+use crate::transport::Topology;
 
 pub use guard::QuorumGuard;
 use guard::{NodeRelease, QUORUM};
@@ -121,8 +122,10 @@ impl QuorumClientBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for an even number of deployments or fewer than 3, a bad
-    /// setting, or a deployment whose URL or settings cannot be used (a deployment that is
-    /// merely down is no error).
+    /// setting, a deployment whose URL or settings cannot be used (a deployment that is
+    /// merely down is no error), or two deployments that reach the same server (the same URL
+    /// twice, or one server under two addresses: the same `run_id` in `INFO server`, or for a
+    /// cluster a node id in common), which would count one server twice towards a majority.
     ///
     /// # Cancel safety
     ///
@@ -175,6 +178,7 @@ impl QuorumClientBuilder {
                 }
             }
         }
+        refuse_shared_servers(&connected).await?;
         for (builder, client) in builders.into_iter().zip(connected) {
             clients.push(Deployment {
                 builder,
@@ -194,6 +198,73 @@ impl QuorumClientBuilder {
             }),
         })
     }
+}
+
+/// Refuses two connected deployments that reach the same server: one server would count twice
+/// towards a majority. A deployment whose servers cannot be identified (down, or `INFO` /
+/// `CLUSTER SLOTS` refused) is not checked.
+async fn refuse_shared_servers(connected: &[Option<Client>]) -> Result<()> {
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (index, client) in connected.iter().enumerate() {
+        let Some(client) = client else {
+            continue;
+        };
+        let ids = match server_ids(client).await {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::debug!(deployment = index, error = %err, "servers not identified");
+                continue;
+            }
+        };
+        for id in ids {
+            if let Some(&first) = seen.get(&id) {
+                if first != index {
+                    return Err(Error::InvalidConfig {
+                        reason: format!(
+                            "deployments {} and {} (counting from 1) reach the same server \
+                             ({id}): a quorum must count each server once, so give one URL \
+                             per independent deployment",
+                            first + 1,
+                            index + 1
+                        ),
+                    });
+                }
+            } else {
+                seen.insert(id, index);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The identities of the servers `client` reaches: every node id `CLUSTER SLOTS` lists for a
+/// cluster, the `run_id` of `INFO server` for a standalone server.
+async fn server_ids(client: &Client) -> Result<Vec<String>> {
+    let transport = &client.core().transport;
+    if transport.topology() == Topology::Cluster {
+        let reply = transport.cluster_slots().await?;
+        let ranges: Vec<Vec<redis::Value>> = parse_reply("*", "cluster slots", reply)?;
+        let mut ids = Vec::new();
+        for range in ranges {
+            for node in range.into_iter().skip(2) {
+                let node: Vec<redis::Value> = parse_reply("*", "cluster slots", node)?;
+                if let Some(id) = node.get(2) {
+                    let id: String = parse_reply("*", "cluster slots", id.clone())?;
+                    ids.push(format!("node id {id}"));
+                }
+            }
+        }
+        return Ok(ids);
+    }
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let reply = transport.run_on_master(0, info, "info").await?;
+    let text: String = parse_reply("*", "info", reply)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| format!("run_id {}", id.trim()))
+        .collect())
 }
 
 /// One deployment: its client once connected, and how to connect again.

@@ -5,38 +5,55 @@
 //! the whole group is terminated when the lock is lost, killed when fencelock dies, and gets
 //! the SIGINT, SIGTERM, SIGHUP and SIGQUIT fencelock receives. Processes the command leaves
 //! behind in its group when it exits get SIGTERM, then SIGKILL after the grace period, before
-//! the lock is released: nothing of the command runs without the lock.
+//! the lock is released: nothing of the command runs without the lock. Before the lock is
+//! held, those signals end the wait instead (see [`crate::signals`] and [`take`]), which `hold`
+//! shares.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::builder::FalseyValueParser;
 use clap::Args;
 use fencelock::{
     Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, Waiting, WriteGuard, MIN_TTL,
+    MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, WriteGuard, MIN_TTL,
 };
+use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::group::Group;
-use crate::{code, duration_arg, fail, PlacementArgs};
+use crate::signals::Signals;
+use crate::wait::{Progress, REDRAW};
+use crate::{code, duration_arg, fail, switch_arg, PlacementArgs};
 
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
-    /// Lock TTL (at least 10ms); the watchdog renews the lock every TTL/3 while CMD runs, so
+    /// What to lock and how.
+    #[command(flatten)]
+    pub lock: LockArgs,
+    /// The command and its arguments: after NAME (one name), or after `--` (every argument
+    /// before `--` is then a name).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// What to lock and how: the arguments `exec` and `hold` share.
+#[derive(Args, Debug)]
+pub struct LockArgs {
+    /// Lock TTL (at least 10ms); the watchdog renews the lock every TTL/3 while it is held, so
     /// the TTL only bounds how long a crashed holder blocks others.
     #[arg(long, env = "FENCELOCK_TTL", default_value = "10s", value_parser = ttl_arg)]
     ttl: Duration,
-    /// Stop renewing after this long: the lock is then lost and CMD terminated (exit 70).
+    /// Stop renewing after this long: the lock is then lost (exit 70; exec terminates CMD).
     #[arg(long, env = "FENCELOCK_MAX_HOLD", value_parser = duration_arg)]
     max_hold: Option<Duration>,
     /// How long to wait for the lock (woken at once when the holder releases); 0 makes one
-    /// attempt.
-    #[arg(long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
+    /// attempt. `-w D` as in flock(1).
+    #[arg(short = 'w', long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
     timeout: Duration,
+    /// One attempt, no waiting: --timeout 0 (as in flock(1); wins over --timeout).
+    #[arg(short = 'n', long)]
+    nonblock: bool,
     /// Replicas that must confirm the acquisition (Redis WAIT).
     #[arg(long, env = "FENCELOCK_WAIT_REPLICAS")]
     wait_replicas: Option<u32>,
@@ -51,37 +68,46 @@ pub struct ExecArgs {
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
     /// mutex NAME.
-    #[arg(long, env = "FENCELOCK_READ", value_parser = FalseyValueParser::new(), conflicts_with_all = ["write", "fair", "permits"])]
+    #[arg(long, env = "FENCELOCK_READ", value_parser = switch_arg, conflicts_with_all = ["write", "fair", "permits"])]
     read: bool,
     /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
     /// instead of the mutex NAME.
-    #[arg(long, env = "FENCELOCK_WRITE", value_parser = FalseyValueParser::new(), conflicts_with_all = ["fair", "permits"])]
+    #[arg(long, env = "FENCELOCK_WRITE", value_parser = switch_arg, conflicts_with_all = ["fair", "permits"])]
     write: bool,
     /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
-    #[arg(long, env = "FENCELOCK_FAIR", value_parser = FalseyValueParser::new(), conflicts_with = "permits")]
+    #[arg(long, env = "FENCELOCK_FAIR", value_parser = switch_arg, conflicts_with = "permits")]
     fair: bool,
     /// Hold one permit of semaphore NAME with N permits instead of the lock NAME (the first use
     /// sets the size; another N than the stored one fails with exit 64). Exports
     /// FENCELOCK_PERMIT, the permit's number.
     #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
-    /// Say on stderr what exec waits for (`waiting for NAME: held by another owner, lease ends
-    /// in 8.2s`) even when stderr is not a terminal: the global -v.
+    /// Say on stderr what it waits for (`waiting for NAME: held by another owner, lease ends
+    /// in 8.2s`), one line a second, even when stderr is not a terminal (on a terminal one
+    /// status line is updated in place): the global -v.
     #[arg(skip)]
     pub verbose: bool,
-    /// Never say what exec waits for (by default it does when stderr is a terminal): the
-    /// global -q.
+    /// Never say what it waits for (by default it does when stderr is a terminal): the global
+    /// -q.
     #[arg(skip)]
     pub quiet: bool,
     /// Lock name; several names take a multi-lock of them all (mutexes, or fair locks with
     /// --fair), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
-    /// FENCELOCK_TOKEN then list the names and their fences, space-separated, in the order
-    /// given.
+    /// FENCELOCK_TOKEN (hold: its token line) then list the names and their fences,
+    /// space-separated, in the order given.
     #[arg(required = true, value_name = "NAME")]
-    names: Vec<String>,
-    /// The command and its arguments (after `--`).
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
+    pub names: Vec<String>,
+}
+
+impl LockArgs {
+    /// How long to wait: 0 with `-n`, else `--timeout`.
+    pub fn timeout(&self) -> Duration {
+        if self.nonblock {
+            Duration::ZERO
+        } else {
+            self.timeout
+        }
+    }
 }
 
 /// `fencelock::FenceMode` on the command line.
@@ -122,10 +148,9 @@ fn ttl_arg(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
-/// Prints what exec waits for, at most once a second: `fencelock: waiting for NAME: held by
-/// another owner, lease ends in 8.2s`.
-fn waiting_message(args: &ExecArgs) -> impl Fn(&Waiting<'_>) + Send + Sync + 'static {
-    let holder = if args.read {
+/// Who holds what `args` waits for, as the waiting display says it.
+fn holder(args: &LockArgs) -> String {
+    if args.read {
         "held by a writer (or a writer waits first)".to_owned()
     } else if args.write {
         "held by readers or another writer".to_owned()
@@ -135,34 +160,11 @@ fn waiting_message(args: &ExecArgs) -> impl Fn(&Waiting<'_>) + Send + Sync + 'st
         format!("all {permits} permits are held")
     } else {
         "held by another owner".to_owned()
-    };
-    let last = std::sync::Mutex::new(None::<std::time::Instant>);
-    move |waiting| {
-        let mut last = last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-            return;
-        }
-        *last = Some(std::time::Instant::now());
-        eprintln!(
-            "fencelock: waiting for {}: {holder}, lease ends in {:.1}s",
-            waiting.name,
-            waiting.lease_left.as_secs_f64()
-        );
     }
 }
 
 /// How long a command gets to exit after SIGTERM before SIGKILL.
 const GRACE: Duration = Duration::from_secs(5);
-
-/// Signals fencelock passes on to the command's process group.
-const FORWARDED: [(SignalKind, libc::c_int); 4] = [
-    (SignalKind::interrupt(), libc::SIGINT),
-    (SignalKind::terminate(), libc::SIGTERM),
-    (SignalKind::hangup(), libc::SIGHUP),
-    (SignalKind::quit(), libc::SIGQUIT),
-];
 
 /// Exit status when the command (or its guardian) cannot be started, as in shells.
 const NOT_STARTED: u8 = 127;
@@ -177,19 +179,52 @@ pub enum Target {
 }
 
 /// A connected [`Target`].
-enum Connected {
+pub enum Connected {
     Single(Client),
     Quorum(QuorumClient),
 }
 
-pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
+/// A connected [`Target`] and the hold taken on it.
+pub struct Taken {
+    /// The client, kept while the hold is (its background releases need it).
+    pub client: Connected,
+    /// The hold taken.
+    pub hold: Hold,
+}
+
+impl Connected {
+    /// Waits for the client's background work (releases, undos), at most one request timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::shutdown`]: some of that work was still running at the bound.
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        match self {
+            Connected::Single(client) => client.shutdown().await,
+            Connected::Quorum(client) => client.shutdown().await,
+        }
+    }
+}
+
+/// Connects to `target` and takes the hold `args` ask for, showing the wait; a signal on the
+/// way ends it: what the wait holds is withdrawn (the acquisition's cancel-safe drop, then
+/// [`Client::shutdown`] so the undos reach Redis) and the exit code is 128 + the signal.
+///
+/// `what` names the command in messages (`exec`, `hold`).
+pub async fn take(
+    target: Target,
+    args: &LockArgs,
+    signals: &mut Signals,
+    what: &str,
+) -> Result<Taken, ExitCode> {
     let mut options = LockOptions::new()
         .ttl(args.ttl)
-        .timeout(args.timeout)
+        .timeout(args.timeout())
         .placement(args.placement.placement())
         .watchdog(true);
-    if !args.quiet && (args.verbose || std::io::stderr().is_terminal()) {
-        options = options.on_wait(waiting_message(&args));
+    let progress = Progress::new(holder(args), args.timeout(), args.verbose, args.quiet);
+    if let Some(progress) = &progress {
+        options = options.on_wait(progress.observer());
     }
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
@@ -198,42 +233,96 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
         options = options.wait_replicas(replicas, args.wait_timeout);
     }
     let quorum = matches!(target, Target::Quorum(_));
-    if let Err(usage) = check_names(&args).and_then(|()| check_quorum(&args, quorum)) {
+    if let Err(usage) = check_names(args).and_then(|()| check_quorum(args, quorum)) {
         eprintln!("fencelock: {usage}");
-        return ExitCode::from(code::USAGE);
+        return Err(ExitCode::from(code::USAGE));
     }
-    let connected = match target {
-        Target::Single(client) => client
-            .fence_mode(
-                args.fence_mode
-                    .map_or_else(FenceMode::default, FenceMode::from),
-            )
-            .connect()
-            .await
-            .map(Connected::Single),
-        Target::Quorum(deployments) => QuorumClient::builder(deployments)
-            .connect()
-            .await
-            .map(Connected::Quorum),
+    let connect = async {
+        match target {
+            Target::Single(client) => client
+                .fence_mode(
+                    args.fence_mode
+                        .map_or_else(FenceMode::default, FenceMode::from),
+                )
+                .connect()
+                .await
+                .map(Connected::Single),
+            Target::Quorum(deployments) => QuorumClient::builder(deployments)
+                .connect()
+                .await
+                .map(Connected::Quorum),
+        }
     };
-    let client = match connected {
-        Ok(client) => client,
-        Err(err) => return fail(&err),
-    };
-    let Some((program, rest)) = args.command.split_first() else {
-        eprintln!("fencelock: no command given: write it after --");
-        return ExitCode::from(code::USAGE);
+    let client = match signals.interruptible(connect).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(err)) => return Err(fail(&err)),
+        Err(received) => {
+            eprintln!(
+                "fencelock: {what} stopped by {} while connecting",
+                received.name
+            );
+            return Err(received.exit_code());
+        }
     };
     let name = args.names.join(" ");
-    let guard = match Hold::acquire(&client, &args, &options).await {
-        Ok(guard) => guard,
-        Err(err) => return fail(&err),
+    let acquired = {
+        let acquire = Hold::acquire(&client, args, &options);
+        tokio::pin!(acquire);
+        let mut redraw = tokio::time::interval(REDRAW);
+        let in_place = progress.as_ref().is_some_and(Progress::in_place);
+        let acquired = loop {
+            tokio::select! {
+                acquired = &mut acquire => break Ok(acquired),
+                received = signals.next() => break Err(received),
+                _ = redraw.tick(), if in_place => {
+                    if let Some(progress) = &progress {
+                        progress.redraw();
+                    }
+                }
+            }
+        };
+        if let Some(progress) = &progress {
+            progress.clear();
+        }
+        acquired
     };
-    // From here on these signals go to the command's group instead of ending fencelock.
-    let mut signals: Vec<_> = FORWARDED
-        .iter()
-        .filter_map(|&(kind, number)| Some((signal(kind).ok()?, number)))
-        .collect();
+    match acquired {
+        Ok(Ok(hold)) => Ok(Taken { client, hold }),
+        Ok(Err(err)) => Err(fail(&err)),
+        Err(received) => {
+            // The acquisition was dropped above: its undo runs in the background; wait for it.
+            let left = match client.shutdown().await {
+                Ok(()) => "nothing of it is held".to_owned(),
+                Err(err) => format!(
+                    "what it held could not be withdrawn in time ({err}) and frees itself when \
+                     its lease ends"
+                ),
+            };
+            eprintln!(
+                "fencelock: {what} stopped by {} while waiting for lock {name:?}; {left}",
+                received.name
+            );
+            Err(received.exit_code())
+        }
+    }
+}
+
+/// Runs `fencelock exec`: takes the hold, runs the command under it, releases it.
+pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
+    let mut signals = Signals::install();
+    let Some((program, rest)) = args.command.split_first() else {
+        eprintln!("fencelock: no command given: write it after NAME (or after --)");
+        return ExitCode::from(code::USAGE);
+    };
+    let args_lock = &args.lock;
+    let Taken {
+        client: _client,
+        hold: guard,
+    } = match take(target, args_lock, &mut signals, "exec").await {
+        Ok(taken) => taken,
+        Err(code) => return code,
+    };
+    let name = args_lock.names.join(" ");
     let group = match Group::start() {
         Ok(group) => group,
         Err(err) => {
@@ -270,7 +359,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
                 group.wait_empty(SIGNALLED_GRACE).await;
             }
             if group.others_alive() {
-                group.signal(libc::SIGTERM);
+                group.signal(Signal::SIGTERM);
                 group.wait_empty(GRACE).await;
             }
             group.kill().await;
@@ -297,7 +386,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
         }
         Supervised::Lost(reason) => {
             let fence = guard.tokens();
-            group.signal(libc::SIGTERM);
+            group.signal(Signal::SIGTERM);
             if tokio::time::timeout(GRACE, child.wait()).await.is_ok() {
                 group.wait_empty(GRACE).await;
             }
@@ -319,7 +408,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
 
 /// The hold the command runs under: the mutex, a read or write hold of a read-write lock, the
 /// fair lock, a permit, a multi-lock of mutexes or of fair locks, or a quorum lock.
-enum Hold {
+pub enum Hold {
     Mutex(LockGuard),
     Read(ReadGuard),
     Write(WriteGuard),
@@ -331,7 +420,7 @@ enum Hold {
 }
 
 /// `--quorum` takes one NAME of a plain lock, always with the clock fence rule and no WAIT.
-fn check_quorum(args: &ExecArgs, quorum: bool) -> Result<(), String> {
+fn check_quorum(args: &LockArgs, quorum: bool) -> Result<(), String> {
     if !quorum {
         return Ok(());
     }
@@ -366,7 +455,7 @@ fn check_quorum(args: &ExecArgs, quorum: bool) -> Result<(), String> {
 
 /// Several names only for the mutex (a multi-lock), and then without spaces (the environment
 /// lists them space-separated).
-fn check_names(args: &ExecArgs) -> Result<(), String> {
+fn check_names(args: &LockArgs) -> Result<(), String> {
     if args.names.len() < 2 {
         return Ok(());
     }
@@ -401,7 +490,7 @@ fn check_names(args: &ExecArgs) -> Result<(), String> {
 impl Hold {
     async fn acquire(
         client: &Connected,
-        args: &ExecArgs,
+        args: &LockArgs,
         options: &LockOptions,
     ) -> Result<Self, Error> {
         let client = match client {
@@ -449,7 +538,7 @@ impl Hold {
     }
 
     /// FENCELOCK_TOKEN: the fence, or a multi-lock's fences space-separated in the names' order.
-    fn tokens(&self) -> String {
+    pub fn tokens(&self) -> String {
         let fences = match self {
             Hold::Multi(guard) => guard.fences(),
             Hold::FairMulti(guard) => guard.fences(),
@@ -462,7 +551,7 @@ impl Hold {
             .join(" ")
     }
 
-    async fn lost(&self) -> Error {
+    pub async fn lost(&self) -> Error {
         match self {
             Hold::Mutex(guard) => guard.lost().await,
             Hold::Read(guard) => guard.lost().await,
@@ -475,7 +564,7 @@ impl Hold {
         }
     }
 
-    async fn release(self) -> Result<(), Error> {
+    pub async fn release(self) -> Result<(), Error> {
         match self {
             Hold::Mutex(guard) => guard.release().await,
             Hold::Read(guard) => guard.release().await,
@@ -508,7 +597,7 @@ async fn supervise(
     child: &mut Child,
     group: &Group,
     guard: &Hold,
-    signals: &mut [(Signal, libc::c_int)],
+    signals: &mut Signals,
 ) -> Supervised {
     let lost = guard.lost();
     tokio::pin!(lost);
@@ -522,29 +611,13 @@ async fn supervise(
                 };
                 return Supervised::Exited { status, signalled };
             }
-            number = next_signal(signals) => {
+            received = signals.next() => {
                 signalled = true;
-                group.signal(number);
+                group.signal(received.signal);
             }
             err = &mut lost => return Supervised::Lost(err.to_string()),
         }
     }
-}
-
-/// The number of the next forwarded signal fencelock receives.
-async fn next_signal(signals: &mut [(Signal, libc::c_int)]) -> libc::c_int {
-    if signals.is_empty() {
-        return std::future::pending().await;
-    }
-    std::future::poll_fn(|cx| {
-        for (stream, number) in signals.iter_mut() {
-            if stream.poll_recv(cx).is_ready() {
-                return std::task::Poll::Ready(*number);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
 }
 
 fn exit_byte(status: std::process::ExitStatus) -> u8 {

@@ -14,55 +14,56 @@
 //! the command's direct process keeps its death signal.
 
 use std::ffi::OsString;
-use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::process::Stdio;
 use std::time::Duration;
 
+use nix::fcntl::{open, OFlag};
+use nix::sys::signal::{killpg, pthread_sigmask, SigHandler, SigSet, SigmaskHow, Signal};
+use nix::sys::stat::Mode;
+use nix::unistd::{getpgrp, getpid, getppid, pipe2, tcgetpgrp, tcsetpgrp, Pid};
 use tokio::process::{Child, Command};
 
 /// The hidden first argument that turns fencelock into a guardian.
 pub const GUARDIAN_ARG: &str = "__fencelock-guardian";
 
 /// Signals the guardian ignores: those fencelock forwards to the group and job-control stops.
-const GUARDIAN_IGNORES: [libc::c_int; 7] = [
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGTSTP,
-    libc::SIGTTIN,
-    libc::SIGTTOU,
+const GUARDIAN_IGNORES: [Signal; 7] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
 ];
 
 /// The body of the guardian process: waits for end-of-file on stdin, then kills its group.
 pub fn guardian_main() -> std::process::ExitCode {
-    // SAFETY: plain system calls without memory effects.
-    let leader = unsafe { libc::getpgrp() == libc::getpid() };
-    if !leader {
+    if getpgrp() != getpid() {
         // Not started by fencelock: never kill a group this process does not lead.
         eprintln!("fencelock: {GUARDIAN_ARG} is internal to fencelock exec");
         return std::process::ExitCode::from(crate::code::USAGE);
     }
+    let mut stdin = io::stdin().lock();
     let mut buf = [0u8; 64];
     loop {
-        // SAFETY: reads into a local buffer of the given length.
-        let n = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
-        if n > 0 || (n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted) {
-            continue;
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
         }
-        break;
     }
-    // SAFETY: kill(2) has no memory effects; 0 is this process's own group.
-    unsafe {
-        libc::kill(0, libc::SIGKILL);
-    }
+    // Pid 0: this process's own group.
+    let _ = killpg(Pid::from_raw(0), Signal::SIGKILL);
     std::process::ExitCode::FAILURE
 }
 
 /// A started guardian and its process group, in which the command is to run.
 pub struct Group {
-    pgid: libc::pid_t,
+    pgid: Pid,
     guardian: Child,
     /// The pipe's write end; closing it makes the guardian kill the group.
     lifeline: Option<OwnedFd>,
@@ -74,13 +75,7 @@ impl Group {
     /// foreground of a terminal, makes that group the terminal's foreground group (so the
     /// command may read from the terminal and gets the terminal's Ctrl-C).
     pub fn start() -> io::Result<Group> {
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two descriptors into the array.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just created and are owned by nobody else.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
         let mut command = Command::new("/proc/self/exe");
         command
             .arg0(OsString::from("fencelock-guardian"))
@@ -93,7 +88,7 @@ impl Group {
         unsafe {
             command.pre_exec(|| {
                 for signal in GUARDIAN_IGNORES {
-                    libc::signal(signal, libc::SIG_IGN);
+                    nix::sys::signal::signal(signal, SigHandler::SigIgn)?;
                 }
                 Ok(())
             });
@@ -102,7 +97,8 @@ impl Group {
         drop(command);
         let pgid = guardian
             .id()
-            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(Pid::from_raw)
             .ok_or_else(|| io::Error::other("the guardian exited at once"))?;
         Ok(Group {
             pgid,
@@ -114,17 +110,14 @@ impl Group {
 
     /// Makes `command` run in this group, dying with fencelock even before it joins.
     pub fn enter(&self, command: &mut Command) {
-        command.process_group(self.pgid);
-        // SAFETY: getpid is async-signal-safe; it is evaluated here, in fencelock.
-        let parent = unsafe { libc::getpid() };
+        command.process_group(self.pgid.as_raw());
+        let parent = getpid();
         // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
         unsafe {
             command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 // fencelock died before the death signal was armed.
-                if libc::getppid() != parent {
+                if getppid() != parent {
                     return Err(io::Error::other("fencelock exited"));
                 }
                 Ok(())
@@ -134,17 +127,16 @@ impl Group {
 
     /// Sends `signal` to every process of the group but the guardian (which ignores it), then
     /// SIGCONT, so that a stopped process acts on it too (as shells do for stopped jobs).
-    pub fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill(2) has no memory effects; the group is ours.
-        unsafe {
-            libc::kill(-self.pgid, signal);
-            libc::kill(-self.pgid, libc::SIGCONT);
-        }
+    pub fn signal(&self, signal: Signal) {
+        let _ = killpg(self.pgid, signal);
+        let _ = killpg(self.pgid, Signal::SIGCONT);
     }
 
     /// Processes of the group other than the guardian that have not exited.
     pub fn others_alive(&self) -> bool {
-        members(self.pgid).into_iter().any(|pid| pid != self.pgid)
+        members(self.pgid.as_raw())
+            .into_iter()
+            .any(|pid| pid != self.pgid.as_raw())
     }
 
     /// Waits up to `limit` for every process but the guardian to exit.
@@ -164,7 +156,7 @@ impl Group {
             .is_err()
         {
             // The guardian did not act (stopped with SIGSTOP?): do its work.
-            self.signal(libc::SIGKILL);
+            self.signal(Signal::SIGKILL);
             let _ = self.guardian.wait().await;
         }
         if let Some(terminal) = self.terminal.take() {
@@ -181,24 +173,15 @@ struct Terminal {
 impl Terminal {
     /// Makes `pgid` the foreground group of the controlling terminal if fencelock's own group
     /// is in the foreground now; `None` otherwise (no terminal, running in the background).
-    fn hand_to(pgid: libc::pid_t) -> Option<Terminal> {
-        // SAFETY: open with a NUL-terminated path; the descriptor is owned below.
-        let raw = unsafe {
-            libc::open(
-                c"/dev/tty".as_ptr(),
-                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-            )
-        };
-        if raw < 0 {
-            return None;
-        }
-        // SAFETY: a descriptor just opened and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        use std::os::fd::AsRawFd;
-        // SAFETY: terminal ioctls on a valid descriptor.
-        let ours = unsafe { libc::tcgetpgrp(fd.as_raw_fd()) == libc::getpgrp() };
-        // SAFETY: as above.
-        if !ours || unsafe { libc::tcsetpgrp(fd.as_raw_fd(), pgid) } != 0 {
+    fn hand_to(pgid: Pid) -> Option<Terminal> {
+        let fd = open(
+            "/dev/tty",
+            OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let ours = tcgetpgrp(&fd).is_ok_and(|foreground| foreground == getpgrp());
+        if !ours || tcsetpgrp(&fd, pgid).is_err() {
             return None;
         }
         Some(Terminal { fd })
@@ -207,33 +190,30 @@ impl Terminal {
     /// Makes fencelock's group the foreground group again (SIGTTOU blocked meanwhile, as
     /// fencelock is now in the background).
     fn take_back(self) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: signal-mask and terminal calls on local, initialised values.
-        unsafe {
-            let mut block: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut block);
-            libc::sigaddset(&mut block, libc::SIGTTOU);
-            libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-            libc::tcsetpgrp(self.fd.as_raw_fd(), libc::getpgrp());
-            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        let mut block = SigSet::empty();
+        block.add(Signal::SIGTTOU);
+        let mut old = SigSet::empty();
+        let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&block), Some(&mut old));
+        let _ = tcsetpgrp(&self.fd, getpgrp());
+        if blocked.is_ok() {
+            let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
         }
     }
 }
 
 /// Pids of the live (not zombie) processes in process group `pgid`, from `/proc`.
-pub fn members(pgid: libc::pid_t) -> Vec<libc::pid_t> {
+pub fn members(pgid: i32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|entry| {
-            let pid: libc::pid_t = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
             let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
             let state = fields.next()?;
-            let group: libc::pid_t = fields.nth(1)?.parse().ok()?;
+            let group: i32 = fields.nth(1)?.parse().ok()?;
             (group == pgid && state != "Z" && state != "X").then_some(pid)
         })
         .collect()

@@ -2,8 +2,9 @@
 //!
 //! `set NAME COUNT` prints the new generation; `count-down NAME [--id ID]` prints the count
 //! still outstanding; `wait NAME [--timeout D]` prints the generation that opened and exits 0,
-//! or exits 75 when the latch did not open in time. 64 bad input, 69 Redis unreachable. With
-//! `--json` each prints one JSON object instead (see `docs/cli-json.md`).
+//! or exits 75 when the latch did not open in time; a signal while it waits ends it with 128 +
+//! the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP). 64 bad input, 69 Redis
+//! unreachable. With `--json` each prints one JSON object instead (see `docs/cli-json.md`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use clap::{Args, Subcommand};
 use fencelock::ClientBuilder;
 use serde::Serialize;
 
+use crate::signals::Signals;
 use crate::{duration_arg, fail, print_json};
 
 /// Arguments of `fencelock latch`.
@@ -23,7 +25,7 @@ pub struct LatchArgs {
         long,
         global = true,
         env = "FENCELOCK_JSON",
-        value_parser = clap::builder::FalseyValueParser::new()
+        value_parser = crate::switch_arg
     )]
     json: bool,
     /// The global -q: no note on stderr about the random id `count-down` chose.
@@ -81,6 +83,9 @@ enum LatchCommand {
 
 /// Runs `fencelock latch ...`.
 pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
+    if let LatchCommand::Wait { name, timeout } = &args.command {
+        return wait(builder, name, *timeout, args.json).await;
+    }
     let client = match builder.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),
@@ -127,20 +132,40 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
                 Err(err) => Err(err),
             }
         }
-        LatchCommand::Wait { name, timeout } => match client.latch(&name) {
-            Ok(latch) => latch.wait(timeout).await.map(|g| {
-                if json {
-                    print_json(&Generation {
-                        name: &name,
-                        generation: g.into(),
-                    })
-                } else {
-                    println!("{g}");
-                    ExitCode::SUCCESS
-                }
-            }),
-            Err(err) => Err(err),
-        },
+        LatchCommand::Wait { .. } => return ExitCode::from(crate::code::USAGE),
     };
     outcome.unwrap_or_else(|err| fail(&err))
+}
+
+/// `latch wait`: SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught before it connects and end
+/// the wait (its subscription is dropped; a latch wait holds nothing) with 128 + the signal's
+/// number.
+async fn wait(builder: ClientBuilder, name: &str, timeout: Duration, json: bool) -> ExitCode {
+    let mut signals = Signals::install();
+    let waited = signals
+        .interruptible(async {
+            let client = builder.connect().await?;
+            let outcome = client.latch(name)?.wait(timeout).await;
+            let _ = client.shutdown().await;
+            outcome
+        })
+        .await;
+    match waited {
+        Ok(Ok(generation)) if json => print_json(&Generation {
+            name,
+            generation: generation.into(),
+        }),
+        Ok(Ok(generation)) => {
+            println!("{generation}");
+            ExitCode::SUCCESS
+        }
+        Ok(Err(err)) => fail(&err),
+        Err(received) => {
+            eprintln!(
+                "fencelock: latch wait stopped by {} while waiting for latch {name:?}",
+                received.name
+            );
+            received.exit_code()
+        }
+    }
 }

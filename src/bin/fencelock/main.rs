@@ -1,21 +1,28 @@
-//! `fencelock`: run a command while holding a fenced lock, or show where a lock's keys live.
+//! `fencelock`: run a command while holding a fenced lock, hold one until signalled, or show
+//! where a lock's keys live.
 //!
 //! Exit status of `exec`: the command's own; 75 when the lock was not acquired within
 //! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76
 //! when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was lost while the
 //! command ran (the command is terminated); 64 for bad input; 69 when Redis cannot be reached;
-//! 127 when the command cannot be started.
+//! 127 when the command cannot be started; 128 + N when signal N (SIGINT, SIGTERM, SIGHUP,
+//! SIGQUIT) arrived before the lock was held (what the wait held is withdrawn first). `hold`
+//! exits 0 once released on a signal, otherwise as `exec`.
 //!
 //! `exec` runs the command in its own process group with a guardian process that kills the whole
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
 //! 70 also when the release finds that the lock was lost before the command finished.
 
+mod argv;
 mod duration;
 mod exec;
 mod group;
+mod hold;
 mod latch;
 mod ops;
 mod secrets;
+mod signals;
+mod wait;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -75,7 +82,7 @@ struct Cli {
         long,
         global = true,
         env = "FENCELOCK_QUIET",
-        value_parser = clap::builder::FalseyValueParser::new()
+        value_parser = switch_arg
     )]
     quiet: bool,
 
@@ -91,14 +98,14 @@ struct Cli {
     #[command(flatten)]
     tls: TlsArgs,
 
-    /// exec only: each --url is a separate deployment (a standalone server, or one seed node of
+    /// exec and hold only: each --url is a separate deployment (a standalone server, or one seed node of
     /// a cluster), and NAME is a quorum lock over them, granted by a majority (an odd number of
     /// at least 3 deployments).
     #[arg(
         long,
         global = true,
         env = "FENCELOCK_QUORUM",
-        value_parser = clap::builder::FalseyValueParser::new()
+        value_parser = switch_arg
     )]
     quorum: bool,
 
@@ -109,20 +116,29 @@ struct Cli {
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
 --timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few \
 replicas confirmed; 70 lock lost while the command ran (the command is terminated) or found \
-lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started.
+lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started; \
+130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP), 131 (SIGQUIT) when the signal arrived while \
+connecting or waiting for the lock (nothing of the wait stays held).
+
+hold prints the token once held and exits 0 after releasing on SIGINT, SIGTERM or SIGHUP; 70 \
+the lock was lost while held (expired or force-unlocked); 75, 64, 69 and 128+N as for exec.
 
 exec runs the command in its own process group: a lost lock terminates the whole group, a \
 guardian process kills it if fencelock dies, and SIGINT, SIGTERM, SIGHUP and SIGQUIT are \
 forwarded to it. Durations: 300ms, 2s, 1.5s, 1m30s, 2h 15m, 0.
 
-latch wait exits 0 once the latch is open, 75 if it is not open within --timeout.
+latch wait exits 0 once the latch is open, 75 if it is not open within --timeout, 128+N on \
+signal N while waiting.
 
 status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed), 64 for \
 bad input (unlock without --force), 69 when Redis cannot be reached or refuses (a missing ACL \
-permission is named).
+permission is named; list skips a foreign key under the prefix with a warning).
 
 Credentials: --user or FENCELOCK_USER; the password from --password-file, FENCELOCK_PASSWORD \
 or the URL (redis://user:password@host:port). They are never printed.
+
+Switches in the environment (FENCELOCK_FAIR, ...) take 1/true (on) or 0/false/empty (off); \
+anything else exits 64 naming the variable.
 
 --json output of every command: docs/cli-json.md.";
 
@@ -132,7 +148,15 @@ enum Command {
     /// several NAMEs: all those mutexes as one multi-lock); CMD gets FENCELOCK_TOKEN and
     /// FENCELOCK_NAME (space-separated for several names, in the order given; and
     /// FENCELOCK_PERMIT) and runs in its own process group, which dies with fencelock.
+    #[command(
+        override_usage = "fencelock exec [OPTIONS] NAME CMD [ARGS]...\n       fencelock exec \
+                          [OPTIONS] NAME... -- CMD [ARGS]..."
+    )]
     Exec(exec::ExecArgs),
+    /// Take lock NAME (kinds and options as for exec), print its token on stdout as soon as it
+    /// is held, keep it (watchdog on) until SIGINT, SIGTERM or SIGHUP, release it, exit 0; 70
+    /// if it was lost while held, 75 if not acquired within --timeout.
+    Hold(hold::HoldArgs),
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
     /// renew, fenced_set, semaphore_acquire, ...), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
     /// it; the text without its final newline has the SHA1 fencelock sends with EVALSHA.
@@ -150,7 +174,7 @@ enum Command {
         #[command(flatten)]
         placement: PlacementArgs,
         /// Print one JSON object: name, slot, key.
-        #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+        #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
         json: bool,
     },
     /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
@@ -513,14 +537,20 @@ struct SlotJson<'a> {
 /// Parses the command line; `Err` carries the exit code after printing help, the version or a
 /// usage error.
 fn parse() -> Result<Cli, ExitCode> {
+    let argv = argv::command_after_name(std::env::args_os().collect(), &Cli::command());
     let parsed = cli_command()
-        .try_get_matches()
+        .try_get_matches_from(&argv)
         .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
     match parsed {
         Ok(cli) => Ok(cli),
         Err(err) if !err.use_stderr() => {
             let _ = err.print();
             Err(ExitCode::SUCCESS)
+        }
+        Err(err) if argv::env_error(&err, &Cli::command(), &argv).is_some() => {
+            let line = argv::env_error(&err, &Cli::command(), &argv).unwrap_or_default();
+            eprintln!("fencelock: {}", secrets::redact(&line));
+            Err(ExitCode::from(code::USAGE))
         }
         Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
             // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
@@ -576,19 +606,21 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    if cli.quorum && !matches!(cli.command, Command::Exec(_)) {
-        eprintln!("fencelock: --quorum applies to exec only: run other commands per deployment");
+    let locking = matches!(cli.command, Command::Exec(_) | Command::Hold(_));
+    if cli.quorum && !locking {
+        eprintln!(
+            "fencelock: --quorum applies to exec and hold only: run other commands per deployment"
+        );
         return ExitCode::from(code::USAGE);
     }
-    if !matches!(cli.command, Command::Exec(_)) {
+    if !locking {
         // The printing subcommands end quietly, as Unix tools do, when their reader goes away
         // (`fencelock script acquire | head -1`): Rust ignores SIGPIPE, and println! would
-        // panic on the broken pipe. exec keeps ignoring it: a closed stderr must not kill the
-        // supervisor of a running command.
-        // SAFETY: signal(2) with SIG_DFL installs no handler; no other thread runs yet.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        // panic on the broken pipe. exec and hold keep ignoring it: a closed stderr must not
+        // kill the supervisor of a running command or the holder of a lock.
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        // SAFETY: SIG_DFL installs no handler; no other thread runs yet.
+        let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     }
     let connects = !matches!(
         cli.command,
@@ -648,26 +680,16 @@ fn main() -> ExitCode {
             Err(err) => fail(&err),
         },
         Command::Exec(mut args) => {
-            args.verbose = cli.verbose > 0;
-            args.quiet = cli.quiet;
-            let target = if cli.quorum {
-                exec::Target::Quorum(
-                    cli.urls
-                        .into_iter()
-                        .map(|url| {
-                            client_builder(
-                                vec![url],
-                                cli.prefix.clone(),
-                                cli.tls.clone(),
-                                &credentials,
-                            )
-                        })
-                        .collect(),
-                )
-            } else {
-                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls, &credentials))
-            };
+            args.lock.verbose = cli.verbose > 0;
+            args.lock.quiet = cli.quiet;
+            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls, &credentials);
             block_on(exec::run(target, args))
+        }
+        Command::Hold(mut args) => {
+            args.lock.verbose = cli.verbose > 0;
+            args.lock.quiet = cli.quiet;
+            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls, &credentials);
+            block_on(hold::run(target, args))
         }
         Command::Latch(mut args) => {
             args.quiet = cli.quiet;
@@ -694,6 +716,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// What exec and hold lock on: one deployment, or with `--quorum` one per URL.
+fn target(
+    quorum: bool,
+    urls: Vec<String>,
+    prefix: String,
+    tls: TlsArgs,
+    credentials: &Credentials,
+) -> exec::Target {
+    if quorum {
+        exec::Target::Quorum(
+            urls.into_iter()
+                .map(|url| client_builder(vec![url], prefix.clone(), tls.clone(), credentials))
+                .collect(),
+        )
+    } else {
+        exec::Target::Single(client_builder(urls, prefix, tls, credentials))
+    }
+}
+
 /// `fencelock man [--dir DIR]`.
 fn man(dir: Option<PathBuf>) -> ExitCode {
     let command = cli_command();
@@ -712,6 +753,8 @@ fn man(dir: Option<PathBuf>) -> ExitCode {
         }
     }
 }
+
+pub use argv::switch_arg;
 
 /// clap value parser for durations.
 pub fn duration_arg(text: &str) -> Result<Duration, String> {

@@ -24,19 +24,19 @@ use crate::{code, duration_arg, fail, print_json, secrets, PlacementArgs};
 #[group(multiple = false)]
 pub struct KindArgs {
     /// The read-write lock NAME (`:rw`).
-    #[arg(long, env = "FENCELOCK_READ", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_READ", value_parser = crate::switch_arg)]
     read: bool,
     /// The read-write lock NAME (`:rw`), as --read.
-    #[arg(long, env = "FENCELOCK_WRITE", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_WRITE", value_parser = crate::switch_arg)]
     write: bool,
     /// The fair lock NAME (`:fair`).
-    #[arg(long, env = "FENCELOCK_FAIR", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_FAIR", value_parser = crate::switch_arg)]
     fair: bool,
     /// The semaphore NAME (`:sem`); N is not checked against the stored limit.
     #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N")]
     permits: Option<u32>,
     /// The countdown latch NAME (`:latch`); unlock --force opens it.
-    #[arg(long, env = "FENCELOCK_LATCH", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_LATCH", value_parser = crate::switch_arg)]
     latch: bool,
 }
 
@@ -64,7 +64,7 @@ pub struct StatusArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     /// Print one JSON object: name, kind, key, slot, held, fence, lease_ms, holds, waiters, ...
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Lock name.
     name: String,
@@ -83,7 +83,7 @@ pub struct UnlockArgs {
     placement: PlacementArgs,
     /// Print one JSON object: the state before (the fields of `status --json`) and `freed`
     /// (true when something was held, or a latch armed, and is now free or open).
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Lock name.
     name: String,
@@ -93,7 +93,7 @@ pub struct UnlockArgs {
 #[derive(Args, Debug)]
 pub struct ListArgs {
     /// Print one JSON array of objects with the fields of `status --json`.
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
     /// Stop after SCAN examined about this many keys in all (a message on stderr says the
     /// list is incomplete).
@@ -126,7 +126,7 @@ pub struct TopArgs {
     once: bool,
     /// With --once (implied): print the frame as one JSON document (prefix, scanned,
     /// truncated, locks: the fields of `status --json` plus state and grants_per_second).
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
     json: bool,
 }
 
@@ -229,6 +229,12 @@ pub async fn list(builder: ClientBuilder, args: ListArgs) -> ExitCode {
                 }
             }
             truncation_note(&list);
+            for key in &list.skipped {
+                eprintln!(
+                    "fencelock: warning: skipped key {key:?}: it has a lock's name under the \
+                     prefix but is not a lock (another program's key?)"
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(err) => fail(&err),

@@ -1,0 +1,75 @@
+//! `fencelock hold NAME`: take a lock and keep it until told to stop, like `etcdctl lock NAME`
+//! without a command.
+//!
+//! The lock is taken with the watchdog on (exec's arguments: kind, TTL, timeout, placement);
+//! its token is printed on stdout (one line, flushed) as soon as it is held; on SIGINT, SIGTERM
+//! or SIGHUP (or SIGQUIT) it is released and hold exits 0. Exit 70 when the lock is lost while
+//! held (expired, or freed by `unlock --force`), 75 when not acquired within `--timeout`, 64
+//! for bad input, 69 when Redis cannot be reached (also when the release cannot reach it: the
+//! lock then frees itself at the end of its TTL); a signal while waiting withdraws what the
+//! wait holds and exits 128 + the signal's number, as for exec.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+
+use crate::code;
+use crate::exec::{take, LockArgs, Taken, Target};
+use crate::signals::Signals;
+
+/// Arguments of `fencelock hold`.
+#[derive(Args, Debug)]
+pub struct HoldArgs {
+    /// What to lock and how, as for exec.
+    #[command(flatten)]
+    pub lock: LockArgs,
+}
+
+/// Runs `fencelock hold`.
+pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
+    let mut signals = Signals::install();
+    let Taken {
+        client,
+        hold: guard,
+    } = match take(target, &args.lock, &mut signals, "hold").await {
+        Ok(taken) => taken,
+        Err(code) => return code,
+    };
+    let name = args.lock.names.join(" ");
+    let fence = guard.tokens();
+    {
+        // A reader that went away (`fencelock hold x | head -1`) is no reason to let go.
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{fence}");
+        let _ = stdout.flush();
+    }
+    let lost = tokio::select! {
+        _ = signals.next() => None,
+        err = guard.lost() => Some(err),
+    };
+    match lost {
+        None => match guard.release().await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) if err.is_lock_lost() => {
+                eprintln!(
+                    "fencelock: lock {name:?} (fence {fence}) was lost before the release: {err}"
+                );
+                ExitCode::from(code::LOCK_LOST)
+            }
+            Err(err) => {
+                eprintln!(
+                    "fencelock: lock {name:?} was not released ({err}); it frees itself when \
+                     its TTL runs out"
+                );
+                ExitCode::from(code::UNAVAILABLE)
+            }
+        },
+        Some(reason) => {
+            let _ = guard.release().await;
+            let _ = client.shutdown().await;
+            eprintln!("fencelock: lost lock {name:?} (fence {fence}) while holding it: {reason}");
+            ExitCode::from(code::LOCK_LOST)
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! `fencelock exec`, `hold` and `latch wait` while they wait, as a user types them, against a
+//! real server: a signal while waiting withdraws what the wait holds (a writer's intent, a fair
+//! waiter's place, multi-lock members taken) and exits 128 + the signal's number; `hold NAME`;
+//! `exec NAME CMD` without `--`, `-n`/`-w`; the in-place status line on a terminal; strict
+//! boolean environment switches.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{wait_until, Standalone};
+use fencelock::{Client, LockOptions};
+
+fn fencelock_cmd(url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
+    command
+        .env_remove("FENCELOCK_URL")
+        .env_remove("FENCELOCK_FAIR")
+        .arg("--url")
+        .arg(url)
+        .args(args);
+    command
+}
+
+fn fencelock(url: &str, args: &[&str]) -> Output {
+    fencelock_cmd(url, args).output().expect("run fencelock")
+}
+
+fn spawn(url: &str, args: &[&str]) -> Child {
+    fencelock_cmd(url, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run fencelock")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn kill(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on a process this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+/// Waits (bounded) for `child` to exit and returns its output.
+fn finish(mut child: Child) -> Output {
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("fencelock did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn options() -> LockOptions {
+    LockOptions::new().ttl(Duration::from_secs(30))
+}
+
+fn has_field(node: &common::Node, key: &str, field: &str) -> bool {
+    node.cmd(redis::cmd("HEXISTS").arg(key).arg(field))
+}
+
+fn places(node: &common::Node, key: &str) -> usize {
+    let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+    fields.iter().filter(|f| f.starts_with("q:")).count()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_to_a_waiting_writer_withdraws_its_intent_and_exits_143() {
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{files}:rw";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let reader = client.try_read_lock("files", &options()).await.unwrap();
+
+    let writer = spawn(&url, &["exec", "--write", "--ttl", "30s", "files", "true"]);
+    wait_until("the writer's intent", Duration::from_secs(10), || {
+        has_field(&server.node, key, "i")
+    });
+    kill(&writer, libc::SIGTERM);
+    let output = finish(writer);
+    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("stopped by SIGTERM while waiting for lock \"files\""),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!has_field(&server.node, key, "i"), "intent withdrawn");
+    // A new reader gets in at once, not after the intent's 30 s lease.
+    let other = Client::connect([url.clone()]).await.unwrap();
+    let second = other.try_read_lock("files", &options()).await.unwrap();
+    second.release().await.unwrap();
+    reader.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_to_a_waiting_fair_exec_gives_up_its_place_and_exits_130() {
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{queue}:fair";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let holder = client.try_fair_lock("queue", &options()).await.unwrap();
+
+    let waiter = spawn(&url, &["exec", "--fair", "--ttl", "30s", "queue", "true"]);
+    wait_until("the exec's place", Duration::from_secs(10), || {
+        places(&server.node, key) == 1
+    });
+    kill(&waiter, libc::SIGINT);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    assert_eq!(places(&server.node, key), 0, "place withdrawn");
+    // The next fair taker is not queued behind a place nobody holds.
+    holder.release().await.unwrap();
+    let other = Client::connect([url.clone()]).await.unwrap();
+    let next = other.try_fair_lock("queue", &options()).await.unwrap();
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_to_a_waiting_multi_lock_frees_the_member_taken_and_exits_129() {
+    let server = Standalone::start();
+    let url = server.url();
+    // Members are taken in slot order: the first in that order is free, the second held.
+    let slot = |name: &str| -> u16 {
+        let output = fencelock(&url, &["slot", name]);
+        let text = stdout(&output);
+        text.lines().next().unwrap()["slot ".len()..]
+            .parse()
+            .unwrap()
+    };
+    let (free, busy) = if slot("first") < slot("second") {
+        ("first", "second")
+    } else {
+        ("second", "first")
+    };
+    let free_key = format!("fencelock:{{{free}}}:lock");
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let held = client.try_lock(busy, &options()).await.unwrap();
+
+    let waiter = spawn(
+        &url,
+        &["exec", "--ttl", "30s", "first", "second", "--", "true"],
+    );
+    wait_until("the free member taken", Duration::from_secs(10), || {
+        server.node.held(&free_key)
+    });
+    kill(&waiter, libc::SIGHUP);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(129), "{}", stderr(&output));
+    assert!(!server.node.held(&free_key), "member freed");
+    let taken = client.try_lock(free, &options()).await.unwrap();
+    taken.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_to_a_waiting_permit_exec_leaves_the_semaphore_as_it_was() {
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{pool}:sem";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let semaphore = client.semaphore("pool", 1).unwrap();
+    let permit = semaphore.try_acquire(&options()).await.unwrap();
+    let before: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
+
+    let mut waiter = spawn(&url, &["exec", "-v", "--permits", "1", "pool", "true"]);
+    let mut line = String::new();
+    BufReader::new(waiter.stderr.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("waiting for pool"), "{line}");
+    kill(&waiter, libc::SIGTERM);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    let after: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
+    assert_eq!(after, before, "nothing of the wait left");
+    permit.release().await.unwrap();
+    let next = semaphore.try_acquire(&options()).await.unwrap();
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{door}:lock";
+
+    // Held until SIGTERM, then released: exit 0.
+    let mut hold = spawn(&url, &["hold", "door"]);
+    let mut line = String::new();
+    BufReader::new(hold.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let token: u64 = line.trim().parse().expect("a token line");
+    let fence: u64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+    assert_eq!(token, fence);
+    assert!(server.node.held(key));
+    let busy = fencelock(&url, &["exec", "-n", "door", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    let busy = fencelock(&url, &["hold", "-w", "100ms", "door"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    kill(&hold, libc::SIGTERM);
+    let output = finish(hold);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(!server.node.held(key), "released");
+
+    // Freed by a force unlock while held: exit 70.
+    let mut hold = spawn(&url, &["hold", "--ttl", "1s", "door"]);
+    let mut line = String::new();
+    BufReader::new(hold.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let unlock = fencelock(&url, &["unlock", "--force", "door"]);
+    assert_eq!(unlock.status.code(), Some(0), "{}", stderr(&unlock));
+    let output = finish(hold);
+    assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
+
+    // A read hold: shared with an exec --read.
+    let mut hold = spawn(&url, &["hold", "--read", "door"]);
+    let mut line = String::new();
+    BufReader::new(hold.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let read = fencelock(&url, &["exec", "--read", "-n", "door", "true"]);
+    assert_eq!(read.status.code(), Some(0), "{}", stderr(&read));
+    kill(&hold, libc::SIGINT);
+    assert_eq!(finish(hold).status.code(), Some(0));
+}
+
+#[test]
+fn exec_takes_the_command_after_one_name_without_double_dash() {
+    let server = Standalone::start();
+    let url = server.url();
+    let output = fencelock(
+        &url,
+        &[
+            "exec",
+            "-w",
+            "1s",
+            "job",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_NAME; exit 3",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    assert_eq!(stdout(&output).trim(), "job");
+    // With `--`, every argument before it is a name.
+    let output = fencelock(
+        &url,
+        &[
+            "exec",
+            "a",
+            "--timeout",
+            "1s",
+            "b",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_NAME",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output).trim(), "a b");
+}
+
+#[test]
+fn boolean_switches_from_the_environment_take_documented_values_only() {
+    let server = Standalone::start();
+    let url = server.url();
+    for bad in ["maybe", "yes", "2"] {
+        let output = fencelock_cmd(&url, &["exec", "job", "true"])
+            .env("FENCELOCK_FAIR", bad)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(64), "{bad}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains("FENCELOCK_FAIR"),
+            "names the variable: {}",
+            stderr(&output)
+        );
+    }
+    // A bad duration from the environment names its variable too.
+    let output = fencelock_cmd(&url, &["exec", "job", "true"])
+        .env("FENCELOCK_TTL", "5ms")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        stderr(&output).contains("FENCELOCK_TTL"),
+        "{}",
+        stderr(&output)
+    );
+    // 0 and false leave the switch off (the mutex is taken), 1 and true turn it on.
+    for (value, key) in [
+        ("0", "fencelock:{job}:lock"),
+        ("false", "fencelock:{job}:lock"),
+        ("1", "fencelock:{job}:fair"),
+        ("true", "fencelock:{job}:fair"),
+    ] {
+        let output = fencelock_cmd(&url, &["exec", "job", "sh", "-c", "echo $FENCELOCK_TOKEN"])
+            .env("FENCELOCK_FAIR", value)
+            .output()
+            .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{value}: {}",
+            stderr(&output)
+        );
+        let fence: String = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+        assert_eq!(stdout(&output).trim(), fence, "{value} uses {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_on_a_terminal_redraws_one_status_line() {
+    let server = Standalone::start();
+    let url = server.url();
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let held = client.try_lock("busy", &options()).await.unwrap();
+    // util-linux `script` gives fencelock a pseudo-terminal as stderr.
+    let exec = format!(
+        "{} --url {url} exec -w 1500ms busy true",
+        env!("CARGO_BIN_EXE_fencelock")
+    );
+    let output = Command::new("script")
+        .args(["-qec", &exec, "/dev/null"])
+        .env_remove("FENCELOCK_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("util-linux script");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(75), "{text}");
+    let waiting: Vec<&str> = text
+        .split('\n')
+        .filter(|line| line.contains("waiting for busy"))
+        .collect();
+    assert_eq!(waiting.len(), 1, "one line, redrawn in place: {text:?}");
+    assert!(
+        waiting[0]
+            .matches("\r\x1b[Kfencelock: waiting for busy")
+            .count()
+            >= 3,
+        "redrawn: {text:?}"
+    );
+    assert!(waiting[0].contains("of 1s 500ms"), "{text:?}");
+    held.release().await.unwrap();
+}
+
+#[test]
+fn sigterm_to_latch_wait_exits_143() {
+    let server = Standalone::start();
+    let url = server.url();
+    let set = fencelock(&url, &["latch", "set", "gate", "1"]);
+    assert_eq!(set.status.code(), Some(0), "{}", stderr(&set));
+    let waiter = spawn(&url, &["latch", "wait", "gate"]);
+    wait_until("the waiter subscribed", Duration::from_secs(10), || {
+        server.node.sharded_subscribers("fencelock:{gate}:latch") > 0
+            || server.node.calls("ssubscribe") > 0
+            || server.node.calls("subscribe") > 0
+    });
+    kill(&waiter, libc::SIGTERM);
+    let output = finish(waiter);
+    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+}
