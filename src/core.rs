@@ -1,12 +1,14 @@
 //! The core a client shares with its guards and requests: the transport, the background
 //! runtime (wake-ups, watchdog), the counters and the client's settings.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::fence::FenceMode;
+use crate::fence::{FenceMode, FenceToken};
 use crate::local_queue::LocalQueues;
+use crate::options::LockOptions;
 use crate::runtime::wakeups::Wakeups;
 use crate::runtime::watchdog::Watchdog;
 use crate::stats::{Counters, Stats};
@@ -27,7 +29,23 @@ pub(crate) struct Core {
     fence_mode: FenceMode,
     /// The lock scripts' last argument: the key's expiry grace in ms, empty to keep keys.
     expiry: Arc<str>,
+    /// [`ClientBuilder::fence_floor`](crate::ClientBuilder::fence_floor): every grant is above
+    /// it (0 for none).
+    fence_floor: u64,
+    /// The highest fence this client was granted per key, for [`Core::granted`].
+    seen: Mutex<HashMap<String, Seen>>,
 }
+
+/// The highest fence a client was granted for one key, and when it learnt it.
+#[derive(Clone, Copy)]
+struct Seen {
+    fence: u64,
+    at: Instant,
+}
+
+/// The most keys [`Core::granted`] remembers; past it the memory starts afresh (a regression
+/// of a key forgotten then goes unseen until that key is granted twice again).
+const MAX_SEEN: usize = 16_384;
 
 impl Core {
     /// The core over `transport`; in clock mode keys expire `expiry_grace` after their lease and
@@ -38,6 +56,7 @@ impl Core {
         prefix: String,
         fence_mode: FenceMode,
         expiry_grace: Duration,
+        fence_floor: Option<FenceToken>,
     ) -> Self {
         let transport = Arc::new(transport);
         let counters = Arc::new(Counters::default());
@@ -59,6 +78,76 @@ impl Core {
             tag: format!("{:08x}", rand::random::<u32>()),
             fence_mode,
             expiry,
+            fence_floor: fence_floor.map_or(0, FenceToken::get),
+            seen: Mutex::default(),
+        }
+    }
+
+    /// The floor a grant under `options` must be above: the higher of the lock's
+    /// [`LockOptions::floor`] and the client's [`fence_floor`](crate::ClientBuilder::fence_floor)
+    /// (0 for neither).
+    pub(crate) fn floor(&self, options: &LockOptions) -> u64 {
+        options
+            .floor
+            .map_or(0, FenceToken::get)
+            .max(self.fence_floor)
+    }
+
+    /// The client's [`fence_floor`](crate::ClientBuilder::fence_floor), 0 for none.
+    pub(crate) fn fence_floor(&self) -> u64 {
+        self.fence_floor
+    }
+
+    /// Records that Redis granted `fence` on `key` (the lock's name `name`) to a request sent at
+    /// `sent`, and reports a regression: a fence below one this client was granted on the same
+    /// key by a reply it had read before this request was sent. Redis ran that earlier grant
+    /// first, so a lower fence now means the key's stored fence and the epoch or clock term
+    /// both went back (a re-created cluster, a move to another server, a clock stepped back
+    /// past the expiry grace, or a failover that lost the key in counter mode); see
+    /// `docs/safety.md`. Grants whose replies crossed in flight are never compared, so
+    /// concurrent holders (readers, permits) raise no false alarm. After a regression the lower
+    /// fence becomes the key's mark, so one regression is reported once per key.
+    pub(crate) fn granted(&self, key: &str, name: &str, fence: FenceToken, sent: Instant) {
+        let fence = fence.get();
+        let now = Instant::now();
+        let regressed = {
+            let mut seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(|poison| poison.into_inner());
+            match seen.get_mut(key) {
+                Some(mark) if fence < mark.fence && mark.at <= sent => {
+                    let before = mark.fence;
+                    *mark = Seen { fence, at: now };
+                    Some(before)
+                }
+                Some(mark) => {
+                    if fence > mark.fence {
+                        *mark = Seen { fence, at: now };
+                    }
+                    None
+                }
+                None => {
+                    if seen.len() >= MAX_SEEN {
+                        seen.clear();
+                    }
+                    seen.insert(key.to_owned(), Seen { fence, at: now });
+                    None
+                }
+            }
+        };
+        if let Some(before) = regressed {
+            Counters::add(&self.counters.fence_regressions, 1);
+            tracing::warn!(
+                lock = name,
+                fence,
+                before,
+                "the fence went backwards: this client was granted {before} on this lock before \
+                 and {fence} now. The deployment's config epochs or stored fences went back (a \
+                 re-created cluster, a move to another server, a clock stepped back): storage \
+                 will reject the new holders. Set the client's fence floor to the highest token \
+                 storage has accepted (see docs/safety.md)"
+            );
         }
     }
 

@@ -319,7 +319,7 @@ impl Request for AcquireAll<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let lock_keys: Vec<&str> = keys.iter().map(LockKeys::lock_key).collect();
         let call = ScriptCall::new(
             &LOCK_ALL,

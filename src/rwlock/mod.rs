@@ -17,7 +17,6 @@ use crate::acquire::{self, replicas, Attempt, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
@@ -77,7 +76,7 @@ impl Request for Acquire<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let key = [keys.lock_key()];
         let call = match self.mode {
             Mode::Read => ScriptCall::new(

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use fencelock::{Client, ClientBuilder, Error, LockKeys, Placement};
+use fencelock::{Client, ClientBuilder, Error, FenceToken, LockKeys, Placement, MAX_FLOOR};
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
 #[derive(Parser, Debug)]
@@ -48,6 +48,18 @@ struct Cli {
 
     #[command(flatten)]
     tls: TlsArgs,
+
+    /// Grant only fences above TOKEN (exec, latch set): after a cluster was re-created or the
+    /// locks moved to another server, the highest token storage accepted before (see
+    /// docs/safety.md). A lock's own floor still applies; the higher one wins.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_FENCE_FLOOR",
+        value_name = "TOKEN",
+        value_parser = fence_floor_arg
+    )]
+    fence_floor: Option<FenceToken>,
 
     /// exec only: each --url is a separate deployment (a standalone server, or one seed node of
     /// a cluster), and NAME is a quorum lock over them, granted by a majority (an odd number of
@@ -161,8 +173,16 @@ struct TlsArgs {
 }
 
 /// A client builder for the global options.
-fn client_builder(urls: Vec<String>, prefix: String, tls: TlsArgs) -> ClientBuilder {
+fn client_builder(
+    urls: Vec<String>,
+    prefix: String,
+    tls: TlsArgs,
+    fence_floor: Option<FenceToken>,
+) -> ClientBuilder {
     let mut builder = Client::builder(urls).prefix(prefix);
+    if let Some(floor) = fence_floor {
+        builder = builder.fence_floor(floor);
+    }
     if let Some(ca) = tls.ca {
         builder = builder.tls_ca_file(ca);
     }
@@ -192,6 +212,18 @@ impl PlacementArgs {
             (None, None) => Placement::ByName,
         }
     }
+}
+
+/// Parses `--fence-floor`: a fence token from 1 to [`MAX_FLOOR`].
+fn fence_floor_arg(text: &str) -> Result<FenceToken, String> {
+    let floor: FenceToken = text.parse().map_err(|err| format!("{err}"))?;
+    if floor > MAX_FLOOR {
+        return Err(format!(
+            "{floor} is above {MAX_FLOOR}, too close to the largest token to leave room for \
+             later grants: pass the highest token your storage has accepted"
+        ));
+    }
+    Ok(floor)
 }
 
 /// Exit codes (sysexits.h where one fits).
@@ -325,11 +357,23 @@ fn main() -> ExitCode {
                 exec::Target::Quorum(
                     cli.urls
                         .into_iter()
-                        .map(|url| client_builder(vec![url], cli.prefix.clone(), cli.tls.clone()))
+                        .map(|url| {
+                            client_builder(
+                                vec![url],
+                                cli.prefix.clone(),
+                                cli.tls.clone(),
+                                cli.fence_floor,
+                            )
+                        })
                         .collect(),
                 )
             } else {
-                exec::Target::Single(client_builder(cli.urls, cli.prefix, cli.tls))
+                exec::Target::Single(client_builder(
+                    cli.urls,
+                    cli.prefix,
+                    cli.tls,
+                    cli.fence_floor,
+                ))
             };
             runtime.block_on(exec::run(target, args))
         }
@@ -344,7 +388,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(code::UNAVAILABLE);
                 }
             };
-            let client = client_builder(cli.urls, cli.prefix, cli.tls);
+            let client = client_builder(cli.urls, cli.prefix, cli.tls, cli.fence_floor);
             runtime.block_on(latch::run(client, args))
         }
         Command::Status(_) | Command::Unlock(_) | Command::List(_) | Command::Top(_) => {
@@ -366,7 +410,7 @@ fn run_ops(cli: Cli) -> ExitCode {
         }
     };
     let prefix = cli.prefix.clone();
-    let client = client_builder(cli.urls, cli.prefix, cli.tls);
+    let client = client_builder(cli.urls, cli.prefix, cli.tls, cli.fence_floor);
     runtime.block_on(async move {
         match cli.command {
             Command::Status(args) => ops::status(client, args).await,
