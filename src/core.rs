@@ -33,19 +33,55 @@ pub(crate) struct Core {
     /// it (0 for none).
     fence_floor: u64,
     /// The highest fence this client was granted per key, for [`Core::granted`].
-    seen: Mutex<HashMap<String, Seen>>,
+    marks: Mutex<FenceMarks>,
 }
 
-/// The highest fence a client was granted for one key, and when it learnt it.
+/// The highest fence a client was granted per key, and when it learnt each: what
+/// [`Core::granted`] compares a new grant with.
+#[derive(Default)]
+struct FenceMarks {
+    marks: HashMap<String, Mark>,
+}
+
+/// The highest fence granted on one key, and when the client read it.
 #[derive(Clone, Copy)]
-struct Seen {
+struct Mark {
     fence: u64,
-    at: Instant,
+    read: Instant,
 }
 
-/// The most keys [`Core::granted`] remembers; past it the memory starts afresh (a regression
-/// of a key forgotten then goes unseen until that key is granted twice again).
-const MAX_SEEN: usize = 16_384;
+/// The most keys [`FenceMarks`] remembers; past it the memory starts afresh (a regression of a
+/// key forgotten then goes unseen until that key is granted twice again).
+const MAX_MARKS: usize = 16_384;
+
+impl FenceMarks {
+    /// Records `fence`, granted on `key` to a request sent at `sent` and read at `read`; returns
+    /// the key's earlier mark when `fence` is below it and that mark was read before `sent` (a
+    /// regression; the lower fence becomes the mark). Grants whose replies crossed in flight are
+    /// not compared.
+    fn record(&mut self, key: &str, fence: u64, sent: Instant, read: Instant) -> Option<u64> {
+        match self.marks.get_mut(key) {
+            Some(mark) if fence < mark.fence && mark.read <= sent => {
+                let before = mark.fence;
+                *mark = Mark { fence, read };
+                Some(before)
+            }
+            Some(mark) => {
+                if fence > mark.fence {
+                    *mark = Mark { fence, read };
+                }
+                None
+            }
+            None => {
+                if self.marks.len() >= MAX_MARKS {
+                    self.marks.clear();
+                }
+                self.marks.insert(key.to_owned(), Mark { fence, read });
+                None
+            }
+        }
+    }
+}
 
 impl Core {
     /// The core over `transport`; in clock mode keys expire `expiry_grace` after their lease and
@@ -79,7 +115,7 @@ impl Core {
             fence_mode,
             expiry,
             fence_floor: fence_floor.map_or(0, FenceToken::get),
-            seen: Mutex::default(),
+            marks: Mutex::default(),
         }
     }
 
@@ -109,33 +145,11 @@ impl Core {
     /// fence becomes the key's mark, so one regression is reported once per key.
     pub(crate) fn granted(&self, key: &str, name: &str, fence: FenceToken, sent: Instant) {
         let fence = fence.get();
-        let now = Instant::now();
-        let regressed = {
-            let mut seen = self
-                .seen
-                .lock()
-                .unwrap_or_else(|poison| poison.into_inner());
-            match seen.get_mut(key) {
-                Some(mark) if fence < mark.fence && mark.at <= sent => {
-                    let before = mark.fence;
-                    *mark = Seen { fence, at: now };
-                    Some(before)
-                }
-                Some(mark) => {
-                    if fence > mark.fence {
-                        *mark = Seen { fence, at: now };
-                    }
-                    None
-                }
-                None => {
-                    if seen.len() >= MAX_SEEN {
-                        seen.clear();
-                    }
-                    seen.insert(key.to_owned(), Seen { fence, at: now });
-                    None
-                }
-            }
-        };
+        let regressed = self
+            .marks
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .record(key, fence, sent, Instant::now());
         if let Some(before) = regressed {
             Counters::add(&self.counters.fence_regressions, 1);
             tracing::warn!(
@@ -193,5 +207,38 @@ impl Core {
             "the node's clock is behind the lock's last fence (a failover to a node whose clock \
              lags, or a clock stepped back): fences stay monotonic while the lock's key survives"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lower_fence_is_a_regression_only_after_the_earlier_reply_was_read() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut marks = FenceMarks::default();
+        assert_eq!(marks.record("a", 100, at(0), at(1)), None);
+        // Sent before the grant of 100 was read: the replies crossed, no comparison.
+        assert_eq!(marks.record("a", 99, at(0), at(2)), None);
+        // Sent after it was read: Redis ran 100 first, so 50 went backwards.
+        assert_eq!(marks.record("a", 50, at(3), at(4)), Some(100));
+        // 50 is the mark now: the next higher grants are no alarm, one regression is one report.
+        assert_eq!(marks.record("a", 51, at(5), at(6)), None);
+        assert_eq!(marks.record("a", 52, at(7), at(8)), None);
+        // Keys are apart.
+        assert_eq!(marks.record("b", 1, at(9), at(10)), None);
+        assert_eq!(marks.record("a", 40, at(11), at(12)), Some(52));
+    }
+
+    #[test]
+    fn the_marks_stay_bounded() {
+        let now = Instant::now();
+        let mut marks = FenceMarks::default();
+        for key in 0..MAX_MARKS + 10 {
+            marks.record(&key.to_string(), 7, now, now);
+        }
+        assert!(marks.marks.len() <= MAX_MARKS);
     }
 }
