@@ -351,4 +351,14 @@ fn the_cli_grants_above_fence_floor_and_refuses_a_bad_one_with_64() {
     }
     let output = fencelock(&url, &exec, &[("FENCELOCK_FENCE_FLOOR", "soon")]);
     assert_eq!(output.status.code(), Some(64), "{output:?}");
+
+    for command in [&["exec", "--help"][..], &["latch", "set", "--help"][..]] {
+        let output = fencelock(&url, command, &[]);
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{output:?}");
+        assert!(
+            help.contains("--fence-floor <TOKEN>") && help.contains("[env: FENCELOCK_FENCE_FLOOR"),
+            "{command:?}: {help}"
+        );
+    }
 }
