@@ -188,6 +188,82 @@ impl Drop for Intent {
     }
 }
 
+/// One read hold of `keys`' lock for a multi-lock (`deadline` `None`: one attempt), as
+/// [`Client::read_lock`] / [`Client::try_read_lock`] take it.
+pub(crate) async fn take_read(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<ReadGuard> {
+    let request = Acquire {
+        keys,
+        options,
+        mode: Mode::Read,
+        intent: "",
+    };
+    let held = match deadline {
+        None => acquire::once(core, &request).await?,
+        Some(deadline) => {
+            acquire::wait_observed(
+                core,
+                &request,
+                deadline.saturating_duration_since(Instant::now()),
+                options.on_wait.as_ref(),
+            )
+            .await?
+        }
+    };
+    Ok(ReadGuard::new(held))
+}
+
+/// The write hold of `keys`' lock for a multi-lock, as [`Client::write_lock`] takes it: waiting
+/// until `deadline` under an intent that keeps new readers out, withdrawn when the wait fails
+/// (within the request timeout after `deadline`; past it, or when the call is dropped, in the
+/// background); with `deadline` `None` one attempt that leaves no intent.
+pub(crate) async fn take_write(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<WriteGuard> {
+    let Some(deadline) = deadline else {
+        let request = Acquire {
+            keys,
+            options,
+            mode: Mode::Write,
+            intent: "",
+        };
+        return acquire::once(core, &request).await.map(WriteGuard::new);
+    };
+    let bound = instant_after(deadline, core.transport.request_timeout());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let intent = Intent::new(core, keys, &id);
+    let request = Acquire {
+        keys,
+        options,
+        mode: Mode::Write,
+        intent: &id,
+    };
+    match acquire::wait_observed(
+        core,
+        &request,
+        deadline.saturating_duration_since(Instant::now()),
+        options.on_wait.as_ref(),
+    )
+    .await
+    {
+        Ok(held) => {
+            intent.disarm();
+            Ok(WriteGuard::new(held))
+        }
+        Err(err) => {
+            let _ = tokio::time::timeout_at(bound.into(), intent.withdraw(keys.name())).await;
+            Err(err)
+        }
+    }
+}
+
 impl Client {
     /// The keys of read-write lock `name`: one hash, `<prefix>:{NAME}:rw` (in the slot of the
     /// name, or where `options` pin it).
