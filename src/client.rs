@@ -16,7 +16,7 @@ use crate::keys::LockKeys;
 use crate::keys::Placement;
 use crate::latch::Latch;
 use crate::lock::{self, LockGuard};
-use crate::options::{instant_after, LockOptions};
+use crate::options::{instant_after, LockOptions, MAX_FLOOR};
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
 use crate::semaphore::Semaphore;
 use crate::stats::Stats;
@@ -55,6 +55,7 @@ pub struct ClientBuilder {
     wake_on_release: bool,
     batching: bool,
     expiry_grace: Duration,
+    fence_floor: Option<FenceToken>,
     tls: TlsFiles,
     /// Boxed: most clients take them from the URLs.
     credentials: Option<Box<Credentials>>,
@@ -180,6 +181,50 @@ impl ClientBuilder {
     pub fn expiry_grace(mut self, grace: Duration) -> Self {
         self.expiry_grace = grace;
         self
+    }
+
+    /// A fence floor for the whole client (default none): every grant of every primitive it
+    /// makes (mutex, handoff's reserved fences, read-write lock, fair lock, semaphore permits,
+    /// latch generations, multi-lock and quorum lock members) is above `floor`. A lock's own
+    /// [`LockOptions::floor`] still applies: the effective floor is the higher of the two.
+    ///
+    /// Fences rely on the deployment's config epochs never decreasing (epoch and epoch-clock
+    /// modes) and on the lock keys surviving (all modes; see `docs/safety.md`). After a cluster
+    /// was re-created (`CLUSTER RESET HARD`, nodes rebuilt without `nodes.conf`) or the locks
+    /// were moved to another server, fences start lower than the ones storage has accepted,
+    /// and storage then rejects every new holder. Set this to the highest token storage has
+    /// accepted ([`StaleFence::highest`], [`FenceGate::highest`](crate::FenceGate::highest), the
+    /// highest fence `fencelock list --json` shows before the move) on every client of the
+    /// deployment until the new fences have passed it. Clients detect such a regression when
+    /// they saw the old fences ([`Stats::fence_regressions`]).
+    ///
+    /// At most [`MAX_FLOOR`](crate::MAX_FLOOR): `connect` fails with [`Error::InvalidConfig`]
+    /// above it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use fencelock::FenceToken;
+    ///
+    /// // The highest token the orders table accepted before the cluster was re-created.
+    /// let floor = FenceToken::new(1_796_020_144_707_460).unwrap();
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:7000"])
+    ///     .fence_floor(floor)
+    ///     .connect()
+    ///     .await?;
+    /// let guard = client.lock("orders:42", &fencelock::LockOptions::new()).await?;
+    /// assert!(guard.fence() > floor);
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_floor(mut self, floor: FenceToken) -> Self {
+        self.fence_floor = Some(floor);
+        self
+    }
+
+    /// The floor [`fence_floor`](Self::fence_floor) set, if any.
+    pub(crate) fn configured_fence_floor(&self) -> Option<FenceToken> {
+        self.fence_floor
     }
 
     /// Trusts the CA certificates in the PEM file at `path` for `rediss://` servers, instead of
@@ -320,6 +365,15 @@ impl ClientBuilder {
                 ),
             });
         }
+        if let Some(floor) = self.fence_floor.filter(|floor| *floor > MAX_FLOOR) {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "the fence floor {floor} is above {MAX_FLOOR}, too close to the largest token \
+                     (2^53 - 1) to leave room for later grants: pass the highest token your \
+                     storage has accepted"
+                ),
+            });
+        }
         if self.retries > MAX_RETRIES {
             return Err(Error::InvalidConfig {
                 reason: format!(
@@ -364,6 +418,7 @@ impl ClientBuilder {
                 self.prefix,
                 self.fence_mode,
                 self.expiry_grace,
+                self.fence_floor,
             )),
         })
     }
@@ -486,6 +541,7 @@ impl Client {
             wake_on_release: true,
             batching: true,
             expiry_grace: DEFAULT_EXPIRY_GRACE,
+            fence_floor: None,
             tls: TlsFiles::default(),
             credentials: None,
         }

@@ -197,13 +197,22 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// The hold `grant` made, watched when `options` turn the watchdog on.
+    /// The hold `grant` made, watched when `options` turn the watchdog on. A grant by Redis
+    /// (re-entries and holds handed over within the client come through
+    /// [`following`](Self::following)): its fence is checked against the lock's earlier grants
+    /// ([`Core::granted`]).
     pub(crate) fn new(
         core: &Arc<Core>,
         kind: &'static Kind,
         grant: Grant,
         options: &LockOptions,
     ) -> Self {
+        core.granted(
+            grant.keys.lock_key(),
+            grant.keys.name(),
+            grant.fence,
+            grant.sent,
+        );
         let watched = options
             .watchdog
             .then(|| Self::watch(core, kind, &grant, options))

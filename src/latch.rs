@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -138,7 +138,8 @@ impl Latch {
     }
 
     /// Arms the latch with `count`, starting a new generation, and returns the generation: a
-    /// fence above every earlier generation of this latch. The ids that counted down in the
+    /// fence above every earlier generation of this latch (and above the client's
+    /// [`fence_floor`](crate::ClientBuilder::fence_floor)). The ids that counted down in the
     /// previous round are forgotten. `count` 0 opens the new generation at once (and wakes
     /// the waiters).
     ///
@@ -178,12 +179,14 @@ impl Latch {
         async {
             let core = &self.core;
             let set_id = uuid::Uuid::new_v4().simple().to_string();
+            let sent = Instant::now();
             let call = ScriptCall::new(
                 &LATCH_SET,
                 &[self.key()],
                 &[
                     &count.to_string(),
                     &set_id,
+                    &core.fence_floor().to_string(),
                     core.fence_arg(),
                     core.transport.announce(),
                     &ttl_millis(self.open_ttl),
@@ -200,6 +203,7 @@ impl Latch {
                 core.clock_behind(name, behind);
             }
             let generation = parse_fence(name, "latch set", "generation", generation)?;
+            core.granted(self.key(), name, generation, sent);
             tracing::debug!(latch = name, %generation, count, "set");
             Ok(generation)
         }

@@ -27,18 +27,22 @@ use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::lock::{new_owner_token, Acquire, LockGuard, MUTEX};
 use crate::options::{instant_after, LockOptions};
+use crate::rwlock::{self, ReadGuard, WriteGuard};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
 
 /// The most locks one multi-lock takes.
 pub const MAX_MULTI_LOCKS: usize = 1024;
 
-/// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex, [`Client::lock_all`]) or
-/// [`FairLockGuard`] (a fair lock, [`Client::fair_lock_all`]). Sealed: implemented by those two
-/// guards only.
+/// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex, [`Client::lock_all`]),
+/// [`FairLockGuard`] (a fair lock, [`Client::fair_lock_all`]), [`ReadGuard`] or [`WriteGuard`]
+/// (read or write holds of read-write locks, [`Client::read_lock_all`],
+/// [`Client::write_lock_all`]). Sealed: implemented by those four guards only.
 pub trait MultiMember: sealed::Member {}
 
 impl MultiMember for LockGuard {}
 impl MultiMember for FairLockGuard {}
+impl MultiMember for ReadGuard {}
+impl MultiMember for WriteGuard {}
 
 pub(crate) mod sealed {
     use std::future::Future;
@@ -142,6 +146,34 @@ impl sealed::Member for FairLockGuard {
             let _ = tokio::time::timeout_at(bound.into(), request.withdraw()).await;
         }
         outcome
+    }
+}
+
+#[allow(private_interfaces)]
+impl sealed::Member for ReadGuard {
+    member_held!(ReadGuard);
+
+    async fn take<'a>(
+        core: &'a Arc<Core>,
+        keys: &'a LockKeys,
+        options: &'a LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Self> {
+        rwlock::take_read(core, keys, options, deadline).await
+    }
+}
+
+#[allow(private_interfaces)]
+impl sealed::Member for WriteGuard {
+    member_held!(WriteGuard);
+
+    async fn take<'a>(
+        core: &'a Arc<Core>,
+        keys: &'a LockKeys,
+        options: &'a LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Self> {
+        rwlock::take_write(core, keys, options, deadline).await
     }
 }
 
@@ -319,7 +351,7 @@ impl Request for AcquireAll<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let lock_keys: Vec<&str> = keys.iter().map(LockKeys::lock_key).collect();
         let call = ScriptCall::new(
             &LOCK_ALL,
@@ -683,6 +715,156 @@ impl Client {
         options: &LockOptions,
     ) -> Result<MultiGuard<FairLockGuard>> {
         self.fair_lock_all_until(names, options, None).await
+    }
+
+    /// Takes a read hold of every read-write lock in `names` as one guard, all or nothing,
+    /// waiting while a writer holds or waits for any of them, for up to `options.timeout` in
+    /// all.
+    ///
+    /// The members are taken one by one in one canonical order (by slot, then key) whatever
+    /// order `names` has, as [`fair_lock_all`](Self::fair_lock_all) takes its members: each
+    /// read hold first with a short provisional lease, extended to the full lease once all are
+    /// held; on failure the holds taken are released. Each member is the read hold
+    /// [`read_lock`](Self::read_lock) of its name takes (its own fence and lease, shared with
+    /// other readers). `options` apply to every member.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let reads = client
+    ///     .read_lock_all(&["catalog", "prices"], &LockOptions::new())
+    ///     .await?;
+    /// for (name, fence) in reads.fences() {
+    ///     println!("reading {name} under fence {fence}");
+    /// }
+    /// reads.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_all`](Self::lock_all): [`Error::InvalidOptions`] for no names, too many, a
+    /// name given twice or bad options; [`Error::Busy`] naming the member a writer still held
+    /// or waited for at the timeout; the errors of [`read_lock`](Self::read_lock) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing (holds taken are released in the background).
+    pub async fn read_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<ReadGuard>> {
+        let deadline = instant_after(Instant::now(), options.timeout);
+        self.rw_lock_all_until(names, options, Some(deadline), "fencelock.read_lock_all")
+            .await
+    }
+
+    /// Takes a read hold of every read-write lock in `names` as one guard if no writer holds
+    /// or waits for any of them now: one attempt per member, in canonical order, no waiting; as
+    /// [`read_lock_all`](Self::read_lock_all) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] naming a member a writer holds or waits for (nothing is left held); as
+    /// [`read_lock_all`](Self::read_lock_all) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`read_lock_all`](Self::read_lock_all).
+    pub async fn try_read_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<ReadGuard>> {
+        self.rw_lock_all_until(names, options, None, "fencelock.try_read_lock_all")
+            .await
+    }
+
+    /// Takes the write hold of every read-write lock in `names` as one guard, all or nothing,
+    /// waiting for up to `options.timeout` in all.
+    ///
+    /// The members are taken one by one in canonical order (by slot, then key), as
+    /// [`read_lock_all`](Self::read_lock_all) does; while a member is awaited it carries this
+    /// call's writer intent, as [`write_lock`](Self::write_lock), so new readers of that lock
+    /// wait behind it. On failure the holds taken are released and the intent withdrawn.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let writes = client
+    ///     .write_lock_all(&["catalog", "prices"], &LockOptions::new())
+    ///     .await?;
+    /// let fence = writes.fence("prices"); // present it to the prices' storage
+    /// # drop(fence);
+    /// writes.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`read_lock_all`](Self::read_lock_all); [`Error::Busy`] naming the member still held
+    /// (by readers or a writer) at the timeout.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds nothing and leaves no intent (both undone in the
+    /// background).
+    pub async fn write_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<WriteGuard>> {
+        let deadline = instant_after(Instant::now(), options.timeout);
+        self.rw_lock_all_until(names, options, Some(deadline), "fencelock.write_lock_all")
+            .await
+    }
+
+    /// Takes the write hold of every read-write lock in `names` as one guard if each is free
+    /// now: one attempt per member, in canonical order, no waiting and no intent left; as
+    /// [`write_lock_all`](Self::write_lock_all) otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] naming a member held or waited for by another owner (nothing is left
+    /// held); as [`write_lock_all`](Self::write_lock_all) otherwise.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`write_lock_all`](Self::write_lock_all).
+    pub async fn try_write_lock_all(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+    ) -> Result<MultiGuard<WriteGuard>> {
+        self.rw_lock_all_until(names, options, None, "fencelock.try_write_lock_all")
+            .await
+    }
+
+    async fn rw_lock_all_until<G: MultiMember>(
+        &self,
+        names: &[&str],
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        call: &'static str,
+    ) -> Result<MultiGuard<G>> {
+        let keys = self.multi_keys(names, options, Client::rwlock_keys)?;
+        let span = tracing::debug_span!(
+            "fencelock.rw_lock_all",
+            call,
+            lock = names.join(" "),
+            kind = "rw"
+        );
+        let members = collect(self.core(), &keys, options, deadline)
+            .instrument(span)
+            .await?;
+        Ok(MultiGuard { members })
     }
 
     async fn fair_lock_all_until(

@@ -655,9 +655,9 @@ pub(crate) static FENCED_SET: LazyLock<LuaScript> =
 /// - `KEYS[1]` the latch key (hash): `fence` the last generation granted, `gen` the current
 ///   one, `count` its remaining count, `set` the set call that started it, `opened` the latest
 ///   generation that reached zero, `d:<id>` the ids counted down in `gen`.
-/// - `ARGV[1]` count (0 opens at once), `ARGV[2]` the call's random set id, `ARGV[3]` fence
-///   mode (`clock`, `epoch`, `counter`), `ARGV[4]` announce (`s`, `p`, empty), `ARGV[5]` open
-///   TTL in ms, `ARGV[6]` expiry grace.
+/// - `ARGV[1]` count (0 opens at once), `ARGV[2]` the call's random set id, `ARGV[3]` floor
+///   (the generation is above it; `0` for none), `ARGV[4]` fence mode (as [`ACQUIRE`]),
+///   `ARGV[5]` announce (`s`, `p`, empty), `ARGV[6]` open TTL in ms, `ARGV[7]` expiry grace.
 ///
 /// Replies: `{1, gen, behind}` started; `{2, gen, 0}` this set call already started the current
 /// generation (a resent script, no write); an error reply past 2^53 − 1. An armed latch is kept

@@ -63,6 +63,12 @@ pub struct Stats {
     pub clock_behind: u64,
     /// The largest such lead seen, in microseconds.
     pub clock_behind_max_us: u64,
+    /// Grants whose fence was below one this client had been granted before on the same lock
+    /// (the earlier reply read before the later request was sent): tokens went backwards, as
+    /// after a re-created cluster or a move to another server. Each is also logged as a `warn`
+    /// event; see `docs/safety.md` for the repair
+    /// ([`ClientBuilder::fence_floor`](crate::ClientBuilder::fence_floor)).
+    pub fence_regressions: u64,
     /// How long granted `lock`/`try_lock` calls took, from the call to the grant.
     pub waits: Histogram,
     /// How long locks were held, from the grant to the release.
@@ -219,6 +225,7 @@ pub(crate) mod names {
     pub(crate) const RELEASES: &str = "fencelock_releases_total";
     pub(crate) const LOST: &str = "fencelock_lost_total";
     pub(crate) const CLOCK_BEHIND: &str = "fencelock_clock_behind_total";
+    pub(crate) const FENCE_REGRESSIONS: &str = "fencelock_fence_regressions_total";
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) const CONNECTION_REBUILDS: &str = "fencelock_connection_rebuilds_total";
     pub(crate) const WAIT_SECONDS: &str = "fencelock_wait_seconds";
@@ -243,6 +250,7 @@ pub(crate) struct Counters {
     pub(crate) lost: Counter,
     pub(crate) clock_behind: Counter,
     pub(crate) clock_behind_max_us: AtomicU64,
+    pub(crate) fence_regressions: Counter,
     pub(crate) waits: LiveHistogram,
     pub(crate) holds: LiveHistogram,
 }
@@ -266,6 +274,7 @@ impl Default for Counters {
             lost: Counter::named(LOST),
             clock_behind: Counter::named(CLOCK_BEHIND),
             clock_behind_max_us: AtomicU64::new(0),
+            fence_regressions: Counter::named(FENCE_REGRESSIONS),
             waits: LiveHistogram::named(WAIT_SECONDS),
             holds: LiveHistogram::named(HOLD_SECONDS),
         }
@@ -302,6 +311,7 @@ impl Counters {
             batched_calls: 0,
             clock_behind: get(&self.clock_behind),
             clock_behind_max_us: self.clock_behind_max_us.load(Ordering::Relaxed),
+            fence_regressions: get(&self.fence_regressions),
             waits: self.waits.snapshot(),
             holds: self.holds.snapshot(),
         }

@@ -683,3 +683,173 @@ async fn a_fair_multi_lock_cut_while_waiting_leaves_nothing_held_or_queued() {
     blocker.release().await.unwrap();
     fair_idle_within(&a, &names, Duration::from_secs(2)).await;
 }
+
+/// Whether read-write lock `name` has a live hold (read or write), as `inspect` reads it.
+async fn rw_held(client: &Client, name: &str) -> bool {
+    client.inspect(Kind::ReadWrite, name).await.unwrap().held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_and_write_holds_as_members_all_or_nothing_with_fences_per_name() {
+    let cluster = Cluster::start();
+    let urls = cluster.urls();
+    let (a, b, c) = (
+        Client::connect(urls.clone()).await.unwrap(),
+        Client::connect(urls.clone()).await.unwrap(),
+        Client::connect(urls).await.unwrap(),
+    );
+    let names = ["rwm:a", "rwm:b", "rwm:c"];
+    let slots: Vec<u16> = names
+        .iter()
+        .map(|n| a.rwlock_keys(n, &LockOptions::new()).unwrap().slot())
+        .collect();
+    assert!(
+        slots.iter().any(|s| *s != slots[0]),
+        "across slots: {slots:?}"
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .timeout(Duration::from_secs(10));
+
+    // Readers share: another client's read hold on b does not keep the multi-lock out.
+    let other = b.read_lock("rwm:b", &options).await.unwrap();
+    let reads = a.read_lock_all(&names, &options).await.unwrap();
+    let fences: Vec<(String, u64)> = reads
+        .fences()
+        .into_iter()
+        .map(|(n, f)| (n.to_owned(), f.get()))
+        .collect();
+    assert_eq!(
+        fences.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        names,
+        "fences in the caller's order"
+    );
+    assert!(reads.fence("rwm:b").unwrap() > other.fence());
+    let found = a.inspect(Kind::ReadWrite, "rwm:b").await.unwrap();
+    assert_eq!(found.readers, Some(2));
+    assert!(
+        reads.valid_until() > Instant::now() + Duration::from_secs(5),
+        "full lease"
+    );
+
+    // Writers are kept out by any reader: one attempt, Busy naming a member, nothing left.
+    let err = c.try_write_lock_all(&names, &options).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Busy { name, .. } if names.contains(&name.as_str())),
+        "{err}"
+    );
+    reads.release().await.unwrap();
+    for name in ["rwm:a", "rwm:c"] {
+        assert!(!rw_held(&a, name).await, "{name} left held");
+    }
+
+    // Waiting: b stays read by another owner, so the write multi-lock times out naming b; the
+    // members taken are released and b's writer intent withdrawn (readers get in at once).
+    let started = Instant::now();
+    let short = options.clone().timeout(Duration::from_millis(300));
+    let err = c.write_lock_all(&names, &short).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Busy { name, .. } if name == "rwm:b"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    for name in ["rwm:a", "rwm:c"] {
+        assert!(!rw_held(&a, name).await, "{name} left held");
+    }
+    let reader = a
+        .try_read_lock("rwm:b", &options)
+        .await
+        .expect("no intent left");
+    reader.release().await.unwrap();
+
+    // Free: the write multi-lock gets every member, above every earlier fence, exclusively.
+    other.release().await.unwrap();
+    let writes = c.write_lock_all(&names, &options).await.unwrap();
+    for (name, before) in &fences {
+        let fence = writes.fence(name).unwrap().get();
+        assert!(fence > *before, "{name}: {fence} <= {before}");
+        let err = a.try_read_lock(name, &options).await.unwrap_err();
+        assert!(err.is_busy(), "{name}: {err}");
+    }
+    writes.release().await.unwrap();
+    let reads = a.try_read_lock_all(&names, &options).await.unwrap();
+    reads.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_and_write_multi_locks_in_any_order_never_deadlock_and_writers_exclude() {
+    let cluster = Cluster::start();
+    let urls = cluster.urls();
+    let names = ["rwd:a", "rwd:b", "rwd:c", "rwd:d"];
+    // Per name: the number of readers inside, or -1 while a writer is.
+    let inside: Arc<HashMap<&str, std::sync::Mutex<i64>>> = Arc::new(
+        names
+            .iter()
+            .map(|n| (*n, std::sync::Mutex::new(0)))
+            .collect(),
+    );
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .timeout(Duration::from_secs(20));
+    let mut tasks = Vec::new();
+    for task in 0..6u64 {
+        let client = Client::connect(urls.clone()).await.unwrap();
+        let (inside, options) = (Arc::clone(&inside), options.clone());
+        let writer = task % 2 == 0;
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((task + 1) * 0x1234_5678));
+            let until = Instant::now() + Duration::from_secs(3);
+            let mut rounds = 0;
+            while Instant::now() < until {
+                let mut set = names.to_vec();
+                for i in (1..set.len()).rev() {
+                    set.swap(i, usize::try_from(rng.next(i as u64 + 1)).unwrap());
+                }
+                set.truncate(2 + usize::try_from(rng.next(3)).unwrap());
+                let enter = |name: &str| {
+                    let mut state = inside[name].lock().unwrap();
+                    if writer {
+                        assert_eq!(*state, 0, "{name}: a writer entered beside others");
+                        *state = -1;
+                    } else {
+                        assert!(*state >= 0, "{name}: a reader entered beside a writer");
+                        *state += 1;
+                    }
+                };
+                let leave = |name: &str| {
+                    let mut state = inside[name].lock().unwrap();
+                    *state = if writer { 0 } else { *state - 1 };
+                };
+                if writer {
+                    let guard = client.write_lock_all(&set, &options).await.unwrap();
+                    set.iter().for_each(|name| enter(name));
+                    tokio::time::sleep(Duration::from_millis(rng.next(5))).await;
+                    set.iter().for_each(|name| leave(name));
+                    guard.release().await.unwrap();
+                } else {
+                    let guard = client.read_lock_all(&set, &options).await.unwrap();
+                    set.iter().for_each(|name| enter(name));
+                    tokio::time::sleep(Duration::from_millis(rng.next(5))).await;
+                    set.iter().for_each(|name| leave(name));
+                    guard.release().await.unwrap();
+                }
+                rounds += 1;
+            }
+            rounds
+        }));
+    }
+    let finished = tokio::time::timeout(Duration::from_secs(40), async {
+        let mut rounds = 0;
+        for task in tasks {
+            rounds += task.await.unwrap();
+        }
+        rounds
+    })
+    .await
+    .expect("every caller finishes: no deadlock");
+    assert!(finished >= 6, "{finished} rounds");
+}

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use crate::acquire::{replicas, Attempt, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
@@ -179,7 +178,7 @@ impl Request for Acquire<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let call = ScriptCall::new(
             &FAIR_ACQUIRE,
             &[keys.lock_key()],

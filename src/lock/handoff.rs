@@ -113,7 +113,7 @@ pub(crate) async fn release_to(
 ) -> Result<i64> {
     let (name, key) = (keys.name(), keys.lock_key());
     let lease = waiter.options.first_lease();
-    let floor = waiter.options.floor.map_or(0, FenceToken::get);
+    let floor = core.floor(&waiter.options);
     let (announce, mode, expiry) = (core.transport.announce(), core.fence_arg(), core.expiry());
     let queued = u64::try_from(core.handoffs.waiting(key)).unwrap_or(u64::MAX);
     let take = queued.saturating_add(1).min(RESERVE);

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use crate::acquire::{replicas, Attempt, InFlight, Local, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
@@ -63,7 +62,7 @@ impl Request for Acquire<'_> {
         let call = ScriptCall::start(&ACQUIRE, &[key], 5, bytes)
             .arg(owner.as_str())
             .arg(ttl_ms(lease))
-            .arg(options.floor.map_or(0, FenceToken::get))
+            .arg(core.floor(options))
             .arg(mode)
             .arg(expiry);
         let in_flight = InFlight::release(core, &MUTEX, key, &owner, "");

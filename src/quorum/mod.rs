@@ -162,6 +162,11 @@ impl QuorumClientBuilder {
                 builder
             })
             .collect();
+        // One fence sequence spans the deployments: a floor set on any of them holds for all.
+        let fence_floor = builders
+            .iter()
+            .filter_map(ClientBuilder::configured_fence_floor)
+            .max();
         let mut clients = Vec::with_capacity(count);
         let mut race = Race::new(builders.iter().cloned().map(ClientBuilder::connect));
         let mut connected: Vec<Option<Client>> = (0..count).map(|_| None).collect();
@@ -195,6 +200,7 @@ impl QuorumClientBuilder {
                 request_timeout,
                 prefix: self.prefix.unwrap_or_else(|| "fencelock".into()),
                 skip_commit: self.skip_commit,
+                fence_floor,
             }),
         })
     }
@@ -283,6 +289,8 @@ struct Shared {
     request_timeout: Duration,
     prefix: String,
     skip_commit: bool,
+    /// The highest [`ClientBuilder::fence_floor`] of the deployments: every grant is above it.
+    fence_floor: Option<FenceToken>,
 }
 
 impl Shared {
@@ -568,7 +576,11 @@ impl QuorumClient {
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = options
+            .floor
+            .max(shared.fence_floor)
+            .map_or(0, FenceToken::get)
+            .to_string();
         let started = Instant::now();
         let valid_until = instant_after(started, lease.saturating_sub(shared.allowance(lease)));
         let releases: Vec<Option<NodeRelease>> = nodes

@@ -133,17 +133,13 @@ fn debug(f: &mut std::fmt::Formatter<'_>, what: &str, held: &Held) -> std::fmt::
 }
 
 impl ReadGuard {
-    pub(super) fn new(held: Held) -> Self {
-        Self { held }
-    }
+    crate::held::held_wrapper!();
 
     hold_methods!();
 }
 
 impl WriteGuard {
-    pub(super) fn new(held: Held) -> Self {
-        Self { held }
-    }
+    crate::held::held_wrapper!();
 
     hold_methods!();
 

@@ -17,7 +17,6 @@ use crate::acquire::{self, replicas, Attempt, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
@@ -77,7 +76,7 @@ impl Request for Acquire<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let key = [keys.lock_key()];
         let call = match self.mode {
             Mode::Read => ScriptCall::new(
@@ -185,6 +184,82 @@ impl Drop for Intent {
     fn drop(&mut self) {
         if let Some(call) = self.withdraw.take() {
             self.core.transport.undo_detached(call, "withdraw intent");
+        }
+    }
+}
+
+/// One read hold of `keys`' lock for a multi-lock (`deadline` `None`: one attempt), as
+/// [`Client::read_lock`] / [`Client::try_read_lock`] take it.
+pub(crate) async fn take_read(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<ReadGuard> {
+    let request = Acquire {
+        keys,
+        options,
+        mode: Mode::Read,
+        intent: "",
+    };
+    let held = match deadline {
+        None => acquire::once(core, &request).await?,
+        Some(deadline) => {
+            acquire::wait_observed(
+                core,
+                &request,
+                deadline.saturating_duration_since(Instant::now()),
+                options.on_wait.as_ref(),
+            )
+            .await?
+        }
+    };
+    Ok(ReadGuard::new(held))
+}
+
+/// The write hold of `keys`' lock for a multi-lock, as [`Client::write_lock`] takes it: waiting
+/// until `deadline` under an intent that keeps new readers out, withdrawn when the wait fails
+/// (within the request timeout after `deadline`; past it, or when the call is dropped, in the
+/// background); with `deadline` `None` one attempt that leaves no intent.
+pub(crate) async fn take_write(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<WriteGuard> {
+    let Some(deadline) = deadline else {
+        let request = Acquire {
+            keys,
+            options,
+            mode: Mode::Write,
+            intent: "",
+        };
+        return acquire::once(core, &request).await.map(WriteGuard::new);
+    };
+    let bound = instant_after(deadline, core.transport.request_timeout());
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let intent = Intent::new(core, keys, &id);
+    let request = Acquire {
+        keys,
+        options,
+        mode: Mode::Write,
+        intent: &id,
+    };
+    match acquire::wait_observed(
+        core,
+        &request,
+        deadline.saturating_duration_since(Instant::now()),
+        options.on_wait.as_ref(),
+    )
+    .await
+    {
+        Ok(held) => {
+            intent.disarm();
+            Ok(WriteGuard::new(held))
+        }
+        Err(err) => {
+            let _ = tokio::time::timeout_at(bound.into(), intent.withdraw(keys.name())).await;
+            Err(err)
         }
     }
 }

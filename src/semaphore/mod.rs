@@ -18,7 +18,6 @@ use tracing::Instrument;
 use crate::acquire::{self, replicas, Attempt, InFlight, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::{LockKeys, Placement};
 use crate::options::LockOptions;
@@ -390,7 +389,7 @@ impl Request for Acquire<'_> {
         let started = Instant::now();
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
-        let floor = options.floor.map_or(0, FenceToken::get).to_string();
+        let floor = core.floor(options).to_string();
         let requested = self.limit.load(Ordering::Relaxed);
         let (count, limit) = (self.count.to_string(), requested.to_string());
         let call = ScriptCall::new(

@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use fencelock::{Client, ClientBuilder, Error, LockKeys, Placement};
+use fencelock::{Client, ClientBuilder, Error, FenceToken, LockKeys, Placement, MAX_FLOOR};
 use serde::Serialize;
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
@@ -97,6 +97,18 @@ struct Cli {
 
     #[command(flatten)]
     tls: TlsArgs,
+
+    /// Grant only fences above TOKEN (exec, latch set): after a cluster was re-created or the
+    /// locks moved to another server, the highest token storage accepted before (see
+    /// docs/safety.md). A lock's own floor still applies; the higher one wins.
+    #[arg(
+        long,
+        global = true,
+        env = "FENCELOCK_FENCE_FLOOR",
+        value_name = "TOKEN",
+        value_parser = fence_floor_arg
+    )]
+    fence_floor: Option<FenceToken>,
 
     /// exec and hold only: each --url is a separate deployment (a standalone server, or one seed node of
     /// a cluster), and NAME is a quorum lock over them, granted by a majority (an odd number of
@@ -326,8 +338,12 @@ fn client_builder(
     prefix: String,
     tls: TlsArgs,
     credentials: &Credentials,
+    fence_floor: Option<FenceToken>,
 ) -> ClientBuilder {
     let mut builder = Client::builder(urls).prefix(prefix);
+    if let Some(floor) = fence_floor {
+        builder = builder.fence_floor(floor);
+    }
     if let Some(user) = &credentials.user {
         builder = builder.username(user);
     }
@@ -363,6 +379,18 @@ impl PlacementArgs {
             (None, None) => Placement::ByName,
         }
     }
+}
+
+/// Parses `--fence-floor`: a fence token from 1 to [`MAX_FLOOR`].
+fn fence_floor_arg(text: &str) -> Result<FenceToken, String> {
+    let floor: FenceToken = text.parse().map_err(|err| format!("{err}"))?;
+    if floor > MAX_FLOOR {
+        return Err(format!(
+            "{floor} is above {MAX_FLOOR}, too close to the largest token to leave room for \
+             later grants: pass the highest token your storage has accepted"
+        ));
+    }
+    Ok(floor)
 }
 
 /// Exit codes (sysexits.h where one fits).
@@ -682,35 +710,54 @@ fn main() -> ExitCode {
         Command::Exec(mut args) => {
             args.lock.verbose = cli.verbose > 0;
             args.lock.quiet = cli.quiet;
-            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls, &credentials);
+            let target = target(
+                cli.quorum,
+                cli.urls,
+                cli.prefix,
+                cli.tls,
+                &credentials,
+                cli.fence_floor,
+            );
             block_on(exec::run(target, args))
         }
         Command::Hold(mut args) => {
             args.lock.verbose = cli.verbose > 0;
             args.lock.quiet = cli.quiet;
-            let target = target(cli.quorum, cli.urls, cli.prefix, cli.tls, &credentials);
+            let target = target(
+                cli.quorum,
+                cli.urls,
+                cli.prefix,
+                cli.tls,
+                &credentials,
+                cli.fence_floor,
+            );
             block_on(hold::run(target, args))
         }
         Command::Latch(mut args) => {
             args.quiet = cli.quiet;
-            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            let client =
+                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
             block_on(latch::run(client, args))
         }
         Command::Status(args) => {
-            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            let client =
+                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
             block_on(ops::status(client, args))
         }
         Command::Unlock(args) => {
-            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            let client =
+                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
             block_on(ops::unlock(client, args))
         }
         Command::List(args) => {
-            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            let client =
+                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
             block_on(ops::list(client, args))
         }
         Command::Top(args) => {
             let prefix = cli.prefix.clone();
-            let client = client_builder(cli.urls, cli.prefix, cli.tls, &credentials);
+            let client =
+                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
             block_on(ops::top(client, prefix, args))
         }
     }
@@ -723,15 +770,24 @@ fn target(
     prefix: String,
     tls: TlsArgs,
     credentials: &Credentials,
+    fence_floor: Option<FenceToken>,
 ) -> exec::Target {
     if quorum {
         exec::Target::Quorum(
             urls.into_iter()
-                .map(|url| client_builder(vec![url], prefix.clone(), tls.clone(), credentials))
+                .map(|url| {
+                    client_builder(
+                        vec![url],
+                        prefix.clone(),
+                        tls.clone(),
+                        credentials,
+                        fence_floor,
+                    )
+                })
                 .collect(),
         )
     } else {
-        exec::Target::Single(client_builder(urls, prefix, tls, credentials))
+        exec::Target::Single(client_builder(urls, prefix, tls, credentials, fence_floor))
     }
 }
 

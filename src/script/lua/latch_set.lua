@@ -6,9 +6,10 @@
 -- it, `opened` the latest generation that reached zero, `d:<id>` the ids counted down in `gen`
 -- (dropped once it opens).
 -- ARGV[1] count (decimal, 0 to 2^53 - 1; 0 opens at once), ARGV[2] the call's set id (random,
---   so a resent script starts no second generation), ARGV[3] `clock`, `epoch` or `counter`
---   (the fence rule), ARGV[4] announce an opening: `s` SPUBLISH, `p` PUBLISH, empty for none
---   (the channel is the latch key), ARGV[5] open TTL in ms, ARGV[6] expiry grace.
+--   so a resent script starts no second generation), ARGV[3] floor: the generation is above it
+--   (decimal, 0 for none, below 2^53), ARGV[4] `clock`, `hybrid`, `epoch` or `counter` (the
+--   fence rule), ARGV[5] announce an opening: `s` SPUBLISH, `p` PUBLISH, empty for none (the
+--   channel is the latch key), ARGV[6] open TTL in ms, ARGV[7] expiry grace.
 --
 -- The new generation is the next fence (fence rule: above every earlier generation, also after
 -- a failover lost writes or the key expired, in clock mode). The ids of the previous round are
@@ -22,7 +23,7 @@
 #!lua
 local latch = redis.call('HMGET', KEYS[1], 'gen', 'set', 'opened')
 if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
-local fence, behind = next_fence(tonumber(lock[3]) or 0, 0, ARGV[3])
+local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local gen = string.format('%.0f', fence)
 redis.call('DEL', KEYS[1])
@@ -33,7 +34,7 @@ if tonumber(ARGV[1]) > 0 then
   return {1, fence, behind}
 end
 redis.call('HSET', KEYS[1], 'opened', gen)
-keep(KEYS[1], fence, now_ms + tonumber(ARGV[5]))
-if ARGV[4] == 's' then redis.call('SPUBLISH', KEYS[1], gen)
-elseif ARGV[4] == 'p' then redis.call('PUBLISH', KEYS[1], gen) end
+keep(KEYS[1], fence, now_ms + tonumber(ARGV[6]))
+if ARGV[5] == 's' then redis.call('SPUBLISH', KEYS[1], gen)
+elseif ARGV[5] == 'p' then redis.call('PUBLISH', KEYS[1], gen) end
 return {1, fence, behind}
