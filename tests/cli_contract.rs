@@ -578,6 +578,27 @@ async fn acl_the_readme_rules_are_enough_and_a_missing_permission_is_named() {
         ),
         "latch wait",
     );
+    // hold: prints the token once held, releases on SIGTERM and exits 0.
+    let mut hold = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env("FENCELOCK_PASSWORD", PASSWORD)
+        .args(["--url", &url, "--user", "fencelock-locks", "hold", "kept"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut token = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(hold.stdout.take().unwrap()),
+        &mut token,
+    )
+    .unwrap();
+    assert!(token.trim().parse::<u64>().is_ok(), "hold printed {token:?}");
+    assert!(server.node.held("fencelock:{kept}:lock"));
+    // SAFETY: kill(2) on the child's pid, which has not been reaped yet.
+    assert_eq!(unsafe { libc::kill(hold.id() as i32, libc::SIGTERM) }, 0);
+    let hold = hold.wait_with_output().unwrap();
+    assert_eq!(hold.status.code(), Some(0), "hold: {}", stderr(&hold));
+    assert!(!server.node.held("fencelock:{kept}:lock"));
     let holder = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"))
         .env("FENCELOCK_PASSWORD", PASSWORD)
         .args([
