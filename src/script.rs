@@ -182,6 +182,9 @@ pub(crate) struct ScriptCall {
     script: &'static LuaScript,
     /// How many of the arguments after `numkeys` are keys.
     keys: usize,
+    /// What the call may cost the server, in units of one mutex call (1 unless set with
+    /// [`weighted`](Self::weighted)): a batch carries calls up to a total weight.
+    weight: u32,
     cmd: Cmd,
 }
 
@@ -219,8 +222,21 @@ impl ScriptCall {
         Self {
             script,
             keys: keys.len(),
+            weight: 1,
             cmd,
         }
+    }
+
+    /// The same call, weighing `weight` mutex calls (at least 1) in a batch: a semaphore call
+    /// reads every permit entry of its semaphore (`docs/design.md`, "Bounded script work").
+    pub(crate) fn weighted(mut self, weight: u32) -> Self {
+        self.weight = weight.max(1);
+        self
+    }
+
+    /// The call's weight in a batch, in mutex calls.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
     }
 
     /// Appends one `ARGV` argument (a string, or a number written in decimal).

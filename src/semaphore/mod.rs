@@ -33,6 +33,43 @@ pub use guard::{Permit, PermitGuard};
 /// The kind part of a semaphore's key: `<prefix>:{NAME}:sem`.
 const KIND: &str = "sem";
 
+/// The most permits a semaphore can have: the highest limit [`Client::semaphore`] and
+/// [`Semaphore::set_limit`] accept.
+///
+/// Every script call on a semaphore reads all of its permit entries (one per live permit, plus
+/// those that died since the last acquire), so the limit bounds how long one call blocks the
+/// server: at this limit, with every permit held by another owner, no call ran longer than a
+/// few milliseconds on a loaded test machine (`docs/design.md`, "Bounded script work"; test
+/// `script_bounds::calls_at_the_documented_maxima_stay_within_a_few_milliseconds`). A larger
+/// limit is refused with [`Error::InvalidOptions`] before anything is sent.
+///
+/// [`Client::semaphore`]: crate::Client::semaphore
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(fencelock::MAX_PERMITS, 256);
+/// ```
+pub const MAX_PERMITS: u32 = 256;
+
+/// The most permits one call can take at once ([`Semaphore::acquire_many`],
+/// [`Semaphore::try_acquire_many`]); also at most the semaphore's limit. A larger count is
+/// refused with [`Error::InvalidOptions`] before anything is sent.
+///
+/// # Examples
+///
+/// ```
+/// assert!(fencelock::MAX_PERMITS_PER_CALL <= fencelock::MAX_PERMITS);
+/// ```
+pub const MAX_PERMITS_PER_CALL: u32 = MAX_PERMITS;
+
+/// What a call that reads `entries` permit entries weighs in a batch, in mutex calls: an
+/// acquire reads every entry (up to the limit), a release, extend or renewal only its own
+/// permits; a semaphore call costs about two mutex calls, and each entry about a quarter more.
+fn weight(entries: u32) -> u32 {
+    2 + entries / 4
+}
+
 /// A handle on the semaphore `NAME` with `limit` permits (from
 /// [`Client::semaphore`](crate::Client::semaphore)). Cheap to clone; holds no permit itself.
 ///
@@ -317,6 +354,16 @@ impl Semaphore {
         let name = self.name();
         options.validate(name)?;
         let limit = self.limit();
+        if count > MAX_PERMITS_PER_CALL {
+            return Err(Error::InvalidOptions {
+                name: name.to_owned(),
+                reason: format!(
+                    "cannot take {count} permits of semaphore {name:?} in one call: ask for 1 \
+                     to {MAX_PERMITS_PER_CALL} (one call's work on the server grows with the \
+                     count)"
+                ),
+            });
+        }
         if count == 0 || count > limit {
             return Err(Error::InvalidOptions {
                 name: name.to_owned(),
@@ -353,6 +400,16 @@ fn validate_limit(name: &str, limit: u32) -> Result<()> {
         return Err(Error::InvalidOptions {
             name: name.to_owned(),
             reason: "a semaphore needs at least 1 permit: give a limit of 1 or more".into(),
+        });
+    }
+    if limit > MAX_PERMITS {
+        return Err(Error::InvalidOptions {
+            name: name.to_owned(),
+            reason: format!(
+                "semaphore {name:?} cannot have {limit} permits: give a limit of 1 to \
+                 {MAX_PERMITS} (every call reads each permit's entry, so the limit bounds how \
+                 long one call blocks Redis); split a larger pool into several semaphores"
+            ),
         });
     }
     Ok(())
@@ -392,6 +449,16 @@ impl Request for Acquire<'_> {
         let ttl_ms = ttl_millis(lease);
         let floor = options.floor.map_or(0, FenceToken::get).to_string();
         let requested = self.limit.load(Ordering::Relaxed);
+        if self.count > requested {
+            // `set_limit` of this handle (or a clone) lowered the limit below the count while
+            // the call waited: it can never be granted. The caller's withdrawal removes its
+            // reservation (the script already ignores one above the limit).
+            return Err(Error::LimitBelowCount {
+                name: name.to_owned(),
+                count: self.count,
+                limit: requested,
+            });
+        }
         let (count, limit) = (self.count.to_string(), requested.to_string());
         let call = ScriptCall::new(
             &SEMAPHORE_ACQUIRE,
@@ -406,8 +473,11 @@ impl Request for Acquire<'_> {
                 &self.waiter,
                 core.expiry(),
             ],
-        );
-        let undo = SEMAPHORE.release_call(core, keys.lock_key(), &owner, "");
+        )
+        .weighted(weight(requested));
+        let undo = SEMAPHORE
+            .release_call(core, keys.lock_key(), &owner, "")
+            .weighted(weight(self.count));
         let in_flight = InFlight::arm(&core.transport, undo.clone());
         let (reply, acks) =
             replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
@@ -441,6 +511,7 @@ impl Request for Acquire<'_> {
                     sent: started,
                     ttl: lease,
                     replicas_acked,
+                    weight: weight(self.count),
                 };
                 let held = Held::new(core, &SEMAPHORE, grant, options);
                 Ok(Attempt::Granted(PermitGuard::new(held, permits)))
