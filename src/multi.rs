@@ -31,8 +31,8 @@ use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
 
 /// The most locks one multi-lock takes. When every member shares a slot they are taken by one
 /// `lock_all` call, which reads and writes each: this bounds how long that call blocks the
-/// server (a few milliseconds at this count on a loaded test machine, `docs/design.md`,
-/// "Bounded script work"; 1,024 members took up to 4.7 ms there).
+/// server (about a millisecond at this count on a loaded test machine, `docs/design.md`,
+/// "Bounded script work").
 pub const MAX_MULTI_LOCKS: usize = 256;
 
 /// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex, [`Client::lock_all`]) or

@@ -75,30 +75,42 @@ fn slowest_scripts(node: &Node) -> HashMap<String, (u64, usize)> {
 }
 
 /// Prints the slowest run of each script that ran [`LOG_FROM_US`] or longer (the others did
-/// not) and asserts that none ran longer than [`BOUND_US`].
-fn assert_within_bound(node: &Node, what: &str) {
+/// not); returns the calls that ran longer than [`BOUND_US`].
+fn over_bound(node: &Node, what: &str) -> Vec<String> {
     let slowest = slowest_scripts(node);
     let mut rows: Vec<_> = slowest.iter().collect();
     rows.sort();
     for (name, (micros, runs)) in &rows {
         eprintln!("{what}: {name}: slowest {micros} µs ({runs} runs of {LOG_FROM_US} µs or more)");
     }
-    for (name, (micros, _)) in &rows {
-        assert!(
-            *micros <= BOUND_US,
-            "{what}: a {name} call ran {micros} µs, more than {BOUND_US} µs"
-        );
-    }
+    rows.iter()
+        .filter(|(_, (micros, _))| *micros > BOUND_US)
+        .map(|(name, (micros, _))| format!("{what}: a {name} call ran {micros} µs"))
+        .collect()
 }
+
+/// How many times a scenario runs (on a fresh server) before a call over the bound fails the
+/// test: one slow run alone can be the machine (a descheduled server on a loaded test host took
+/// 13.8 ms for a call that took 0.6 ms in the runs before and after), a call whose work is
+/// too large is slow every time.
+const RUNS: usize = 3;
 
 /// One test, so its scenarios do not compete for the machine with each other.
 #[tokio::test(flavor = "multi_thread")]
 async fn calls_at_the_documented_maxima_stay_within_a_few_milliseconds() {
-    semaphore_at_its_maxima().await;
-    multi_lock_renewal_and_batches_at_their_maxima().await;
+    let mut over = Vec::new();
+    for run in 1..=RUNS {
+        over = semaphore_at_its_maxima().await;
+        over.extend(multi_lock_renewal_and_batches_at_their_maxima().await);
+        if over.is_empty() {
+            return;
+        }
+        eprintln!("run {run}: over {BOUND_US} µs: {over:?}");
+    }
+    panic!("over {BOUND_US} µs in each of {RUNS} runs: {over:?}");
 }
 
-async fn semaphore_at_its_maxima() {
+async fn semaphore_at_its_maxima() -> Vec<String> {
     let server = Standalone::start();
     let client = Client::connect([server.url()]).await.unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(30));
@@ -180,10 +192,10 @@ async fn semaphore_at_its_maxima() {
     drop(holders);
     client.shutdown().await.unwrap();
 
-    assert_within_bound(&server.node, "semaphore");
+    over_bound(&server.node, "semaphore")
 }
 
-async fn multi_lock_renewal_and_batches_at_their_maxima() {
+async fn multi_lock_renewal_and_batches_at_their_maxima() -> Vec<String> {
     let server = Standalone::start();
     let client = Client::connect([server.url()]).await.unwrap();
     let options = LockOptions::new()
@@ -226,10 +238,10 @@ async fn multi_lock_renewal_and_batches_at_their_maxima() {
     drop(guards);
     client.shutdown().await.unwrap();
 
-    assert_within_bound(&server.node, "multi-lock, renewal, batches");
+    over_bound(&server.node, "multi-lock, renewal, batches")
 }
 
-/// The watchdog's renewal batch of mutex locks (`src/runtime/watchdog.rs`, `BATCH`).
+/// Watched mutex locks: five full renewal calls (`BATCH` = 200 in `src/runtime/watchdog.rs`).
 fn fencelock_watchdog_batch() -> usize {
     1000
 }
