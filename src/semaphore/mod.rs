@@ -169,8 +169,10 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] when `count` is 0 or above the limit; otherwise as
-    /// [`try_acquire`](Self::try_acquire).
+    /// [`Error::InvalidOptions`] when `count` is 0, above the limit or above
+    /// [`MAX_PERMITS_PER_CALL`] (before anything is sent); [`Error::LimitBelowCount`] when
+    /// [`set_limit`](Self::set_limit) of this handle lowered the limit below `count`; otherwise
+    /// as [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     ///
@@ -224,8 +226,11 @@ impl Semaphore {
     /// # Errors
     ///
     /// [`Error::Busy`] when not enough permits freed up in time; [`Error::LimitMismatch`] when
-    /// the semaphore has another limit; [`Error::InvalidOptions`] when `count` is 0 or above
-    /// the limit; [`Error::Timeout`] or [`Error::Redis`] when Redis kept failing;
+    /// the semaphore has another limit; [`Error::InvalidOptions`] when `count` is 0, above the
+    /// limit or above [`MAX_PERMITS_PER_CALL`] (before anything is sent);
+    /// [`Error::LimitBelowCount`] at once when [`set_limit`](Self::set_limit) of this handle (or
+    /// a clone) lowers the limit below `count` while the call waits (its reservation is
+    /// withdrawn); [`Error::Timeout`] or [`Error::Redis`] when Redis kept failing;
     /// [`Error::ReplicasNotConfirmed`] as for [`Client::lock`](crate::Client::lock).
     ///
     /// # Cancel safety
@@ -301,13 +306,17 @@ impl Semaphore {
     /// its clones ask for the new limit from now on, including their calls already waiting
     /// (other handles get [`Error::LimitMismatch`] until they use the new one). Raising it
     /// wakes waiters, so they are let in at once. Permits held above a lowered limit stay
-    /// valid until released or expired and count against the new limit meanwhile. Returns the
-    /// limit stored before (`None` when none was).
+    /// valid until released or expired and count against the new limit meanwhile. A waiting
+    /// [`acquire_many`](Self::acquire_many) of this handle for more permits than the new limit
+    /// ends with [`Error::LimitBelowCount`], and a reservation for more than the new limit (of
+    /// any waiter) is removed, so it blocks no one. Returns the limit stored before (`None`
+    /// when none was).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a limit of 0; [`Error::OutOfMemory`], [`Error::Timeout`]
-    /// or [`Error::Redis`] when Redis refuses, does not answer or fails.
+    /// [`Error::InvalidOptions`] for a limit of 0 or above [`MAX_PERMITS`] (before anything is
+    /// sent); [`Error::OutOfMemory`], [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// refuses, does not answer or fails.
     ///
     /// # Cancel safety
     ///
