@@ -247,8 +247,10 @@ impl Semaphore {
         let request = self.request(count, options, waiter)?;
         // A many-permit waiter may leave a reservation: withdrawn unless the grant consumed it.
         let withdraw = (!request.waiter.is_empty()).then(|| {
-            let call =
-                SEMAPHORE.release_call(&self.core, self.keys.lock_key(), &request.waiter, "");
+            // Without permit numbers the release reads every entry.
+            let call = SEMAPHORE
+                .release_call(&self.core, self.keys.lock_key(), &request.waiter, "")
+                .weighted(weight(self.limit()));
             InFlight::arm(&self.core.transport, call)
         });
         let span = self.span("acquire", count);
@@ -484,9 +486,10 @@ impl Request for Acquire<'_> {
             ],
         )
         .weighted(weight(requested));
+        // Without permit numbers the release reads every entry.
         let undo = SEMAPHORE
             .release_call(core, keys.lock_key(), &owner, "")
-            .weighted(weight(self.count));
+            .weighted(weight(requested));
         let in_flight = InFlight::arm(&core.transport, undo.clone());
         let (reply, acks) =
             replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
