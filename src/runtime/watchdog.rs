@@ -6,7 +6,7 @@
 //! [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
 //! [`BATCH`] locks per call, by weight: a semaphore hold weighs more).
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
-//! sees at most two or three calls per period however many locks it holds. When a group call
+//! sees at most two or three calls per period for every [`BATCH`] locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
 //! that group's locks are renewed one by one through the routed connection, which follows
 //! `MOVED` and `ASK`.

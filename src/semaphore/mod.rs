@@ -76,6 +76,7 @@ fn weight(entries: u32) -> u32 {
 /// Each grant is one or more numbered permits (`0..limit`), each with its own fence token and
 /// lease: a crashed holder's permits come back when their lease ends. Every user of a semaphore
 /// gives the same limit; the first use stores it, and [`set_limit`](Self::set_limit) changes it.
+/// The limit is at most [`MAX_PERMITS`], which bounds how long one call blocks Redis.
 ///
 /// # Examples
 ///
