@@ -987,7 +987,8 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidOptions`] for a limit of 0.
+    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidOptions`] for a limit of 0 or
+    /// above [`MAX_PERMITS`](crate::MAX_PERMITS).
     pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
         Semaphore::new(&self.core, name, limit)
     }

@@ -251,6 +251,23 @@ pub enum Error {
         requested: u32,
     },
 
+    /// A semaphore's limit was lowered below the number of permits a waiting call asks for
+    /// ([`Semaphore::set_limit`](crate::Semaphore::set_limit) while it waited): the call can
+    /// never be granted, so it ended at once, and its reservation was withdrawn.
+    #[error(
+        "semaphore {name:?} now has {limit} permits, fewer than the {count} this call asks for \
+         (its limit was lowered while the call waited): ask for at most {limit}, or raise the \
+         limit with set_limit"
+    )]
+    LimitBelowCount {
+        /// The semaphore concerned.
+        name: String,
+        /// The permits the call asked for.
+        count: u32,
+        /// The semaphore's limit now.
+        limit: u32,
+    },
+
     /// [`Client::shutdown`](crate::Client::shutdown) returned before every background release
     /// (of a dropped guard, or of a cancelled acquire) had finished: those locks may stay held
     /// until their TTL ends.

@@ -90,13 +90,26 @@ pub(crate) use held_wrapper;
 ///   `{code, remaining lease ms}`.
 /// - `renew`: `KEYS[1]` any key of the node, `ARGV` triples key, owner, TTL in ms, then the
 ///   expiry grace; replies one code per triple.
+///
+/// With `holder_names_hold`, the owner argument of `extend` and `renew` is `"<owner> <hold
+/// id>"` (the semaphore's: its permit numbers, so those scripts read only the hold's entries).
 pub(crate) struct Kind {
     pub(crate) release: &'static LazyLock<LuaScript>,
     pub(crate) extend: &'static LazyLock<LuaScript>,
     pub(crate) renew: &'static LazyLock<LuaScript>,
+    pub(crate) holder_names_hold: bool,
 }
 
 impl Kind {
+    /// The owner argument of the `extend` and `renew` calls of `owner`'s hold `hold`.
+    fn holder(&self, owner: &str, hold: &str) -> String {
+        if self.holder_names_hold {
+            format!("{owner} {hold}")
+        } else {
+            owner.to_owned()
+        }
+    }
+
     /// The call that releases `owner`'s hold `hold` (empty for the first) on `key`.
     pub(crate) fn release_call(
         &self,
@@ -124,6 +137,9 @@ pub(crate) struct Grant {
     pub(crate) sent: Instant,
     pub(crate) ttl: Duration,
     pub(crate) replicas_acked: Option<u32>,
+    /// What the hold's release, extend and renew calls cost the server, in mutex calls: 1, or
+    /// more for a semaphore's, which read every permit entry ([`ScriptCall::weighted`]).
+    pub(crate) weight: u32,
 }
 
 /// How a hold's release hands the lock to the client's next waiting task in the same call (the
@@ -194,6 +210,8 @@ pub(crate) struct Held {
     /// A [`Reentry`](crate::Reentry) handle shares the owner token: the hold is never handed on
     /// under it within the client.
     shared: AtomicBool,
+    /// The weight of its calls in a batch (see [`Grant::weight`]).
+    weight: u32,
 }
 
 impl Held {
@@ -243,6 +261,7 @@ impl Held {
             ttl: grant.ttl,
             last: grant.fence,
             shared: AtomicBool::new(false),
+            weight: grant.weight,
         }
     }
 
@@ -279,11 +298,13 @@ impl Held {
             // watchdog ends the hold as the maximum hold time.
             every = every.min(grant.ttl / 2);
         }
+        let holder = kind.holder(&grant.owner, &grant.hold);
         let watch = Watch {
             lock_key: grant.keys.lock_key(),
-            owner: &grant.owner,
+            owner: &holder,
             slot: grant.keys.slot(),
             renew: LazyLock::force(kind.renew),
+            weight: grant.weight,
             ttl: grant.ttl,
             every,
             hold_until: options
@@ -408,8 +429,13 @@ impl Held {
         let call = ScriptCall::new(
             LazyLock::force(self.kind.extend),
             &[self.keys.lock_key()],
-            &[&self.owner, &ttl_ms, self.core.expiry()],
-        );
+            &[
+                &self.kind.holder(&self.owner, &self.hold),
+                &ttl_ms,
+                self.core.expiry(),
+            ],
+        )
+        .weighted(self.weight);
         let reply = self
             .core
             .transport
@@ -516,6 +542,7 @@ impl Held {
     fn release_call(&self) -> ScriptCall {
         self.kind
             .release_call(&self.core, self.keys.lock_key(), &self.owner, &self.hold)
+            .weighted(self.weight)
     }
 
     /// Hands the lock to `waiter` within the client when it can go without a call: a first hold
@@ -573,6 +600,7 @@ impl Held {
             ttl: self.ttl,
             last: self.last,
             shared: AtomicBool::new(false),
+            weight: self.weight,
         };
         Counters::add(&self.core.counters.grants, 1);
         Counters::add(&self.core.counters.handoffs, 1);

@@ -62,7 +62,7 @@ pub use options::{LockOptions, Waiting, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MI
 pub use quorum::{QuorumClient, QuorumClientBuilder, QuorumGuard};
 pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
 pub use script::{lua_scripts, ScriptSource};
-pub use semaphore::{Permit, PermitGuard, Semaphore};
+pub use semaphore::{Permit, PermitGuard, Semaphore, MAX_PERMITS, MAX_PERMITS_PER_CALL};
 pub use stats::{Histogram, Stats};
 pub use transport::Topology;
 

@@ -30,8 +30,11 @@ use crate::options::{instant_after, LockOptions};
 use crate::rwlock::{self, ReadGuard, WriteGuard};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
 
-/// The most locks one multi-lock takes.
-pub const MAX_MULTI_LOCKS: usize = 1024;
+/// The most locks one multi-lock takes. When every member shares a slot they are taken by one
+/// `lock_all` call, which reads and writes each: this bounds how long that call blocks the
+/// server (about a millisecond at this count on a loaded test machine, `docs/design.md`,
+/// "Bounded script work").
+pub const MAX_MULTI_LOCKS: usize = 256;
 
 /// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex, [`Client::lock_all`]),
 /// [`FairLockGuard`] (a fair lock, [`Client::fair_lock_all`]), [`ReadGuard`] or [`WriteGuard`]
@@ -401,6 +404,7 @@ impl Request for AcquireAll<'_> {
                     .zip(fences)
                     .map(|(k, fence)| {
                         let grant = Grant {
+                            weight: 1,
                             keys: k.clone(),
                             owner: owner.clone(),
                             hold: String::new(),

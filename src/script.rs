@@ -182,6 +182,9 @@ pub(crate) struct ScriptCall {
     script: &'static LuaScript,
     /// How many of the arguments after `numkeys` are keys.
     keys: usize,
+    /// What the call may cost the server, in units of one mutex call (1 unless set with
+    /// [`weighted`](Self::weighted)): a batch carries calls up to a total weight.
+    weight: u32,
     cmd: Cmd,
 }
 
@@ -219,8 +222,21 @@ impl ScriptCall {
         Self {
             script,
             keys: keys.len(),
+            weight: 1,
             cmd,
         }
+    }
+
+    /// The same call, weighing `weight` mutex calls (at least 1) in a batch: a semaphore call
+    /// reads every permit entry of its semaphore (`docs/design.md`, "Bounded script work").
+    pub(crate) fn weighted(mut self, weight: u32) -> Self {
+        self.weight = weight.max(1);
+        self
+    }
+
+    /// The call's weight in a batch, in mutex calls.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
     }
 
     /// Appends one `ARGV` argument (a string, or a number written in decimal).
@@ -860,7 +876,9 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> = LazyLock::new(|| {
 
 /// The semaphore's state, shared by its scripts after the prologue and fence rule
 /// (`script/lua/semaphore.lua`): `sem_read(key)` parses the hash, `sem_end(s)` is the latest
-/// end a live entry needs, `sem_permit(owner, ends, fence)` formats a permit entry.
+/// end a live entry needs, `sem_mine(key, holder)` reads one hold's permits, `sem_raise` raises
+/// the expiry, `sem_permit(owner, ends, fence)` formats a permit entry, `sem_call` sends a
+/// command's arguments in chunks of 512.
 const SEMAPHORE: &str = include_str!("script/lua/semaphore.lua");
 
 /// A semaphore script: prologue, fence rule, [`SEMAPHORE`] state, then `file`.
@@ -886,6 +904,7 @@ fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
 /// ...}` this owner already holds permits (a resent script; no write); `{0, retry after ms,
 /// available}` not enough free permits, or they are reserved for another waiter; `{-1, stored
 /// limit}` another limit is stored (no write); an error reply as for [`ACQUIRE`]'s fence rule.
+/// Dead entries it reads are deleted; a reservation for more than the limit blocks no one.
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -903,9 +922,9 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///   space separated (empty: all live permits of the owner), `ARGV[3]` announce (`s`, `p`,
 ///   empty), `ARGV[4]` expiry grace.
 ///
-/// Replies ([`Outcome`]): `1` released (also when resent: a released entry keeps its owner with
-/// lease end 0), or a reservation withdrawn; `0` unknown or expired permits, nothing changed;
-/// `-1` a permit is now held by another owner.
+/// Replies ([`Outcome`]): `1` released (also when resent, until an acquire deletes the released
+/// entry: it keeps its owner with lease end 0), or a reservation withdrawn; `0` unknown or
+/// expired permits, nothing changed; `-1` a permit is now held by another owner.
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -918,8 +937,9 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Semaphore extend (`script/lua/semaphore_extend.lua`): move the lease end of an owner's live
 /// permits to now + TTL.
 ///
-/// - `KEYS[1]` the semaphore key. `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` expiry
-///   grace.
+/// - `KEYS[1]` the semaphore key. `ARGV[1]` the holder, `"<owner token> <n1> <n2> ..."` (the
+///   hold's permit numbers, so only their entries are read), `ARGV[2]` TTL in ms, `ARGV[3]`
+///   expiry grace.
 ///
 /// Replies: `{1, TTL ms}` extended; `{0, 0}` no live permit of this owner.
 ///
@@ -932,8 +952,9 @@ pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Semaphore renew (`script/lua/semaphore_renew.lua`): the watchdog's batch for semaphores, as
-/// [`RENEW`] (`ARGV` triples key, owner, TTL in ms, then the expiry grace); each owner's live
-/// permits are set as [`SEMAPHORE_EXTEND`] sets them, touching no other entry.
+/// [`RENEW`] (`ARGV` triples key, holder as for [`SEMAPHORE_EXTEND`], TTL in ms, then the
+/// expiry grace); each holder's live permits are set as [`SEMAPHORE_EXTEND`] sets them, reading
+/// and touching no other entry.
 ///
 /// Replies: one code per triple, `1` extended or `0` no live permit.
 ///
@@ -958,7 +979,8 @@ pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Semaphore set limit (`script/lua/semaphore_set_limit.lua`): store a new limit and announce
-/// it; permits held above a lowered limit stay until released or expired.
+/// it; permits held above a lowered limit stay until released or expired; a reservation for
+/// more permits than the new limit is removed.
 ///
 /// - `KEYS[1]` the semaphore key. `ARGV[1]` new limit, `ARGV[2]` announce, `ARGV[3]` expiry
 ///   grace.

@@ -645,3 +645,75 @@ async fn the_key_outlives_every_live_permit_and_is_kept_for_good_in_counter_mode
         .cmd(redis::cmd("PTTL").arg(kept.keys().lock_key()));
     assert_eq!(ttl, -1, "counter mode keeps the key");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_limit_lowered_below_a_waiting_many_permit_call_ends_it_and_frees_the_others() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let other = Client::connect([server.url()]).await.unwrap();
+    let semaphore = client.semaphore("lowered", 4).unwrap();
+    let key = semaphore.keys().lock_key().to_owned();
+    let held = semaphore
+        .try_acquire_many(2, &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let waiter = {
+        let semaphore = semaphore.clone(); // follows set_limit while it waits
+        tokio::spawn(async move {
+            semaphore
+                .acquire_many(3, &LockOptions::new().timeout(Duration::from_secs(30)))
+                .await
+        })
+    };
+    let reserved = || {
+        let reservation: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("r"));
+        reservation.is_some()
+    };
+    common::eventually("the waiter to reserve", Duration::from_secs(5), reserved).await;
+
+    // Lowered to 2: the waiter's 3 can never be met.
+    let lowered = Instant::now();
+    assert_eq!(semaphore.set_limit(2).await.unwrap(), Some(4));
+    held.release().await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter ends promptly")
+        .unwrap()
+        .unwrap_err();
+    eprintln!("the waiter ended {:?} after set_limit", lowered.elapsed());
+    assert!(
+        matches!(
+            err,
+            Error::LimitBelowCount {
+                count: 3,
+                limit: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("\"lowered\"") && text.contains("2 permits") && text.contains("the 3"),
+        "{text}"
+    );
+
+    // Single-permit takers on another client get the two free permits at once.
+    let pool = other.semaphore("lowered", 2).unwrap();
+    let taken = Instant::now();
+    let options = LockOptions::new().timeout(Duration::from_secs(10));
+    let first = pool.acquire(&options).await.unwrap();
+    let second = pool.acquire(&options).await.unwrap();
+    eprintln!("two single permits taken in {:?}", taken.elapsed());
+    assert!(
+        taken.elapsed() < Duration::from_secs(1),
+        "not blocked by the dead reservation: {:?}",
+        taken.elapsed()
+    );
+    common::eventually("the reservation to be gone", Duration::from_secs(2), || {
+        !reserved()
+    })
+    .await;
+    first.release().await.unwrap();
+    second.release().await.unwrap();
+}

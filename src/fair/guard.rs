@@ -12,6 +12,7 @@ pub(crate) static FAIR: Kind = Kind {
     release: &FAIR_RELEASE,
     extend: &FAIR_EXTEND,
     renew: &FAIR_RENEW,
+    holder_names_hold: false,
 };
 
 /// Proof of holding a fair lock (granted in arrival order, see

@@ -122,6 +122,7 @@ impl<'a> Acquire<'a> {
             owner: &self.owner,
             slot: self.keys.slot(),
             renew: LazyLock::force(&FAIR_RENEW_PLACE),
+            weight: 1,
             ttl: self.place_lease,
             every: self.place_lease / 3,
             hold_until: None,
@@ -208,6 +209,7 @@ impl Request for Acquire<'_> {
                 self.granted.store(true, Ordering::Relaxed);
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
                 let grant = Grant {
+                    weight: 1,
                     keys: keys.clone(),
                     owner: self.owner.clone(),
                     hold: String::new(),

@@ -12,6 +12,7 @@ pub(crate) static MUTEX: Kind = Kind {
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,
+    holder_names_hold: false,
 };
 
 /// Proof of holding a lock, with the fence token to present to storage.

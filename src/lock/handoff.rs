@@ -171,6 +171,7 @@ pub(crate) async fn release_to(
     Counters::add(&core.counters.handoffs, 1);
     tracing::debug!(lock = name, %fence, "handed over");
     let grant = Grant {
+        weight: 1,
         keys: waiter.keys,
         owner: to_owner,
         hold: String::new(),

@@ -152,6 +152,7 @@ impl Reentry {
             1 if u64::try_from(fence).is_ok_and(|stored| stored >= self.fence.get()) => {
                 tracing::debug!(lock = %name, fence = %self.fence, "re-entered");
                 let grant = Grant {
+                    weight: 1,
                     keys: self.keys.clone(),
                     owner: self.owner.clone(),
                     hold,

@@ -28,6 +28,7 @@ pub(super) static QUORUM: Kind = Kind {
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,
+    holder_names_hold: false,
 };
 
 /// The margin [`Held`] already takes off a lease besides TTL/100 (`runtime::lease`).

@@ -747,6 +747,7 @@ impl QuorumClient {
             let (core, keys) = nodes[index].clone().expect("a granting node is connected");
             releases[index] = None;
             let grant = Grant {
+                weight: 1,
                 keys,
                 owner: owner.clone(),
                 hold: String::new(),

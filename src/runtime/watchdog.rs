@@ -4,9 +4,9 @@
 //! takes every lock due within half a renewal period, groups them by the node serving their
 //! slot and by the renew script of their primitive (the mutex's is
 //! [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
-//! [`BATCH`] locks per call).
+//! [`BATCH`] locks per call, by weight: a semaphore hold weighs more).
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
-//! sees at most two or three calls per period however many locks it holds. When a group call
+//! sees at most two or three calls per period for every [`BATCH`] locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
 //! that group's locks are renewed one by one through the routed connection, which follows
 //! `MOVED` and `ASK`.
@@ -51,8 +51,8 @@ use crate::transport::{Topology, Transport};
 
 use super::lease::{lease_end, Ended, Lease, SharedLease};
 
-/// Most locks renewed by one call.
-pub(crate) const BATCH: usize = 5000;
+/// Most locks renewed by one call, by weight ([`Watch::weight`]: a mutex lock weighs 1).
+pub(crate) const BATCH: u32 = 200;
 
 /// How soon a failed renewal is first tried again; it doubles with each further failure.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
@@ -105,6 +105,8 @@ struct Hold {
     slot: u16,
     /// The script that renews it (the hold's primitive's).
     renew: &'static LuaScript,
+    /// Its weight in a renewal call, in mutex locks (see [`Watch::weight`]).
+    weight: u32,
     ttl: Duration,
     every: Duration,
     hold_until: Option<Instant>,
@@ -126,6 +128,10 @@ pub(crate) struct Watch<'a> {
     /// The primitive's renew script: `ARGV` triples key, owner, TTL in ms, then the expiry
     /// grace; one `1`/`0`/`-1` per triple.
     pub(crate) renew: &'static LuaScript,
+    /// What renewing it costs the server, in mutex locks (1 for every primitive but the
+    /// semaphore, whose renewal reads every permit entry): a renewal call carries holds up to
+    /// [`BATCH`] in weight.
+    pub(crate) weight: u32,
     pub(crate) ttl: Duration,
     pub(crate) every: Duration,
     pub(crate) hold_until: Option<Instant>,
@@ -139,6 +145,7 @@ struct Due {
     owner: Box<str>,
     slot: u16,
     renew: &'static LuaScript,
+    weight: u32,
     ttl_ms: String,
     ttl: Duration,
 }
@@ -184,6 +191,7 @@ impl Watchdog {
                 owner: hold.owner.into(),
                 slot: hold.slot,
                 renew: hold.renew,
+                weight: hold.weight.max(1),
                 ttl: hold.ttl,
                 every: hold.every,
                 hold_until: hold.hold_until,
@@ -285,6 +293,7 @@ impl Schedule {
                 owner: hold.owner.clone(),
                 slot: hold.slot,
                 renew: hold.renew,
+                weight: hold.weight,
                 ttl_ms: ttl_millis(ttl),
                 ttl,
             });
@@ -414,9 +423,17 @@ async fn run(watchdog: Arc<Watchdog>) {
                     groups.entry(group).or_default().push(lock);
                 }
             }
-            for (_, mut group) in groups {
-                while !group.is_empty() {
-                    let chunk: Vec<Due> = group.drain(..group.len().min(BATCH)).collect();
+            for (_, group) in groups {
+                let mut group = group.into_iter().peekable();
+                while let Some(first) = group.next() {
+                    let mut weight = first.weight;
+                    let mut chunk = vec![first];
+                    while let Some(next) =
+                        group.next_if(|due| weight.saturating_add(due.weight) <= BATCH)
+                    {
+                        weight = weight.saturating_add(next.weight);
+                        chunk.push(next);
+                    }
                     calls.spawn(renew(Arc::clone(&watchdog), Arc::clone(&nodes), chunk));
                 }
             }
@@ -596,6 +613,7 @@ mod tests {
             lock_key: "fencelock:{a}:lock".into(),
             owner: "me".into(),
             slot: 0,
+            weight: 1,
             renew: &crate::script::RENEW,
             ttl: Duration::from_secs(3),
             every: Duration::from_secs(1),

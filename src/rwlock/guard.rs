@@ -16,6 +16,7 @@ pub(crate) static RW: Kind = Kind {
     release: &RW_RELEASE,
     extend: &RW_EXTEND,
     renew: &RW_RENEW,
+    holder_names_hold: false,
 };
 
 /// The methods both guards share, with the same documentation.

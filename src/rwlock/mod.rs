@@ -113,6 +113,7 @@ impl Request for Acquire<'_> {
                 let replicas_acked = replicas::confirm(core, keys.name(), acks, || undo).await?;
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, operation, "acquired");
                 let grant = Grant {
+                    weight: 1,
                     keys: keys.clone(),
                     owner,
                     hold: String::new(),

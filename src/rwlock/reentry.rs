@@ -166,6 +166,7 @@ impl RwReentry {
             1 if u64::try_from(fence).ok() == Some(self.fence.get()) => {
                 tracing::debug!(lock = name, kind = "rw", fence = %self.fence, mode, "re-entered");
                 let grant = Grant {
+                    weight: 1,
                     keys: self.keys.clone(),
                     owner: self.owner.clone(),
                     hold,

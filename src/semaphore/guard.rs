@@ -8,11 +8,13 @@ use crate::held::{Held, Kind};
 use crate::script::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE, SEMAPHORE_RENEW};
 
 /// The semaphore's release, extend and renew scripts. The hold id of its holds is the list of
-/// permit numbers (space separated), which the release script checks one by one.
+/// permit numbers (space separated), which the release script checks one by one, and which
+/// extend and renew get after the owner token, so they read only those permits' entries.
 pub(crate) static SEMAPHORE: Kind = Kind {
     release: &SEMAPHORE_RELEASE,
     extend: &SEMAPHORE_EXTEND,
     renew: &SEMAPHORE_RENEW,
+    holder_names_hold: true,
 };
 
 /// One numbered permit of a semaphore and the fence it was granted with.

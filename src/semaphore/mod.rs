@@ -32,12 +32,50 @@ pub use guard::{Permit, PermitGuard};
 /// The kind part of a semaphore's key: `<prefix>:{NAME}:sem`.
 const KIND: &str = "sem";
 
+/// The most permits a semaphore can have: the highest limit [`Client::semaphore`] and
+/// [`Semaphore::set_limit`] accept.
+///
+/// Every script call on a semaphore reads all of its permit entries (one per live permit, plus
+/// those that died since the last acquire), so the limit bounds how long one call blocks the
+/// server: at this limit, with every permit held by another owner, no call ran longer than a
+/// few milliseconds on a loaded test machine (`docs/design.md`, "Bounded script work"; test
+/// `script_bounds::calls_at_the_documented_maxima_stay_within_a_few_milliseconds`). A larger
+/// limit is refused with [`Error::InvalidOptions`] before anything is sent.
+///
+/// [`Client::semaphore`]: crate::Client::semaphore
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(fencelock::MAX_PERMITS, 256);
+/// ```
+pub const MAX_PERMITS: u32 = 256;
+
+/// The most permits one call can take at once ([`Semaphore::acquire_many`],
+/// [`Semaphore::try_acquire_many`]); also at most the semaphore's limit. A larger count is
+/// refused with [`Error::InvalidOptions`] before anything is sent.
+///
+/// # Examples
+///
+/// ```
+/// assert!(fencelock::MAX_PERMITS_PER_CALL <= fencelock::MAX_PERMITS);
+/// ```
+pub const MAX_PERMITS_PER_CALL: u32 = MAX_PERMITS;
+
+/// What a call that reads `entries` permit entries weighs in a batch, in mutex calls: an
+/// acquire reads every entry (up to the limit), a release, extend or renewal only its own
+/// permits; a semaphore call costs about two mutex calls, and each entry about a quarter more.
+fn weight(entries: u32) -> u32 {
+    2 + entries / 4
+}
+
 /// A handle on the semaphore `NAME` with `limit` permits (from
 /// [`Client::semaphore`](crate::Client::semaphore)). Cheap to clone; holds no permit itself.
 ///
 /// Each grant is one or more numbered permits (`0..limit`), each with its own fence token and
 /// lease: a crashed holder's permits come back when their lease ends. Every user of a semaphore
 /// gives the same limit; the first use stores it, and [`set_limit`](Self::set_limit) changes it.
+/// The limit is at most [`MAX_PERMITS`], which bounds how long one call blocks Redis.
 ///
 /// # Examples
 ///
@@ -131,8 +169,10 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] when `count` is 0 or above the limit; otherwise as
-    /// [`try_acquire`](Self::try_acquire).
+    /// [`Error::InvalidOptions`] when `count` is 0, above the limit or above
+    /// [`MAX_PERMITS_PER_CALL`] (before anything is sent); [`Error::LimitBelowCount`] when
+    /// [`set_limit`](Self::set_limit) of this handle lowered the limit below `count`; otherwise
+    /// as [`try_acquire`](Self::try_acquire).
     ///
     /// # Cancel safety
     ///
@@ -186,8 +226,11 @@ impl Semaphore {
     /// # Errors
     ///
     /// [`Error::Busy`] when not enough permits freed up in time; [`Error::LimitMismatch`] when
-    /// the semaphore has another limit; [`Error::InvalidOptions`] when `count` is 0 or above
-    /// the limit; [`Error::Timeout`] or [`Error::Redis`] when Redis kept failing;
+    /// the semaphore has another limit; [`Error::InvalidOptions`] when `count` is 0, above the
+    /// limit or above [`MAX_PERMITS_PER_CALL`] (before anything is sent);
+    /// [`Error::LimitBelowCount`] at once when [`set_limit`](Self::set_limit) of this handle (or
+    /// a clone) lowers the limit below `count` while the call waits (its reservation is
+    /// withdrawn); [`Error::Timeout`] or [`Error::Redis`] when Redis kept failing;
     /// [`Error::ReplicasNotConfirmed`] as for [`Client::lock`](crate::Client::lock).
     ///
     /// # Cancel safety
@@ -204,8 +247,10 @@ impl Semaphore {
         let request = self.request(count, options, waiter)?;
         // A many-permit waiter may leave a reservation: withdrawn unless the grant consumed it.
         let withdraw = (!request.waiter.is_empty()).then(|| {
-            let call =
-                SEMAPHORE.release_call(&self.core, self.keys.lock_key(), &request.waiter, "");
+            // Without permit numbers the release reads every entry.
+            let call = SEMAPHORE
+                .release_call(&self.core, self.keys.lock_key(), &request.waiter, "")
+                .weighted(weight(self.limit()));
             InFlight::arm(&self.core.transport, call)
         });
         let span = self.span("acquire", count);
@@ -263,13 +308,17 @@ impl Semaphore {
     /// its clones ask for the new limit from now on, including their calls already waiting
     /// (other handles get [`Error::LimitMismatch`] until they use the new one). Raising it
     /// wakes waiters, so they are let in at once. Permits held above a lowered limit stay
-    /// valid until released or expired and count against the new limit meanwhile. Returns the
-    /// limit stored before (`None` when none was).
+    /// valid until released or expired and count against the new limit meanwhile. A waiting
+    /// [`acquire_many`](Self::acquire_many) of this handle for more permits than the new limit
+    /// ends with [`Error::LimitBelowCount`], and a reservation for more than the new limit (of
+    /// any waiter) is removed, so it blocks no one. Returns the limit stored before (`None`
+    /// when none was).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidOptions`] for a limit of 0; [`Error::OutOfMemory`], [`Error::Timeout`]
-    /// or [`Error::Redis`] when Redis refuses, does not answer or fails.
+    /// [`Error::InvalidOptions`] for a limit of 0 or above [`MAX_PERMITS`] (before anything is
+    /// sent); [`Error::OutOfMemory`], [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// refuses, does not answer or fails.
     ///
     /// # Cancel safety
     ///
@@ -316,6 +365,16 @@ impl Semaphore {
         let name = self.name();
         options.validate(name)?;
         let limit = self.limit();
+        if count > MAX_PERMITS_PER_CALL {
+            return Err(Error::InvalidOptions {
+                name: name.to_owned(),
+                reason: format!(
+                    "cannot take {count} permits of semaphore {name:?} in one call: ask for 1 \
+                     to {MAX_PERMITS_PER_CALL} (one call's work on the server grows with the \
+                     count)"
+                ),
+            });
+        }
         if count == 0 || count > limit {
             return Err(Error::InvalidOptions {
                 name: name.to_owned(),
@@ -352,6 +411,16 @@ fn validate_limit(name: &str, limit: u32) -> Result<()> {
         return Err(Error::InvalidOptions {
             name: name.to_owned(),
             reason: "a semaphore needs at least 1 permit: give a limit of 1 or more".into(),
+        });
+    }
+    if limit > MAX_PERMITS {
+        return Err(Error::InvalidOptions {
+            name: name.to_owned(),
+            reason: format!(
+                "semaphore {name:?} cannot have {limit} permits: give a limit of 1 to \
+                 {MAX_PERMITS} (every call reads each permit's entry, so the limit bounds how \
+                 long one call blocks Redis); split a larger pool into several semaphores"
+            ),
         });
     }
     Ok(())
@@ -391,6 +460,16 @@ impl Request for Acquire<'_> {
         let ttl_ms = ttl_millis(lease);
         let floor = core.floor(options).to_string();
         let requested = self.limit.load(Ordering::Relaxed);
+        if self.count > requested {
+            // `set_limit` of this handle (or a clone) lowered the limit below the count while
+            // the call waited: it can never be granted. The caller's withdrawal removes its
+            // reservation (the script already ignores one above the limit).
+            return Err(Error::LimitBelowCount {
+                name: name.to_owned(),
+                count: self.count,
+                limit: requested,
+            });
+        }
         let (count, limit) = (self.count.to_string(), requested.to_string());
         let call = ScriptCall::new(
             &SEMAPHORE_ACQUIRE,
@@ -405,8 +484,12 @@ impl Request for Acquire<'_> {
                 &self.waiter,
                 core.expiry(),
             ],
-        );
-        let undo = SEMAPHORE.release_call(core, keys.lock_key(), &owner, "");
+        )
+        .weighted(weight(requested));
+        // Without permit numbers the release reads every entry.
+        let undo = SEMAPHORE
+            .release_call(core, keys.lock_key(), &owner, "")
+            .weighted(weight(requested));
         let in_flight = InFlight::arm(&core.transport, undo.clone());
         let (reply, acks) =
             replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
@@ -440,6 +523,7 @@ impl Request for Acquire<'_> {
                     sent: started,
                     ttl: lease,
                     replicas_acked,
+                    weight: weight(self.count),
                 };
                 let held = Held::new(core, &SEMAPHORE, grant, options);
                 Ok(Attempt::Granted(PermitGuard::new(held, permits)))

@@ -40,9 +40,10 @@ use crate::script::{LuaScript, ScriptCall};
 
 use super::{classify, Connection, Topology, Transport};
 
-/// The most calls one batch carries (a batch runs as one script: this bounds how long it blocks
-/// the server, ≈ 10 µs per call).
-const MAX_BATCH: usize = 64;
+/// The most calls one batch carries, by weight (a batch runs as one script: this bounds how
+/// long it blocks the server, ≈ 10 µs per mutex call; a semaphore call weighs more, see
+/// [`ScriptCall::weighted`]). A call that weighs more than this alone goes alone.
+const MAX_BATCH: u32 = 64;
 
 /// A driver with nothing to send for this long ends (the next call starts another).
 const IDLE: Duration = Duration::from_millis(500);
@@ -290,7 +291,8 @@ async fn start(transport: &Arc<Transport>, entries: Vec<Entry>, in_flight: &mut 
     }
 }
 
-/// The sends of one round: one batch per script (chunks of [`MAX_BATCH`]), lone calls alone.
+/// The sends of one round: one batch per script (chunks of at most [`MAX_BATCH`] weight), lone
+/// calls alone.
 fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
     let mut sends: Vec<Round> = Vec::new();
     while !pending.is_empty() {
@@ -304,8 +306,15 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
             .partition(|entry| same_script(entry.call.batch_script(), script));
         pending = rest;
         let mut same = same.into_iter().peekable();
-        while same.peek().is_some() {
-            let chunk: Vec<Entry> = same.by_ref().take(MAX_BATCH).collect();
+        while let Some(first) = same.next() {
+            let mut weight = first.call.weight();
+            let mut chunk = vec![first];
+            while let Some(next) =
+                same.next_if(|entry| weight.saturating_add(entry.call.weight()) <= MAX_BATCH)
+            {
+                weight = weight.saturating_add(next.call.weight());
+                chunk.push(next);
+            }
             sends.push(Box::pin(send(Arc::clone(transport), chunk)));
         }
     }

@@ -518,7 +518,8 @@ pub fn fail(error: &Error) -> ExitCode {
         Error::InvalidName { .. }
         | Error::InvalidOptions { .. }
         | Error::InvalidConfig { .. }
-        | Error::LimitMismatch { .. } => code::USAGE,
+        | Error::LimitMismatch { .. }
+        | Error::LimitBelowCount { .. } => code::USAGE,
         Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
         Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
         Error::CountDownRefused { .. } => code::USAGE,

@@ -9,9 +9,19 @@
 -- `sem_read(key)` returns {limit, fence, permits = list of {n, owner, ends, fence, live},
 -- res = {owner, count, ends, live} or nil} (`sem_parse_permit(n, value)` and
 -- `sem_parse_res(value)` parse one entry); `sem_end(s)` the latest end a live entry needs (at
--- least now); `sem_permit(owner, ends, fence)` formats a permit entry. None of them reads a key's
--- state but through its arguments: all of it runs once per script call (it ends with the
--- `--@key` line, see prologue.lua).
+-- least now); `sem_mine(key, holder)` reads only a holder's permits: `holder` is
+-- "<owner> <n1> <n2> ..." (the owner token and its permit numbers, as extend and renew get
+-- it), and it returns the owner and the list of its live permits {n, owner, ends, fence,
+-- live} among those numbers; `sem_raise(key, ends)` raises the
+-- key's expiry to `ends` + grace unless it ends later (without a grace it removes any expiry):
+-- a call that reads only its own permits cannot lower the expiry others need;
+-- `sem_permit(owner, ends, fence)` formats a permit entry; `sem_call(verb, key,
+-- args)` sends `verb key args...` in chunks of at most 512 arguments (`HSET` field/value pairs,
+-- `HDEL`/`HMGET` fields; `unpack` of an unbounded table fails past ~8,000 values) and returns
+-- the replies of `HMGET` chunks joined. The client bounds every table a script builds: at most
+-- `MAX_PERMITS` entries (src/semaphore/mod.rs). None of them reads a key's state but through
+-- its arguments: all of it runs once per script call (it ends with the `--@key` line, see
+-- prologue.lua).
 local function sem_parse_permit(n, value)
   local o, e, f = string.match(value or '', '^(%S+) (%d+) (%d+)$')
   if not o then return nil end
@@ -53,5 +63,38 @@ local function sem_end(s)
 end
 local function sem_permit(owner, ends, fence)
   return owner .. ' ' .. string.format('%.0f', ends) .. ' ' .. string.format('%.0f', fence)
+end
+local function sem_call(verb, key, args)
+  local out = {}
+  for i = 1, #args, 512 do
+    local part = redis.call(verb, key, unpack(args, i, math.min(i + 511, #args)))
+    if verb == 'HMGET' then
+      for j = 1, #part do out[#out + 1] = part[j] end
+    end
+  end
+  return out
+end
+local function sem_mine(key, holder)
+  local owner = string.match(holder, '^(%S+)') or ''
+  local fields, numbers = {}, {}
+  for n in string.gmatch(string.sub(holder, #owner + 1), '%d+') do
+    numbers[#numbers + 1] = tonumber(n)
+    fields[#fields + 1] = 'p:' .. n
+  end
+  local mine = {}
+  if #fields == 0 then return owner, mine end
+  local values = sem_call('HMGET', key, fields)
+  for i, n in ipairs(numbers) do
+    local p = sem_parse_permit(n, values[i])
+    if p and p.live and p.owner == owner then mine[#mine + 1] = p end
+  end
+  return owner, mine
+end
+local function sem_raise(key, ends)
+  if not grace then return redis.call('PERSIST', key) end
+  local current = redis.call('PEXPIRETIME', key)
+  if current < ends + grace then
+    redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+  end
 end
 --@key

@@ -9,8 +9,13 @@
 -- Takes the `count` lowest numbers below the limit that are free (absent, expired or released)
 -- and grants each its own fence, consecutive from the `fence` counter. While another waiter's
 -- live reservation exists, a request is granted only if the reservation can still be met
--- after it. A refused request of a waiter for more than one permit reserves them (`r`) unless
--- another waiter's live reservation exists; granting the reserving waiter removes it.
+-- after it; a reservation for more permits than the limit can never be met and blocks no one.
+-- A refused request of a waiter for more than one permit reserves them (`r`) unless another
+-- waiter's live reservation exists; granting the reserving waiter removes it. Every dead
+-- entry it reads (expired or released) that it does not reuse is deleted, so the hash holds
+-- the live permits plus those that died since the last acquire: the call costs O(entries +
+-- count), entries at most the limit plus what outlives a lowered one, never a scan of 0..limit.
+-- The client keeps count <= limit <= MAX_PERMITS (src/semaphore/mod.rs).
 --
 -- Replies:
 -- - {1, behind, lease ms, n1, fence1, n2, fence2, ...} granted (behind as for acquire);
@@ -25,15 +30,15 @@ local key, owner, waiter = KEYS[1], ARGV[1], ARGV[7]
 local count, limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local s = sem_read(key)
 if s.limit and s.limit ~= limit then return {-1, s.limit} end
-local mine, used, taken, earliest = {}, {}, 0, nil
+local mine, used, taken, earliest, dead = {}, {}, 0, nil, {}
 for _, p in ipairs(s.permits) do
   if p.live then
     used[p.n] = true
     taken = taken + 1
     if p.owner == owner then mine[#mine + 1] = p end
     if not earliest or p.ends < earliest then earliest = p.ends end
-  elseif p.n >= limit then
-    redis.call('HDEL', key, 'p:' .. p.n)
+  else
+    dead[#dead + 1] = p.n
   end
 end
 if #mine > 0 then
@@ -45,8 +50,16 @@ if #mine > 0 then
   end
   return reply
 end
+local function sweep(reused)
+  local fields = {}
+  for _, n in ipairs(dead) do
+    if not (reused and reused[n]) then fields[#fields + 1] = 'p:' .. n end
+  end
+  sem_call('HDEL', key, fields)
+end
 local free = limit - taken
 local res = s.res
+if res and res.count > limit then res = nil end
 local blocked = res and res.live and res.owner ~= waiter
 local need = count
 if blocked then need = count + res.count end
@@ -57,17 +70,20 @@ if free >= need then
   local last = fence + count - 1
   local reply = {1, behind, ttl}
   local fields = {'limit', limit, 'fence', string.format('%.0f', last)}
+  local reused = {}
   local n = 0
   for i = 1, count do
     while used[n] do n = n + 1 end
+    reused[n] = true
     fields[#fields + 1] = 'p:' .. n
     fields[#fields + 1] = sem_permit(owner, ends, fence + i - 1)
     reply[#reply + 1] = n
     reply[#reply + 1] = fence + i - 1
     n = n + 1
   end
-  redis.call('HSET', key, unpack(fields))
-  if res and res.owner == waiter then
+  sweep(reused)
+  sem_call('HSET', key, fields)
+  if s.res and s.res.owner == waiter then
     redis.call('HDEL', key, 'r')
     s.res = nil
   end
@@ -76,6 +92,7 @@ if free >= need then
   keep(key, last, keep_until)
   return reply
 end
+sweep(nil)
 local wake = earliest
 if blocked and (not wake or res.ends < wake) then wake = res.ends end
 local retry = (wake or now_ms) - now_ms

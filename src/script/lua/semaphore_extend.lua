@@ -1,22 +1,24 @@
 -- semaphore_extend: move the lease end of this owner's live permits to now + TTL (prologue,
 -- fence rule and semaphore state first).
 --
--- KEYS[1] the semaphore key. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
+-- KEYS[1] the semaphore key. ARGV[1] the holder: "<owner token> <n1> <n2> ...", its permit
+-- numbers (the hold id) after the token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
+--
+-- Reads only those permits' entries, O(their count); the key's expiry is only raised, to
+-- cover the new lease end.
 --
 -- Replies: {1, TTL ms} extended; {0, 0} no live permit of this owner (expired or unknown).
 -- allow-oom.
 #!lua flags=allow-oom
-local key, owner = KEYS[1], ARGV[1]
-local s = sem_read(key)
+local key = KEYS[1]
 local ends = now_ms + tonumber(ARGV[2])
-local any = false
-for _, p in ipairs(s.permits) do
-  if p.live and p.owner == owner then
-    redis.call('HSET', key, 'p:' .. p.n, sem_permit(owner, ends, p.fence))
-    p.ends = ends
-    any = true
-  end
+local owner, mine = sem_mine(key, ARGV[1])
+local fields = {}
+for _, p in ipairs(mine) do
+  fields[#fields + 1] = 'p:' .. p.n
+  fields[#fields + 1] = sem_permit(owner, ends, p.fence)
 end
-if not any then return {0, 0} end
-keep(key, s.fence, sem_end(s))
+if #fields == 0 then return {0, 0} end
+sem_call('HSET', key, fields)
+sem_raise(key, ends)
 return {1, tonumber(ARGV[2])}

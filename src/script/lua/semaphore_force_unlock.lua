@@ -12,13 +12,12 @@
 #!lua flags=allow-oom
 local before = inspect('sem')
 local s = sem_read(KEYS[1])
-local freed = 0
+local fields = {}
 for _, p in ipairs(s.permits) do
-  if p.live then
-    redis.call('HDEL', KEYS[1], 'p:' .. p.n)
-    freed = freed + 1
-  end
+  if p.live then fields[#fields + 1] = 'p:' .. p.n end
 end
+local freed = #fields
+sem_call('HDEL', KEYS[1], fields)
 if freed > 0 then
   local ends = now_ms
   if s.res and s.res.live and s.res.ends > ends then ends = s.res.ends end

@@ -6,8 +6,10 @@
 -- PUBLISH, empty for none (the channel is the semaphore key), ARGV[4] expiry grace.
 --
 -- A released permit's entry keeps its owner and fence with lease end 0, so a resent release
--- answers 1 again; a reservation of ARGV[1] is removed. Anything freed is announced. With
--- permit numbers it reads only their entries (O(count)); it never changes the key's expiry
+-- answers 1 again (until an acquire deletes the dead entry, or grants the number again: then
+-- 0 or -1); a reservation of ARGV[1] is removed. Anything freed is announced. With
+-- permit numbers it reads only their entries (O(count)), without them every entry (an undo of
+-- a cut acquire, a withdrawn reservation: O(entries)); it never changes the key's expiry
 -- (it only frees, so the expiry the last grant or renewal set still covers every live entry).
 --
 -- Replies: 1 released (or released before, or a reservation withdrawn); 0 unknown or expired
@@ -30,15 +32,17 @@ else
     targets[#targets + 1] = tonumber(n)
     fields[#fields + 1] = 'p:' .. n
   end
-  local values = redis.call('HMGET', key, unpack(fields))
+  local values = sem_call('HMGET', key, fields)
   res = sem_parse_res(values[1])
   for i, n in ipairs(targets) do found[n] = sem_parse_permit(n, values[i + 1]) end
 end
 local released, before, expired, other = 0, 0, 0, 0
+local writes = {}
 for _, n in ipairs(targets) do
   local p = found[n]
   if p and p.owner == owner and p.live then
-    redis.call('HSET', key, 'p:' .. n, sem_permit(owner, 0, p.fence))
+    writes[#writes + 1] = 'p:' .. n
+    writes[#writes + 1] = sem_permit(owner, 0, p.fence)
     released = released + 1
   elseif p and p.owner == owner and p.ends == 0 then
     before = before + 1
@@ -48,6 +52,7 @@ for _, n in ipairs(targets) do
     expired = expired + 1
   end
 end
+sem_call('HSET', key, writes)
 local withdrawn = res ~= nil and res.owner == owner
 if withdrawn then redis.call('HDEL', key, 'r') end
 if released > 0 or withdrawn then
