@@ -12,6 +12,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fair::{self, FairLockGuard};
 use crate::fence::{FenceMode, FenceToken, StaleFence};
+use crate::human::HumanDuration;
 use crate::keys::LockKeys;
 use crate::keys::Placement;
 use crate::latch::Latch;
@@ -246,15 +247,19 @@ impl ClientBuilder {
         ] {
             if value < Duration::from_millis(1) || value > Duration::from_secs(3600) {
                 return Err(Error::InvalidConfig {
-                    reason: format!("the {what} {value:?} is out of range: use 1 ms to 1 h"),
+                    reason: format!(
+                        "the {what} {} is out of range: use 1ms to 1h",
+                        HumanDuration(value)
+                    ),
                 });
             }
         }
         if self.expiry_grace > MAX_EXPIRY_GRACE {
             return Err(Error::InvalidConfig {
                 reason: format!(
-                    "the expiry grace {:?} is out of range: use 0 to {MAX_EXPIRY_GRACE:?}",
-                    self.expiry_grace
+                    "the expiry grace {} is out of range: use 0 to {}",
+                    HumanDuration(self.expiry_grace),
+                    HumanDuration(MAX_EXPIRY_GRACE)
                 ),
             });
         }

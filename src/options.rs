@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::human::HumanDuration;
 use crate::keys::Placement;
 
 /// The longest TTL accepted: half of what fits Redis's millisecond expiry clock.
@@ -257,8 +258,9 @@ impl LockOptions {
             }
             if timeout.is_zero() || timeout > MAX_WAIT_TIMEOUT {
                 return invalid(format!(
-                    "the WAIT timeout {timeout:?} is out of range: use 1 ms to 1 h \
-                     (Redis treats 0 as wait forever)"
+                    "the WAIT timeout {} is out of range: use 1ms to 1h \
+                     (Redis treats 0 as wait forever)",
+                    HumanDuration(timeout)
                 ));
             }
         }
@@ -272,17 +274,19 @@ impl LockOptions {
         if let Some(every) = self.renew_every {
             if every.is_zero() || every >= self.ttl {
                 return invalid(format!(
-                    "renew_every {every:?} must be above zero and below the TTL {:?}, or the \
-                     lease runs out between renewals",
-                    self.ttl
+                    "renew_every {} must be above zero and below the TTL {}, or the lease \
+                     runs out between renewals",
+                    HumanDuration(every),
+                    HumanDuration(self.ttl)
                 ));
             }
         }
         if self.max_hold.is_some_and(|max| max < MIN_TTL) {
             return invalid(format!(
-                "max_hold {:?} is below the minimum lease of {MIN_TTL:?}: leave it unset to \
-                 renew for as long as the guard lives",
-                self.max_hold.unwrap_or_default()
+                "max_hold {} is below the minimum lease of {}: leave it unset to renew for \
+                 as long as the guard lives",
+                HumanDuration(self.max_hold.unwrap_or_default()),
+                HumanDuration(MIN_TTL)
             ));
         }
         if let Some(floor) = self.floor.filter(|floor| *floor > MAX_FLOOR) {
@@ -302,8 +306,11 @@ pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
         return Err(Error::InvalidOptions {
             name: name.to_owned(),
             reason: format!(
-                "the TTL {ttl:?} is out of range: use at least {MIN_TTL:?} (a shorter lease \
-                 would end before the holder could rely on it) and at most {MAX_TTL:?}"
+                "the TTL {} is out of range: use at least {} (a shorter lease would end \
+                 before the holder could rely on it) and at most {}",
+                HumanDuration(ttl),
+                HumanDuration(MIN_TTL),
+                HumanDuration(MAX_TTL)
             ),
         });
     }

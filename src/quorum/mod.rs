@@ -34,6 +34,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::{FenceMode, FenceToken};
 use crate::held::{Grant, Held};
+use crate::human::HumanDuration;
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions, Waiting};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, QUORUM_COMMIT};
@@ -140,8 +141,8 @@ impl QuorumClientBuilder {
         if self.drift > Duration::from_secs(60) {
             return Err(Error::InvalidConfig {
                 reason: format!(
-                    "the drift allowance {:?} is out of range: use 0 to 60 s",
-                    self.drift
+                    "the drift allowance {} is out of range: use 0 to 1m",
+                    HumanDuration(self.drift)
                 ),
             });
         }

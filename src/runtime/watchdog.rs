@@ -324,6 +324,7 @@ impl Schedule {
                     continue;
                 }
                 Some(Outcome::Expired) => Ended::Expired,
+                Some(Outcome::ForceUnlocked) => Ended::ForceUnlocked,
                 Some(Outcome::NotOwner) | None => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {

@@ -229,7 +229,9 @@ pub fn fail(error: &Error) -> ExitCode {
         | Error::InvalidOptions { .. }
         | Error::InvalidConfig { .. }
         | Error::LimitMismatch { .. } => code::USAGE,
-        Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
+        Error::Expired { .. } | Error::ForceUnlocked { .. } | Error::NotOwner { .. } => {
+            code::LOCK_LOST
+        }
         Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
         Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,
