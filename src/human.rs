@@ -14,7 +14,7 @@ use std::time::Duration;
 /// use fencelock::HumanDuration;
 ///
 /// assert_eq!(HumanDuration(Duration::from_nanos(1_004_063_300)).to_string(), "1s");
-/// assert_eq!(HumanDuration(Duration::from_millis(8_250)).to_string(), "8.2s");
+/// assert_eq!(HumanDuration(Duration::from_millis(8_240)).to_string(), "8.2s");
 /// assert_eq!(HumanDuration(Duration::from_secs(125)).to_string(), "2m 5s");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
