@@ -92,9 +92,9 @@ impl Core {
     }
 
     /// Records a grant whose stored fence was `behind_us` µs ahead of the node's clock.
-    pub(crate) fn clock_behind(&self, name: &str, behind_us: i64) {
+    pub(crate) fn clock_behind(&self, kind: &'static str, name: &str, behind_us: i64) {
         let behind_us = u64::try_from(behind_us).unwrap_or(0);
-        Counters::add(&self.counters.clock_behind, 1);
+        Counters::add(&self.counters.clock_behind, kind, 1);
         self.counters
             .clock_behind_max_us
             .fetch_max(behind_us, Ordering::Relaxed);

@@ -19,7 +19,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::{Counter, Counters};
+use crate::stats::{kind_of, Counter, Counters};
 
 /// The accessors every guard shares, written once: a guard is a struct with a `held: Held`
 /// field, and `$what` names what it holds in the docs ("lock", "read hold", "permits"). Each
@@ -499,7 +499,7 @@ impl Held {
     fn released(mut self, code: i64) -> Result<()> {
         self.released = true;
         let held = self.granted.elapsed();
-        self.core.counters.holds.record(held);
+        self.core.counters.holds.record(self.metric_kind(), held);
         tracing::debug!(lock = self.name(), fence = %self.fence, ?held, "released");
         self.outcome(code, "release", &self.core.counters.releases)
     }
@@ -565,8 +565,8 @@ impl Held {
             last: self.last,
             shared: AtomicBool::new(false),
         };
-        Counters::add(&self.core.counters.grants, 1);
-        Counters::add(&self.core.counters.handoffs, 1);
+        Counters::add(&self.core.counters.grants, self.metric_kind(), 1);
+        Counters::add(&self.core.counters.handoffs, self.metric_kind(), 1);
         tracing::debug!(lock = self.name(), %fence, "handed over within the client");
         // A waiter gone meanwhile drops the guard, which hands the lock on or releases it.
         let _ = waiter.to.send(Handed::Granted((handing.wrap)(held)));
@@ -609,6 +609,11 @@ impl Held {
         });
     }
 
+    /// The `kind` label of this hold's metrics.
+    fn metric_kind(&self) -> &'static str {
+        kind_of(self.keys.lock_key())
+    }
+
     /// Stops the watchdog for this hold.
     fn unwatch(&mut self) {
         if let Some(Watched { id: Some(id), .. }) = self.watched.take() {
@@ -622,11 +627,11 @@ impl Held {
         let name = self.keys.name();
         match Outcome::decode(name, operation, code)?.lost(name) {
             None => {
-                Counters::add(done, 1);
+                Counters::add(done, self.metric_kind(), 1);
                 Ok(())
             }
             Some(lost) => {
-                Counters::add(&self.core.counters.lost, 1);
+                Counters::add(&self.core.counters.lost, self.metric_kind(), 1);
                 tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
                 Err(lost)
             }

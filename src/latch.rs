@@ -200,7 +200,7 @@ impl Latch {
                 return Err(unexpected(name, "latch set", status));
             }
             if behind > 0 {
-                core.clock_behind(name, behind);
+                core.clock_behind("latch", name, behind);
             }
             let generation = parse_fence(name, "latch set", "generation", generation)?;
             tracing::debug!(latch = name, %generation, count, "set");

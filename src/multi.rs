@@ -345,7 +345,7 @@ impl Request for AcquireAll<'_> {
         match reply.as_slice() {
             [1 | 2, behind, fences @ ..] if fences.len() == keys.len() => {
                 if *behind > 0 {
-                    core.clock_behind(name, *behind);
+                    core.clock_behind("mutex", name, *behind);
                 }
                 let fences = fences
                     .iter()
@@ -354,7 +354,7 @@ impl Request for AcquireAll<'_> {
                     .collect::<Result<Vec<_>>>()?;
                 in_flight.into_iter().for_each(InFlight::disarm);
                 let replicas_acked =
-                    match replicas::confirm(core, name, acks, || undos[0].clone()).await {
+                    match replicas::confirm(core, "mutex", name, acks, || undos[0].clone()).await {
                         Ok(acked) => acked,
                         Err(err) => {
                             for undo in &undos[1..] {

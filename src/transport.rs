@@ -1112,7 +1112,11 @@ impl Transport {
                     transport.failures.store(0, Ordering::Release);
                     transport.rebuilds.fetch_add(1, Ordering::Relaxed);
                     #[cfg(feature = "metrics")]
-                    metrics::counter!(crate::stats::names::CONNECTION_REBUILDS).increment(1);
+                    metrics::counter!(
+                        crate::stats::names::CONNECTION_REBUILDS,
+                        "kind" => crate::stats::CLIENT_KIND
+                    )
+                    .increment(1);
                     tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
                 }
                 Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),

@@ -421,7 +421,7 @@ impl Request for Acquire<'_> {
         match reply.as_slice() {
             [1 | 2, behind, _, numbered @ ..] if numbered.len() == 2 * self.count as usize => {
                 if *behind > 0 {
-                    core.clock_behind(name, *behind);
+                    core.clock_behind("semaphore", name, *behind);
                 }
                 let mut permits = Vec::with_capacity(numbered.len() / 2);
                 for pair in numbered.chunks_exact(2) {
@@ -430,7 +430,8 @@ impl Request for Acquire<'_> {
                         fence: parse_fence(name, "acquire", "fence", pair[1])?,
                     });
                 }
-                let replicas_acked = replicas::confirm(core, name, acks, || undo).await?;
+                let replicas_acked =
+                    replicas::confirm(core, "semaphore", name, acks, || undo).await?;
                 let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
                 tracing::debug!(semaphore = name, ?permits, "acquired");
                 let grant = Grant {
