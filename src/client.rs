@@ -610,7 +610,8 @@ impl Client {
 
     /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it
     /// as [`lock`](Self::lock) does, calls `work` with the hold's fence token, and releases the
-    /// lock when `work` returns `Ok` or `Err`. If `work` panics or the returned future is
+    /// lock when `work` returns `Ok` or `Err`. To give `work` the guard itself (to extend the
+    /// lease), use [`with_lock_guard`](Self::with_lock_guard). If `work` panics or the returned future is
     /// dropped, the guard's drop releases the lock in the background (see
     /// [`shutdown`](Self::shutdown) to wait for it).
     ///
@@ -645,8 +646,8 @@ impl Client {
     ///
     /// As [`lock`](Self::lock) when the lock is not acquired (`work` is then not called);
     /// `work`'s own error; with the watchdog, the loss [`LockGuard::lost`] reports
-    /// ([`Error::is_lock_lost`]); [`Error::Expired`] or [`Error::NotOwner`] when the release found
-    /// the lock lost after `work` succeeded.
+    /// ([`Error::is_lock_lost`]); [`Error::Expired`], [`Error::ForceUnlocked`] or
+    /// [`Error::NotOwner`] when the release found the lock lost after `work` succeeded.
     ///
     /// # Cancel safety
     ///
@@ -683,23 +684,76 @@ impl Client {
         }
         .instrument(span.clone())
         .await;
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(lost) => {
-                tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
-                // The release of a lost hold only tidies up; its answer adds nothing.
-                let _ = guard.release().instrument(span).await;
-                return Err(E::from(lost));
-            }
-        };
-        match guard.release().instrument(span.clone()).await {
-            Ok(()) => outcome,
-            Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
-            Err(err) => {
-                tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
-                outcome
+        finish_with_lock(guard, outcome, span, name).await
+    }
+
+    /// Runs `work` while holding lock `name`, as [`with_lock`](Self::with_lock) does, but lends
+    /// `work` the guard itself (`&mut LockGuard`) instead of its fence, so the work can
+    /// [`extend`](LockGuard::extend) the lease, read [`valid_until`](LockGuard::valid_until) or
+    /// take a [`reentry`](LockGuard::reentry) handle; the release stays with this call. A
+    /// sibling rather than a change of `with_lock`'s signature, which would break its callers.
+    ///
+    /// `work` is an async closure (`async |guard| { ... }`). With the watchdog on it is raced
+    /// against the loss of the hold as in `with_lock`; without it, it runs to its end and the
+    /// release reports a loss.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let fence = client
+    ///     .with_lock_guard("orders:42", &options, async |guard| {
+    ///         // first half of the work, then more time for the second half
+    ///         guard.extend(Duration::from_secs(10)).await?;
+    ///         Ok::<_, fencelock::Error>(guard.fence())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    pub async fn with_lock_guard<T, E, F>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: AsyncFnOnce(&mut LockGuard) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let mut guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
+        let lost = guard.held().lost_watcher();
+        let outcome = async {
+            let work = work(&mut guard);
+            match lost {
+                Some(lost) => tokio::select! {
+                    biased;
+                    lost = lost => Err(lost),
+                    outcome = work => Ok(outcome),
+                },
+                None => Ok(work.await),
             }
         }
+        .instrument(span.clone())
+        .await;
+        finish_with_lock(guard, outcome, span, name).await
     }
 
     /// The countdown latch `name` (key `<prefix>:{name}:latch`): a handle, no call to Redis.
@@ -936,5 +990,33 @@ impl Client {
     /// ```
     pub fn stats(&self) -> Stats {
         self.core.stats()
+    }
+}
+
+/// The end of [`Client::with_lock`] and [`Client::with_lock_guard`]: `outcome` is `Err(loss)`
+/// when the work was stopped by the loss of the hold, else the work's result; releases the
+/// guard and returns what the caller gets.
+async fn finish_with_lock<T, E: From<Error>>(
+    guard: LockGuard,
+    outcome: std::result::Result<std::result::Result<T, E>, Error>,
+    span: tracing::Span,
+    name: &str,
+) -> std::result::Result<T, E> {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(lost) => {
+            tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
+            // The release of a lost hold only tidies up; its answer adds nothing.
+            let _ = guard.release().instrument(span).await;
+            return Err(E::from(lost));
+        }
+    };
+    match guard.release().instrument(span.clone()).await {
+        Ok(()) => outcome,
+        Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
+        Err(err) => {
+            tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
+            outcome
+        }
     }
 }

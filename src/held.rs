@@ -356,25 +356,18 @@ impl Held {
                 name: name.to_owned(),
             };
         };
-        loop {
-            let ended = self.core.watchdog.ended().notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            let lease = watched.lease.get();
-            let now = tokio::time::Instant::now();
-            match lease.ended {
-                Some(Ended::MaxHold) if now < lease.valid_until => {}
-                Some(why) => return why.into_error(name, watched.max_hold),
-                None if now >= lease.valid_until => {
-                    return Ended::Unconfirmed.into_error(name, watched.max_hold)
-                }
-                None => {}
-            }
-            tokio::select! {
-                () = ended => {}
-                () = tokio::time::sleep_until(lease.valid_until) => {}
-            }
-        }
+        watch_lost(&self.core, name, watched).await
+    }
+
+    /// What [`lost`](Self::lost) reports for a watched hold, as a future that does not borrow
+    /// the hold (so the hold can be lent out meanwhile); `None` without the watchdog, whose
+    /// lease end moves with every `extend`.
+    pub(crate) fn lost_watcher(
+        &self,
+    ) -> Option<impl std::future::Future<Output = Error> + 'static> {
+        let watched = self.watched.clone()?;
+        let (core, name) = (Arc::clone(&self.core), self.keys.name().to_owned());
+        Some(async move { watch_lost(&core, &name, &watched).await })
     }
 
     /// Resets the lease to `ttl` (see `LockGuard::extend`).
@@ -645,5 +638,29 @@ impl Drop for Held {
             self.release_detached();
         }
         self.unwatch();
+    }
+}
+
+/// Waits until the watchdog ends `watched`'s lease (or the lease runs out unconfirmed) and
+/// returns why, as the error lock `name` reports.
+async fn watch_lost(core: &Core, name: &str, watched: &Watched) -> Error {
+    loop {
+        let ended = core.watchdog.ended().notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        let lease = watched.lease.get();
+        let now = tokio::time::Instant::now();
+        match lease.ended {
+            Some(Ended::MaxHold) if now < lease.valid_until => {}
+            Some(why) => return why.into_error(name, watched.max_hold),
+            None if now >= lease.valid_until => {
+                return Ended::Unconfirmed.into_error(name, watched.max_hold)
+            }
+            None => {}
+        }
+        tokio::select! {
+            () = ended => {}
+            () = tokio::time::sleep_until(lease.valid_until) => {}
+        }
     }
 }
