@@ -218,6 +218,20 @@ impl ClientBuilder {
 
     /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::Client::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .prefix("billing")
+    ///     .request_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a bad URL or setting, or a TLS file that cannot be read or
@@ -349,6 +363,17 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// A builder with default settings for the given node URLs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:6379"])
+    ///     .prefix("billing")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder<I, S>(urls: I) -> ClientBuilder
     where
         I: IntoIterator<Item = S>,
@@ -427,6 +452,15 @@ impl Client {
     }
 
     /// Connects with default settings; see [`ClientBuilder::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// // A standalone server, or any nodes of a cluster (cluster mode is detected).
+    /// let client = fencelock::Client::connect(["redis://127.0.0.1:6379"]).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -520,6 +554,23 @@ impl Client {
 
     /// Makes one attempt to acquire lock `name`.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::{Error, LockOptions};
+    ///
+    /// match client.try_lock("reports:daily", &LockOptions::new()).await {
+    ///     Ok(guard) => {
+    ///         // the work, presenting guard.fence() to storage
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(Error::Busy { retry_after, .. }) => println!("busy, frees within {retry_after:?}"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Busy`] when another owner holds it; [`Error::ReplicasNotConfirmed`] when
@@ -573,6 +624,22 @@ impl Client {
     /// waiting gets in at the next handoff that goes through Redis.
     ///
     /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new()
+    ///     .ttl(Duration::from_secs(10))
+    ///     .timeout(Duration::from_secs(30));
+    /// let guard = client.lock("orders:42", &options).await?;
+    /// let fence = guard.fence(); // present it with every write to the protected storage
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///

@@ -523,6 +523,17 @@ impl Client {
     /// (one script call when all keys share a slot), no waiting; as
     /// [`lock_all`](Self::lock_all) otherwise.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let both = client.try_lock_all(&["account:1", "account:2"], &LockOptions::new()).await?;
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Busy`] naming a member held by another owner (nothing is left held); as

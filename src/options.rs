@@ -40,6 +40,13 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
 /// no fence floor, no watchdog.
 ///
+/// The `fencelock` command line uses other defaults on purpose (`--ttl 10s --timeout 30s`):
+/// `exec` and `hold` always run the watchdog, so their TTL only bounds how long a crashed
+/// `fencelock` process keeps the lock, and a shell command usually means to wait its turn
+/// (as `flock` does). A library hold without the watchdog must instead cover the work with its
+/// TTL, and a program that gets [`Error::Busy`](crate::Error::Busy) after 10 s can decide
+/// itself whether to try again. Set both explicitly where a program and a script share a lock.
+///
 /// With the `serde` feature it implements `Serialize` and `Deserialize`: a flat map whose
 /// durations are humantime strings (`{"ttl": "30s", "timeout": "1m 30s", "watchdog": true}`,
 /// `"forever"` for `Duration::MAX`); missing fields take their defaults, unknown ones are

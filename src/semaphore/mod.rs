@@ -146,6 +146,19 @@ impl Semaphore {
 
     /// Takes one permit, waiting for up to `options.timeout` while all are held.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let renderers = client.semaphore("renderers", 8)?;
+    /// let permit = renderers.acquire(&LockOptions::new()).await?;
+    /// // permit.permits() carries the permit's number and fence
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`acquire_many`](Self::acquire_many).
