@@ -821,7 +821,8 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
 ///   `ARGV[3]` announce (`s`, `p` or empty, as [`RELEASE`]), `ARGV[4]` expiry grace.
 ///
 /// Replies ([`Outcome`]): `1` released; `0` no live lease (expired: this owner's leftovers are
-/// cleared and the head woken); `-1` held by another owner (left alone). Flagged `allow-oom`.
+/// cleared and the head woken); `-1` held by another owner (left alone); `-2` freed by a forced
+/// unlock (see [`FAIR_FORCE_UNLOCK`]). Flagged `allow-oom`.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| fair_batchable("fair_release", include_str!("script/lua/fair_release.lua")));
 
@@ -1030,7 +1031,9 @@ pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Force-unlock of a fair lock (`script/lua/fair_force_unlock.lua`): the holder goes, the
-/// queue stays and its head is woken; `ARGV` and reply as [`FORCE_UNLOCK`].
+/// queue stays and its head is woken; `ARGV` and reply as [`FORCE_UNLOCK`], and a freed live
+/// hold leaves the same `forced` marker, so [`FAIR_RELEASE`], [`FAIR_EXTEND`] and
+/// [`FAIR_RENEW`] answer `-2` to its owner.
 pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "fair_force_unlock",

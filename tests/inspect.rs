@@ -149,8 +149,9 @@ async fn mutex_inspection_and_forced_unlock() {
 }
 
 /// A forced unlock is told from an expiry on every path the holder learns it: `extend`,
-/// `reenter`, the watchdog's renewal (`lost()`) and `release`; a hold that merely expired still
-/// reports the expiry, also after a forced unlock of an earlier hold.
+/// `reenter`, the watchdog's renewal (`lost()`) and `release`, for the mutex and the fair lock;
+/// a hold that merely expired still reports the expiry, also after a forced unlock of an
+/// earlier hold.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_holder_of_a_forced_unlock_is_told_so_not_that_it_expired() {
     let server = Standalone::start();
@@ -190,6 +191,26 @@ async fn the_holder_of_a_forced_unlock_is_told_so_not_that_it_expired() {
     tokio::time::sleep(Duration::from_millis(150)).await; // the lease's own end, no event
     let expired = short.release().await;
     assert!(matches!(expired, Err(Error::Expired { .. })), "{expired:?}");
+
+    // The fair lock: extend, watchdog and release.
+    let mut fair = holder.fair_lock(name, &options()).await.unwrap();
+    admin.force_unlock(Kind::Fair, name).await.unwrap();
+    let extended = fair.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "fair: {extended:?}");
+    let released = fair.release().await;
+    assert!(forced(&released), "fair: {released:?}");
+    let watched = holder
+        .fair_lock(name, &options().ttl(Duration::from_secs(3)).watchdog(true))
+        .await
+        .unwrap();
+    admin.force_unlock(Kind::Fair, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), watched.lost())
+        .await
+        .expect("the watchdog's next renewal reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "fair: {lost:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
