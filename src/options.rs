@@ -212,10 +212,11 @@ impl LockOptions {
     /// # Examples
     ///
     /// ```
-    /// use fencelock::LockOptions;
+    /// use fencelock::{HumanDuration, LockOptions};
     ///
     /// let options = LockOptions::new().on_wait(|waiting| {
-    ///     eprintln!("waiting for {}: lease ends in {:?}", waiting.name, waiting.lease_left);
+    ///     let left = HumanDuration(waiting.lease_left);
+    ///     eprintln!("waiting for {}: lease ends in {left}", waiting.name);
     /// });
     /// ```
     pub fn on_wait(mut self, observer: impl Fn(&Waiting<'_>) + Send + Sync + 'static) -> Self {
