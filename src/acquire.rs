@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::local_queue::Turn;
 use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::{Readiness, Subscription};
-use crate::stats::Counters;
+use crate::stats::{kind_of, Counters};
 
 pub(crate) use backoff::Backoff;
 pub(crate) use undo::InFlight;
@@ -89,7 +89,9 @@ pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R:
     let started = Instant::now();
     match attempt(core, request).await? {
         Attempt::Granted(granted) => {
-            core.counters.waits.record(started.elapsed());
+            core.counters
+                .waits
+                .record(kind_of(request.channel()), started.elapsed());
             Ok(granted)
         }
         Attempt::Busy { retry_after } => Err(request.busy(Duration::ZERO, retry_after)),
@@ -186,7 +188,9 @@ async fn wait_unbounded<R: Request>(
             let until = deadline.min(Instant::now() + RECHECK);
             match request.wait_local(core, until).await {
                 Local::Granted(granted) => {
-                    core.counters.waits.record(started.elapsed());
+                    core.counters
+                        .waits
+                        .record(kind_of(request.channel()), started.elapsed());
                     return Ok(granted);
                 }
                 Local::Ask(next) => {
@@ -201,7 +205,9 @@ async fn wait_unbounded<R: Request>(
                 if let Some(turn) = turn.take() {
                     turn.granted();
                 }
-                core.counters.waits.record(started.elapsed());
+                core.counters
+                    .waits
+                    .record(kind_of(request.channel()), started.elapsed());
                 return Ok(granted);
             }
             Ok(Attempt::Busy { retry_after }) => {
@@ -255,7 +261,7 @@ async fn wait_unbounded<R: Request>(
         match &mut listening {
             Listening::Subscribed(subscription) | Listening::Pending(subscription) => {
                 if subscription.wait(pause).await {
-                    Counters::add(&core.counters.wakeups, 1);
+                    Counters::add(&core.counters.wakeups, kind_of(request.channel()), 1);
                     tracing::trace!(lock = name, "woken by a release");
                 }
             }
@@ -281,14 +287,15 @@ async fn listen(subscription: Option<Subscription>, limit: Duration) -> Listenin
 async fn attempt<R: Request>(core: &Arc<Core>, request: &R) -> Result<Attempt<R::Granted>> {
     let outcome = request.attempt(core).await;
     let counters = &core.counters;
-    Counters::add(&counters.acquire_attempts, 1);
+    let kind = kind_of(request.channel());
+    Counters::add(&counters.acquire_attempts, kind, 1);
     match &outcome {
-        Ok(Attempt::Granted(_)) => Counters::add(&counters.grants, 1),
-        Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, 1),
+        Ok(Attempt::Granted(_)) => Counters::add(&counters.grants, kind, 1),
+        Ok(Attempt::Busy { .. }) => Counters::add(&counters.busy, kind, 1),
         Err(err) => {
-            Counters::add(&counters.acquire_errors, 1);
+            Counters::add(&counters.acquire_errors, kind, 1);
             if matches!(err, Error::ReplicasNotConfirmed { .. }) {
-                Counters::add(&counters.replicas_not_confirmed, 1);
+                Counters::add(&counters.replicas_not_confirmed, kind, 1);
             }
         }
     }

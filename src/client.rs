@@ -12,6 +12,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fair::{self, FairLockGuard};
 use crate::fence::{FenceMode, FenceToken, StaleFence};
+use crate::human::HumanDuration;
 use crate::keys::LockKeys;
 use crate::keys::Placement;
 use crate::latch::Latch;
@@ -324,6 +325,20 @@ impl ClientBuilder {
 
     /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let client = fencelock::Client::builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+    ///     .prefix("billing")
+    ///     .request_timeout(Duration::from_secs(1))
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for a bad URL or setting, or a TLS file that cannot be read or
@@ -353,15 +368,19 @@ impl ClientBuilder {
         ] {
             if value < Duration::from_millis(1) || value > Duration::from_secs(3600) {
                 return Err(Error::InvalidConfig {
-                    reason: format!("the {what} {value:?} is out of range: use 1 ms to 1 h"),
+                    reason: format!(
+                        "the {what} {} is out of range: use 1ms to 1h",
+                        HumanDuration(value)
+                    ),
                 });
             }
         }
         if self.expiry_grace > MAX_EXPIRY_GRACE {
             return Err(Error::InvalidConfig {
                 reason: format!(
-                    "the expiry grace {:?} is out of range: use 0 to {MAX_EXPIRY_GRACE:?}",
-                    self.expiry_grace
+                    "the expiry grace {} is out of range: use 0 to {}",
+                    HumanDuration(self.expiry_grace),
+                    HumanDuration(MAX_EXPIRY_GRACE)
                 ),
             });
         }
@@ -468,6 +487,17 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// A builder with default settings for the given node URLs.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:6379"])
+    ///     .prefix("billing")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder<I, S>(urls: I) -> ClientBuilder
     where
         I: IntoIterator<Item = S>,
@@ -548,6 +578,15 @@ impl Client {
     }
 
     /// Connects with default settings; see [`ClientBuilder::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// // A standalone server, or any nodes of a cluster (cluster mode is detected).
+    /// let client = fencelock::Client::connect(["redis://127.0.0.1:6379"]).await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///
@@ -641,6 +680,23 @@ impl Client {
 
     /// Makes one attempt to acquire lock `name`.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::{Error, LockOptions};
+    ///
+    /// match client.try_lock("reports:daily", &LockOptions::new()).await {
+    ///     Ok(guard) => {
+    ///         // the work, presenting guard.fence() to storage
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(Error::Busy { retry_after, .. }) => println!("busy, frees within {retry_after:?}"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Busy`] when another owner holds it; [`Error::ReplicasNotConfirmed`] when
@@ -695,6 +751,22 @@ impl Client {
     ///
     /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new()
+    ///     .ttl(Duration::from_secs(10))
+    ///     .timeout(Duration::from_secs(30));
+    /// let guard = client.lock("orders:42", &options).await?;
+    /// let fence = guard.fence(); // present it with every write to the protected storage
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::Busy`] when the lock stayed held until the timeout; [`Error::Timeout`] or
@@ -731,7 +803,8 @@ impl Client {
 
     /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it
     /// as [`lock`](Self::lock) does, calls `work` with the hold's fence token, and releases the
-    /// lock when `work` returns `Ok` or `Err`. If `work` panics or the returned future is
+    /// lock when `work` returns `Ok` or `Err`. To give `work` the guard itself (to extend the
+    /// lease), use [`with_lock_guard`](Self::with_lock_guard). If `work` panics or the returned future is
     /// dropped, the guard's drop releases the lock in the background (see
     /// [`shutdown`](Self::shutdown) to wait for it).
     ///
@@ -766,8 +839,8 @@ impl Client {
     ///
     /// As [`lock`](Self::lock) when the lock is not acquired (`work` is then not called);
     /// `work`'s own error; with the watchdog, the loss [`LockGuard::lost`] reports
-    /// ([`Error::is_lock_lost`]); [`Error::Expired`] or [`Error::NotOwner`] when the release found
-    /// the lock lost after `work` succeeded.
+    /// ([`Error::is_lock_lost`]); [`Error::Expired`], [`Error::ForceUnlocked`] or
+    /// [`Error::NotOwner`] when the release found the lock lost after `work` succeeded.
     ///
     /// # Cancel safety
     ///
@@ -804,23 +877,76 @@ impl Client {
         }
         .instrument(span.clone())
         .await;
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(lost) => {
-                tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
-                // The release of a lost hold only tidies up; its answer adds nothing.
-                let _ = guard.release().instrument(span).await;
-                return Err(E::from(lost));
-            }
-        };
-        match guard.release().instrument(span.clone()).await {
-            Ok(()) => outcome,
-            Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
-            Err(err) => {
-                tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
-                outcome
+        finish_with_lock(guard, outcome, span, name).await
+    }
+
+    /// Runs `work` while holding lock `name`, as [`with_lock`](Self::with_lock) does, but lends
+    /// `work` the guard itself (`&mut LockGuard`) instead of its fence, so the work can
+    /// [`extend`](LockGuard::extend) the lease, read [`valid_until`](LockGuard::valid_until) or
+    /// take a [`reentry`](LockGuard::reentry) handle; the release stays with this call. A
+    /// sibling rather than a change of `with_lock`'s signature, which would break its callers.
+    ///
+    /// `work` is an async closure (`async |guard| { ... }`). With the watchdog on it is raced
+    /// against the loss of the hold as in `with_lock`; without it, it runs to its end and the
+    /// release reports a loss.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let fence = client
+    ///     .with_lock_guard("orders:42", &options, async |guard| {
+    ///         // first half of the work, then more time for the second half
+    ///         guard.extend(Duration::from_secs(10)).await?;
+    ///         Ok::<_, fencelock::Error>(guard.fence())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    pub async fn with_lock_guard<T, E, F>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: AsyncFnOnce(&mut LockGuard) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let mut guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
+        let lost = guard.held().lost_watcher();
+        let outcome = async {
+            let work = work(&mut guard);
+            match lost {
+                Some(lost) => tokio::select! {
+                    biased;
+                    lost = lost => Err(lost),
+                    outcome = work => Ok(outcome),
+                },
+                None => Ok(work.await),
             }
         }
+        .instrument(span.clone())
+        .await;
+        finish_with_lock(guard, outcome, span, name).await
     }
 
     /// The countdown latch `name` (key `<prefix>:{name}:latch`): a handle, no call to Redis.
@@ -1058,5 +1184,33 @@ impl Client {
     /// ```
     pub fn stats(&self) -> Stats {
         self.core.stats()
+    }
+}
+
+/// The end of [`Client::with_lock`] and [`Client::with_lock_guard`]: `outcome` is `Err(loss)`
+/// when the work was stopped by the loss of the hold, else the work's result; releases the
+/// guard and returns what the caller gets.
+async fn finish_with_lock<T, E: From<Error>>(
+    guard: LockGuard,
+    outcome: std::result::Result<std::result::Result<T, E>, Error>,
+    span: tracing::Span,
+    name: &str,
+) -> std::result::Result<T, E> {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(lost) => {
+            tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
+            // The release of a lost hold only tidies up; its answer adds nothing.
+            let _ = guard.release().instrument(span).await;
+            return Err(E::from(lost));
+        }
+    };
+    match guard.release().instrument(span.clone()).await {
+        Ok(()) => outcome,
+        Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
+        Err(err) => {
+            tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
+            outcome
+        }
     }
 }

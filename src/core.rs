@@ -11,7 +11,7 @@ use crate::local_queue::LocalQueues;
 use crate::options::LockOptions;
 use crate::runtime::wakeups::Wakeups;
 use crate::runtime::watchdog::Watchdog;
-use crate::stats::{Counters, Stats};
+use crate::stats::{kind_of, Counters, Stats};
 use crate::transport::{Topology, Transport};
 
 /// What a client, its guards and their background releases share.
@@ -151,7 +151,7 @@ impl Core {
             .unwrap_or_else(|poison| poison.into_inner())
             .record(key, fence, sent, Instant::now());
         if let Some(before) = regressed {
-            Counters::add(&self.counters.fence_regressions, 1);
+            Counters::add(&self.counters.fence_regressions, kind_of(key), 1);
             tracing::warn!(
                 lock = name,
                 fence,
@@ -195,9 +195,9 @@ impl Core {
     }
 
     /// Records a grant whose stored fence was `behind_us` µs ahead of the node's clock.
-    pub(crate) fn clock_behind(&self, name: &str, behind_us: i64) {
+    pub(crate) fn clock_behind(&self, kind: &'static str, name: &str, behind_us: i64) {
         let behind_us = u64::try_from(behind_us).unwrap_or(0);
-        Counters::add(&self.counters.clock_behind, 1);
+        Counters::add(&self.counters.clock_behind, kind, 1);
         self.counters
             .clock_behind_max_us
             .fetch_max(behind_us, Ordering::Relaxed);

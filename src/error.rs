@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::fence::FenceToken;
+use crate::human::HumanDuration;
 
 /// `Result` with fencelock's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -54,8 +55,10 @@ pub enum Error {
     /// The lock is held by another owner: [`try_lock`](crate::Client::try_lock) failed, or
     /// [`lock`](crate::Client::lock) ran out of time.
     #[error(
-        "lock {name:?} is held by another owner (waited {waited:?}; it frees in {retry_after:?} \
-         at the latest unless extended): retry later or wait longer"
+        "lock {name:?} is held by another owner (waited {}; it frees in {} at the latest \
+         unless extended): retry later or wait longer",
+        HumanDuration(*.waited),
+        HumanDuration(*.retry_after)
     )]
     Busy {
         /// The lock concerned.
@@ -87,6 +90,19 @@ pub enum Error {
          storage must have rejected stale writes by fence; use a longer TTL or extend sooner"
     )]
     Expired {
+        /// The lock concerned.
+        name: String,
+    },
+
+    /// An operator freed the lock while this guard held it
+    /// ([`Client::force_unlock`](crate::Client::force_unlock), `fencelock unlock --force`):
+    /// the release, extension or renewal found this hold gone and the forced unlock's marker
+    /// naming it.
+    #[error(
+        "lock {name:?} was freed by a force unlock while held: another owner may hold it now, so \
+         stop writing under its fence and acquire it again if the work must go on"
+    )]
+    ForceUnlocked {
         /// The lock concerned.
         name: String,
     },
@@ -130,8 +146,9 @@ pub enum Error {
 
     /// The watchdog stopped renewing the lock because it was held for the maximum hold time.
     #[error(
-        "lock {name:?} was held for its maximum hold time of {max_hold:?} and its lease has \
-         ended: stop writing under its fence; raise `max_hold` if the work needs longer"
+        "lock {name:?} was held for its maximum hold time of {} and its lease has ended: \
+         stop writing under its fence; raise `max_hold` if the work needs longer",
+        HumanDuration(*.max_hold)
     )]
     MaxHoldReached {
         /// The lock concerned.
@@ -142,8 +159,9 @@ pub enum Error {
 
     /// A call did not finish within its deadline.
     #[error(
-        "{operation} on lock {name:?} did not finish within {after:?}: a Redis node is slow or \
-         not answering; the outcome is unknown, so treat the lock as not held"
+        "{operation} on lock {name:?} did not finish within {}: a Redis node is slow or \
+         not answering; the outcome is unknown, so treat the lock as not held",
+        HumanDuration(*.after)
     )]
     Timeout {
         /// The lock concerned.
@@ -199,8 +217,9 @@ pub enum Error {
     /// A latch did not open within the wait's timeout: its count was still above zero, or it
     /// was not set (never, or its open state expired), which does not read as open.
     #[error(
-        "latch {name:?} did not open within {waited:?} ({}): wait longer, or check that every \
+        "latch {name:?} did not open within {} ({}): wait longer, or check that every \
          party counts down",
+        HumanDuration(*.waited),
         latch_state(.remaining)
     )]
     LatchNotOpen {
@@ -272,8 +291,9 @@ pub enum Error {
     /// (of a dropped guard, or of a cancelled acquire) had finished: those locks may stay held
     /// until their TTL ends.
     #[error(
-        "{pending} background releases had not finished within {after:?}: their locks stay \
-         held until their TTL ends; check that Redis answers, or give shutdown more time"
+        "{pending} background releases had not finished within {}: their locks stay held \
+         until their TTL ends; check that Redis answers, or give shutdown more time",
+        HumanDuration(*.after)
     )]
     ShutdownIncomplete {
         /// Background releases still running.
@@ -305,12 +325,13 @@ fn refused(generation: &Option<FenceToken>, current: &Option<FenceToken>) -> Str
 
 impl Error {
     /// True when the guard's ownership is gone or can no longer be relied on
-    /// ([`Error::Expired`], [`Error::NotOwner`], [`Error::LeaseUnconfirmed`],
-    /// [`Error::RenewalFailed`], [`Error::MaxHoldReached`]).
+    /// ([`Error::Expired`], [`Error::ForceUnlocked`], [`Error::NotOwner`],
+    /// [`Error::LeaseUnconfirmed`], [`Error::RenewalFailed`], [`Error::MaxHoldReached`]).
     pub fn is_lock_lost(&self) -> bool {
         matches!(
             self,
             Error::Expired { .. }
+                | Error::ForceUnlocked { .. }
                 | Error::NotOwner { .. }
                 | Error::LeaseUnconfirmed { .. }
                 | Error::RenewalFailed { .. }

@@ -19,7 +19,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::{Counter, Counters};
+use crate::stats::{kind_of, Counter, Counters};
 
 /// The accessors every guard shares, written once: a guard is a struct with a `held: Held`
 /// field, and `$what` names what it holds in the docs ("lock", "read hold", "permits"). Each
@@ -386,25 +386,18 @@ impl Held {
                 name: name.to_owned(),
             };
         };
-        loop {
-            let ended = self.core.watchdog.ended().notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            let lease = watched.lease.get();
-            let now = tokio::time::Instant::now();
-            match lease.ended {
-                Some(Ended::MaxHold) if now < lease.valid_until => {}
-                Some(why) => return why.into_error(name, watched.max_hold),
-                None if now >= lease.valid_until => {
-                    return Ended::Unconfirmed.into_error(name, watched.max_hold)
-                }
-                None => {}
-            }
-            tokio::select! {
-                () = ended => {}
-                () = tokio::time::sleep_until(lease.valid_until) => {}
-            }
-        }
+        watch_lost(&self.core, name, watched).await
+    }
+
+    /// What [`lost`](Self::lost) reports for a watched hold, as a future that does not borrow
+    /// the hold (so the hold can be lent out meanwhile); `None` without the watchdog, whose
+    /// lease end moves with every `extend`.
+    pub(crate) fn lost_watcher(
+        &self,
+    ) -> Option<impl std::future::Future<Output = Error> + 'static> {
+        let watched = self.watched.clone()?;
+        let (core, name) = (Arc::clone(&self.core), self.keys.name().to_owned());
+        Some(async move { watch_lost(&core, &name, &watched).await })
     }
 
     /// Resets the lease to `ttl` (see `LockGuard::extend`).
@@ -534,7 +527,7 @@ impl Held {
     fn released(mut self, code: i64) -> Result<()> {
         self.released = true;
         let held = self.granted.elapsed();
-        self.core.counters.holds.record(held);
+        self.core.counters.holds.record(self.metric_kind(), held);
         tracing::debug!(lock = self.name(), fence = %self.fence, ?held, "released");
         self.outcome(code, "release", &self.core.counters.releases)
     }
@@ -602,8 +595,8 @@ impl Held {
             shared: AtomicBool::new(false),
             weight: self.weight,
         };
-        Counters::add(&self.core.counters.grants, 1);
-        Counters::add(&self.core.counters.handoffs, 1);
+        Counters::add(&self.core.counters.grants, self.metric_kind(), 1);
+        Counters::add(&self.core.counters.handoffs, self.metric_kind(), 1);
         tracing::debug!(lock = self.name(), %fence, "handed over within the client");
         // A waiter gone meanwhile drops the guard, which hands the lock on or releases it.
         let _ = waiter.to.send(Handed::Granted((handing.wrap)(held)));
@@ -646,6 +639,11 @@ impl Held {
         });
     }
 
+    /// The `kind` label of this hold's metrics.
+    fn metric_kind(&self) -> &'static str {
+        kind_of(self.keys.lock_key())
+    }
+
     /// Stops the watchdog for this hold.
     fn unwatch(&mut self) {
         if let Some(Watched { id: Some(id), .. }) = self.watched.take() {
@@ -659,11 +657,11 @@ impl Held {
         let name = self.keys.name();
         match Outcome::decode(name, operation, code)?.lost(name) {
             None => {
-                Counters::add(done, 1);
+                Counters::add(done, self.metric_kind(), 1);
                 Ok(())
             }
             Some(lost) => {
-                Counters::add(&self.core.counters.lost, 1);
+                Counters::add(&self.core.counters.lost, self.metric_kind(), 1);
                 tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
                 Err(lost)
             }
@@ -677,5 +675,29 @@ impl Drop for Held {
             self.release_detached();
         }
         self.unwatch();
+    }
+}
+
+/// Waits until the watchdog ends `watched`'s lease (or the lease runs out unconfirmed) and
+/// returns why, as the error lock `name` reports.
+async fn watch_lost(core: &Core, name: &str, watched: &Watched) -> Error {
+    loop {
+        let ended = core.watchdog.ended().notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        let lease = watched.lease.get();
+        let now = tokio::time::Instant::now();
+        match lease.ended {
+            Some(Ended::MaxHold) if now < lease.valid_until => {}
+            Some(why) => return why.into_error(name, watched.max_hold),
+            None if now >= lease.valid_until => {
+                return Ended::Unconfirmed.into_error(name, watched.max_hold)
+            }
+            None => {}
+        }
+        tokio::select! {
+            () = ended => {}
+            () = tokio::time::sleep_until(lease.valid_until) => {}
+        }
     }
 }

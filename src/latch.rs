@@ -17,6 +17,7 @@ use crate::acquire::{self, Attempt, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::human::HumanDuration;
 use crate::keys::{LockKeys, MAX_NAME_LEN};
 use crate::script::{
     parse_fence, parse_reply, ttl_millis, ScriptCall, LATCH_COUNT_DOWN, LATCH_SET, LATCH_STATE,
@@ -113,7 +114,9 @@ impl Latch {
             return Err(Error::InvalidOptions {
                 name: self.keys.name().to_owned(),
                 reason: format!(
-                    "the latch's open TTL {ttl:?} is out of range: use 1 ms to {MAX_OPEN_TTL:?}"
+                    "the latch's open TTL {} is out of range: use 1ms to {}",
+                    HumanDuration(ttl),
+                    HumanDuration(MAX_OPEN_TTL)
                 ),
             });
         }
@@ -200,7 +203,7 @@ impl Latch {
                 return Err(unexpected(name, "latch set", status));
             }
             if behind > 0 {
-                core.clock_behind(name, behind);
+                core.clock_behind("latch", name, behind);
             }
             let generation = parse_fence(name, "latch set", "generation", generation)?;
             core.granted(self.key(), name, generation, sent);

@@ -3,26 +3,66 @@
 //! A lock keeps others out only while its holder is alive and timely. When a holder pauses
 //! past its TTL, or a failover loses the lock key, two holders can act at once. The fence token
 //! granted with each hold grows with every grant, so storage that remembers the highest token it
-//! accepted can reject the stale holder's writes ([`FenceGate`] does it for in-process state).
+//! accepted can reject the stale holder's writes ([`FenceGate`] does it for in-process state,
+//! [`Client::fenced_set`] for values kept in Redis).
 //!
 //! ```no_run
-//! # async fn run() -> fencelock::Result<()> {
 //! use std::time::Duration;
 //! use fencelock::{Client, FenceGate, LockOptions};
 //!
-//! let client = Client::connect(["redis://127.0.0.1:7000"]).await?;
-//! let gate = FenceGate::new(); // lives with the protected state
-//! let guard = client
-//!     .lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(10)))
-//!     .await?;
-//! if gate.admit(guard.fence()).is_ok() {
-//!     // write the order
+//! #[tokio::main]
+//! async fn main() -> fencelock::Result<()> {
+//!     let client = Client::connect(["redis://127.0.0.1:6379"]).await?;
+//!     let gate = FenceGate::new(); // lives with the protected state
+//!     let guard = client
+//!         .lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(10)))
+//!         .await?;
+//!     if gate.admit(guard.fence()).is_ok() {
+//!         // write the order
+//!     }
+//!     guard.release().await
 //! }
-//! guard.release().await?;
-//! # Ok(()) }
 //! ```
 //!
-//! See `docs/design.md` for the key layout, scripts and what is guaranteed.
+//! # What is in it
+//!
+//! - **Mutex**: [`Client::lock`], [`Client::try_lock`], [`Client::with_lock`] /
+//!   [`Client::with_lock_guard`]; a [`LockGuard`] to [`release`](LockGuard::release),
+//!   [`extend`](LockGuard::extend), watch with [`lost`](LockGuard::lost) and re-enter
+//!   ([`Reentry`]). Options, with their defaults, in [`LockOptions`] (TTL 30 s, wait up to 10 s,
+//!   no watchdog).
+//! - **Watchdog**: [`LockOptions::watchdog`] renews held locks in one batched call per node.
+//! - **Read-write lock** ([`Client::read_lock`], [`Client::write_lock`]), **fair lock**
+//!   ([`Client::fair_lock`]), **semaphore** with numbered expiring permits
+//!   ([`Client::semaphore`]), **countdown latch** ([`Client::latch`]) and **multi-lock**
+//!   ([`Client::lock_all`], [`Client::fair_lock_all`]): every hold fenced.
+//! - **Quorum lock** over independent deployments: [`QuorumClient`].
+//! - **Fence modes** ([`FenceMode`]): tokens that never go backwards across failovers, by
+//!   default the server clock plus the master's config epoch.
+//! - **Operations**: [`Client::inspect`], [`Client::force_unlock`], [`Client::list_locks`];
+//!   [`Client::stats`] and `tracing` spans for every call; [`Client::shutdown`].
+//! - **Errors**: one [`Error`] enum whose messages name the lock and say what to do.
+//!
+//! # Cargo features
+//!
+//! - `cli` (default): the `fencelock` binary (`exec`, `hold`, `status`, `unlock`, `list`,
+//!   `top`, ...); library users can turn it off with `default-features = false`.
+//! - `tls` (default): `rediss://` URLs through rustls with the ring provider
+//!   ([`ClientBuilder::tls_ca_file`], [`ClientBuilder::tls_client_cert_files`]).
+//! - `metrics`: every counter and histogram of [`Stats`] is also reported through the
+//!   [`metrics`](https://docs.rs/metrics) facade, labelled with the primitive's `kind`; plug in
+//!   any exporter (the crate's `examples/prometheus.rs` uses
+//!   [`metrics-exporter-prometheus`](https://docs.rs/metrics-exporter-prometheus)).
+//! - `serde`: `Serialize`/`Deserialize` for [`LockOptions`] (durations as humantime strings).
+//!
+//! # Further reading
+//!
+//! The crate ships its design notes next to the source (read them in the downloaded crate or
+//! the repository): `docs/design.md` (key layout, scripts, what is guaranteed),
+//! `docs/safety.md` (the fault-injection results), `docs/primitives.md` (the lock family),
+//! `docs/storage.md` (how storage checks fences) and `docs/benchmarks.md`; the examples
+//! `examples/demo.rs`, `examples/postgres.rs`, `examples/prometheus.rs` and
+//! `examples/tracing.rs`. Requires Redis 7.0 or later; runs on tokio.
 #![warn(missing_docs)]
 
 mod acquire;
@@ -32,6 +72,7 @@ mod error;
 mod fair;
 mod fence;
 mod held;
+mod human;
 mod inspect;
 mod keys;
 mod latch;
@@ -53,6 +94,7 @@ pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use error::{Error, Result};
 pub use fair::FairLockGuard;
 pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
+pub use human::HumanDuration;
 pub use inspect::{Inspection, Kind, LockList};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use latch::{Latch, DEFAULT_OPEN_TTL, MAX_LATCH_COUNT, MAX_OPEN_TTL};

@@ -380,7 +380,7 @@ impl Request for AcquireAll<'_> {
         match reply.as_slice() {
             [1 | 2, behind, fences @ ..] if fences.len() == keys.len() => {
                 if *behind > 0 {
-                    core.clock_behind(name, *behind);
+                    core.clock_behind("mutex", name, *behind);
                 }
                 let fences = fences
                     .iter()
@@ -389,7 +389,7 @@ impl Request for AcquireAll<'_> {
                     .collect::<Result<Vec<_>>>()?;
                 in_flight.into_iter().for_each(InFlight::disarm);
                 let replicas_acked =
-                    match replicas::confirm(core, name, acks, || undos[0].clone()).await {
+                    match replicas::confirm(core, "mutex", name, acks, || undos[0].clone()).await {
                         Ok(acked) => acked,
                         Err(err) => {
                             for undo in &undos[1..] {
@@ -558,6 +558,17 @@ impl Client {
     /// Acquires every lock in `names` as one guard if each is free now: one attempt per member
     /// (one script call when all keys share a slot), no waiting; as
     /// [`lock_all`](Self::lock_all) otherwise.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let both = client.try_lock_all(&["account:1", "account:2"], &LockOptions::new()).await?;
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::human::HumanDuration;
 use crate::keys::Placement;
 
 /// The longest TTL accepted: half of what fits Redis's millisecond expiry clock.
@@ -38,6 +39,13 @@ pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(3600);
 ///
 /// Defaults: TTL 30 s, `lock` waits up to 10 s, no replica confirmation, keys placed by name,
 /// no fence floor, no watchdog.
+///
+/// The `fencelock` command line uses other defaults on purpose (`--ttl 10s --timeout 30s`):
+/// `exec` and `hold` always run the watchdog, so their TTL only bounds how long a crashed
+/// `fencelock` process keeps the lock, and a shell command usually means to wait its turn
+/// (as `flock` does). A library hold without the watchdog must instead cover the work with its
+/// TTL, and a program that gets [`Error::Busy`](crate::Error::Busy) after 10 s can decide
+/// itself whether to try again. Set both explicitly where a program and a script share a lock.
 ///
 /// With the `serde` feature it implements `Serialize` and `Deserialize`: a flat map whose
 /// durations are humantime strings (`{"ttl": "30s", "timeout": "1m 30s", "watchdog": true}`,
@@ -204,10 +212,11 @@ impl LockOptions {
     /// # Examples
     ///
     /// ```
-    /// use fencelock::LockOptions;
+    /// use fencelock::{HumanDuration, LockOptions};
     ///
     /// let options = LockOptions::new().on_wait(|waiting| {
-    ///     eprintln!("waiting for {}: lease ends in {:?}", waiting.name, waiting.lease_left);
+    ///     let left = HumanDuration(waiting.lease_left);
+    ///     eprintln!("waiting for {}: lease ends in {left}", waiting.name);
     /// });
     /// ```
     pub fn on_wait(mut self, observer: impl Fn(&Waiting<'_>) + Send + Sync + 'static) -> Self {
@@ -257,8 +266,9 @@ impl LockOptions {
             }
             if timeout.is_zero() || timeout > MAX_WAIT_TIMEOUT {
                 return invalid(format!(
-                    "the WAIT timeout {timeout:?} is out of range: use 1 ms to 1 h \
-                     (Redis treats 0 as wait forever)"
+                    "the WAIT timeout {} is out of range: use 1ms to 1h \
+                     (Redis treats 0 as wait forever)",
+                    HumanDuration(timeout)
                 ));
             }
         }
@@ -272,17 +282,19 @@ impl LockOptions {
         if let Some(every) = self.renew_every {
             if every.is_zero() || every >= self.ttl {
                 return invalid(format!(
-                    "renew_every {every:?} must be above zero and below the TTL {:?}, or the \
-                     lease runs out between renewals",
-                    self.ttl
+                    "renew_every {} must be above zero and below the TTL {}, or the lease \
+                     runs out between renewals",
+                    HumanDuration(every),
+                    HumanDuration(self.ttl)
                 ));
             }
         }
         if self.max_hold.is_some_and(|max| max < MIN_TTL) {
             return invalid(format!(
-                "max_hold {:?} is below the minimum lease of {MIN_TTL:?}: leave it unset to \
-                 renew for as long as the guard lives",
-                self.max_hold.unwrap_or_default()
+                "max_hold {} is below the minimum lease of {}: leave it unset to renew for \
+                 as long as the guard lives",
+                HumanDuration(self.max_hold.unwrap_or_default()),
+                HumanDuration(MIN_TTL)
             ));
         }
         if let Some(floor) = self.floor.filter(|floor| *floor > MAX_FLOOR) {
@@ -302,8 +314,11 @@ pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
         return Err(Error::InvalidOptions {
             name: name.to_owned(),
             reason: format!(
-                "the TTL {ttl:?} is out of range: use at least {MIN_TTL:?} (a shorter lease \
-                 would end before the holder could rely on it) and at most {MAX_TTL:?}"
+                "the TTL {} is out of range: use at least {} (a shorter lease would end \
+                 before the holder could rely on it) and at most {}",
+                HumanDuration(ttl),
+                HumanDuration(MIN_TTL),
+                HumanDuration(MAX_TTL)
             ),
         });
     }

@@ -334,6 +334,8 @@ pub(crate) enum Outcome {
     Expired,
     /// `-1`: another owner holds the lock.
     NotOwner,
+    /// `-2`: a forced unlock freed this owner's hold.
+    ForceUnlocked,
 }
 
 impl Outcome {
@@ -343,6 +345,7 @@ impl Outcome {
             1 => Some(Outcome::Done),
             0 => Some(Outcome::Expired),
             -1 => Some(Outcome::NotOwner),
+            -2 => Some(Outcome::ForceUnlocked),
             _ => None,
         }
     }
@@ -363,6 +366,7 @@ impl Outcome {
             Outcome::Done => None,
             Outcome::Expired => Some(Error::Expired { name }),
             Outcome::NotOwner => Some(Error::NotOwner { name }),
+            Outcome::ForceUnlocked => Some(Error::ForceUnlocked { name }),
         }
     }
 }
@@ -572,7 +576,8 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 ///   the lock key itself, so it lives in the lock's slot. `ARGV[4]` expiry grace.
 ///
 /// Replies ([`Outcome`]): `1` released (or one hold of several released); `0` no live lease
-/// (expired); `-1` held by another owner (left alone). Releasing the same hold twice answers `1`
+/// (expired); `-1` held by another owner (left alone); `-2` this owner's hold was freed by a
+/// forced unlock (see [`FORCE_UNLOCK`]). Releasing the same hold twice answers `1`
 /// both times and counts once; releasing a hold that was never added (a re-entry cancelled
 /// before it reached Redis) answers `1` and changes nothing.
 ///
@@ -619,7 +624,7 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 /// the first), so a resent script adds no second hold and a released hold is not released twice.
 ///
 /// Replies: `{1, fence, remaining lease ms}` entered; `{0, 0, 0}` no live lease; `{-1, 0, 0}`
-/// held by another owner.
+/// held by another owner; `{-2, 0, 0}` freed by a forced unlock (see [`FORCE_UNLOCK`]).
 pub(crate) static REENTER: LazyLock<LuaScript> =
     LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("script/lua/reenter.lua")));
 
@@ -630,7 +635,8 @@ pub(crate) static REENTER: LazyLock<LuaScript> =
 /// - `KEYS[1]` lock key. `ARGV[1]` owner token, `ARGV[2]` new TTL in ms, `ARGV[3]` expiry grace.
 ///
 /// Replies: `{1, remaining lease ms}` extended; `{0, 0}` no live lease (expired); `{-1, 0}` held
-/// by another owner (left alone); the code is an [`Outcome`].
+/// by another owner (left alone); `{-2, 0}` freed by a forced unlock (see [`FORCE_UNLOCK`]); the
+/// code is an [`Outcome`].
 ///
 /// Flagged `allow-oom`: it rewrites one existing field, so a held lock can be kept (and then
 /// released) at `maxmemory`.
@@ -649,7 +655,8 @@ pub(crate) static EXTEND: LazyLock<LuaScript> =
 ///
 /// Each lease is set as [`EXTEND`] sets it (never shortened while the lock has several holds).
 ///
-/// Replies: one [`Outcome`] code per triple: `1` extended, `0` expired, `-1` other owner.
+/// Replies: one [`Outcome`] code per triple: `1` extended, `0` expired, `-1` other owner, `-2`
+/// freed by a forced unlock (see [`FORCE_UNLOCK`]).
 ///
 /// Flagged `allow-oom`, as [`EXTEND`].
 pub(crate) static RENEW: LazyLock<LuaScript> =
@@ -830,7 +837,8 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
 ///   `ARGV[3]` announce (`s`, `p` or empty, as [`RELEASE`]), `ARGV[4]` expiry grace.
 ///
 /// Replies ([`Outcome`]): `1` released; `0` no live lease (expired: this owner's leftovers are
-/// cleared and the head woken); `-1` held by another owner (left alone). Flagged `allow-oom`.
+/// cleared and the head woken); `-1` held by another owner (left alone); `-2` freed by a forced
+/// unlock (see [`FAIR_FORCE_UNLOCK`]). Flagged `allow-oom`.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| fair_batchable("fair_release", include_str!("script/lua/fair_release.lua")));
 
@@ -1015,7 +1023,11 @@ pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Force-unlock of a mutex (`script/lua/force_unlock.lua`): frees every hold whoever holds it,
-/// keeps the fence, applies the expiry rule and announces a freed live lock.
+/// keeps the fence, applies the expiry rule and announces a freed live lock. A freed live hold
+/// leaves its owner token in the field `forced` (replaced by the next forced unlock, gone with
+/// the key; [`clear`](PROLOGUE) keeps it), so the freed owner's next call answers `-2`
+/// ([`Outcome::ForceUnlocked`]) instead of "expired" or "another owner". The check costs one
+/// `HGET` on those failure paths only.
 ///
 /// - `KEYS[1]` the lock key. `ARGV[1]` announce (`s`, `p`, empty), `ARGV[2]` open TTL ms
 ///   (latch only; unused), `ARGV[3]` expiry grace. The same `ARGV` for every kind's
@@ -1041,7 +1053,9 @@ pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Force-unlock of a fair lock (`script/lua/fair_force_unlock.lua`): the holder goes, the
-/// queue stays and its head is woken; `ARGV` and reply as [`FORCE_UNLOCK`].
+/// queue stays and its head is woken; `ARGV` and reply as [`FORCE_UNLOCK`], and a freed live
+/// hold leaves the same `forced` marker, so [`FAIR_RELEASE`], [`FAIR_EXTEND`] and
+/// [`FAIR_RENEW`] answer `-2` to its owner.
 pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "fair_force_unlock",

@@ -171,13 +171,16 @@ impl LiveHistogram {
         }
     }
 
-    pub(crate) fn record(&self, value: Duration) {
+    /// Records `value` for a primitive of `kind` (the metric's `kind` label, see [`kind_of`]).
+    pub(crate) fn record(&self, kind: &'static str, value: Duration) {
         let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - micros.leading_zeros() as usize).min(BUCKETS - 1);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::histogram!(self.name).record(value.as_secs_f64());
+        metrics::histogram!(self.name, "kind" => kind).record(value.as_secs_f64());
+        #[cfg(not(feature = "metrics"))]
+        let _ = kind;
     }
 
     fn snapshot(&self) -> Histogram {
@@ -208,6 +211,22 @@ impl Counter {
         self.value.load(order)
     }
 }
+
+/// The `kind` label of the metrics about the primitive whose key is `key`: the name
+/// [`Kind::as_str`](crate::Kind::as_str) gives its kind (`mutex`, `rwlock`, `fair`, `semaphore`,
+/// `latch`), read from the key's last part.
+pub(crate) fn kind_of(key: &str) -> &'static str {
+    let suffix = key.rsplit(':').next().unwrap_or_default();
+    crate::Kind::ALL
+        .into_iter()
+        .find(|kind| kind.key_suffix() == suffix)
+        .map_or("other", crate::Kind::as_str)
+}
+
+/// The `kind` label of the metrics that belong to a client rather than to one primitive
+/// (connection rebuilds).
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) const CLIENT_KIND: &str = "client";
 
 /// The names the counters and histograms are reported under with the `metrics` feature.
 pub(crate) mod names {
@@ -282,11 +301,14 @@ impl Default for Counters {
 }
 
 impl Counters {
-    /// Adds `n` to `counter`, and reports it through the `metrics` facade with that feature.
-    pub(crate) fn add(counter: &Counter, n: u64) {
+    /// Adds `n` to `counter`, and reports it through the `metrics` facade with that feature,
+    /// labelled with the primitive's `kind` ([`kind_of`]).
+    pub(crate) fn add(counter: &Counter, kind: &'static str, n: u64) {
         counter.value.fetch_add(n, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        metrics::counter!(counter.name).increment(n);
+        metrics::counter!(counter.name, "kind" => kind).increment(n);
+        #[cfg(not(feature = "metrics"))]
+        let _ = kind;
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
@@ -326,7 +348,7 @@ mod tests {
     fn quantiles_bound_the_values_within_a_factor_of_two() {
         let live = LiveHistogram::default();
         for ms in 1..=100 {
-            live.record(Duration::from_millis(ms));
+            live.record("mutex", Duration::from_millis(ms));
         }
         let h = live.snapshot();
         assert_eq!(h.count(), 100);

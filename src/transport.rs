@@ -21,6 +21,7 @@ use redis::{ProtocolVersion, RedisFuture, RedisResult, Value};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
+use crate::human::HumanDuration;
 use crate::script::ScriptCall;
 
 pub(crate) use batch::SlotMap;
@@ -336,13 +337,21 @@ impl Endpoint {
         let deadline = self.timeouts.connect + self.timeouts.response;
         match tokio::time::timeout(deadline, open).await {
             Ok(Ok(conn)) => Ok(conn),
-            Ok(Err(source)) => Err(connect_error(&self.nodes, source)),
+            Ok(Err(source)) => Err(connect_error(&self.nodes, source, self.uses_tls())),
             Err(_) => Err(Error::Connect {
                 target: self.nodes.clone(),
-                reason: format!("no answer within {deadline:?}: is Redis running there?"),
+                reason: format!(
+                    "no answer within {}: is Redis running there?",
+                    HumanDuration(deadline)
+                ),
                 source: None,
             }),
         }
+    }
+
+    /// Whether the nodes are reached over TLS (`rediss://`).
+    fn uses_tls(&self) -> bool {
+        self.seeds.iter().any(is_tls)
     }
 
     /// Opens a RESP3 connection whose server pushes (messages, unsubscriptions, disconnects)
@@ -611,10 +620,13 @@ async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
     match tokio::time::timeout(deadline, attempt).await {
         Ok(Ok(info)) if info.contains("cluster_enabled:1") => Ok(Topology::Cluster),
         Ok(Ok(_)) => Ok(Topology::Standalone),
-        Ok(Err(source)) => Err(connect_error(&target, source)),
+        Ok(Err(source)) => Err(connect_error(&target, source, is_tls(info))),
         Err(_) => Err(Error::Connect {
             target,
-            reason: format!("no answer within {deadline:?}: is Redis running there?"),
+            reason: format!(
+                "no answer within {}: is Redis running there?",
+                HumanDuration(deadline)
+            ),
             source: None,
         }),
     }
@@ -625,21 +637,77 @@ fn is_auth_failure(source: &RedisError) -> bool {
         || matches!(source.code(), Some("NOAUTH" | "WRONGPASS"))
 }
 
-fn connect_error(target: &str, source: RedisError) -> Error {
-    let reason = if let Some(reason) = tls::failure(&source) {
-        reason.to_owned()
-    } else if is_auth_failure(&source) {
-        "authentication failed: check the user and password".to_owned()
-    } else if source.is_connection_refusal() || source.is_io_error() {
-        "connection refused or dropped: is Redis running there?".to_owned()
-    } else {
-        "the server refused the connection".to_owned()
-    };
+fn is_tls(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+}
+
+/// The [`Error::Connect`] for a failed connection to `target` (`tls`: over `rediss://`): the
+/// reason tells a DNS failure, a refused connection, a TLS mismatch (a plain URL for a TLS
+/// port, `rediss://` for a plain one), a failed handshake and refused credentials apart and
+/// does not repeat `source`'s text, which the error's `source()` carries.
+fn connect_error(target: &str, source: RedisError, tls: bool) -> Error {
     Error::Connect {
         target: target.to_owned(),
-        reason,
+        reason: connect_reason(&source, tls).to_owned(),
         source: Some(source),
     }
+}
+
+fn connect_reason(source: &RedisError, tls: bool) -> &'static str {
+    use std::io::ErrorKind;
+    if let Some(reason) = tls::failure(source) {
+        return reason;
+    }
+    if is_auth_failure(source) {
+        return "authentication failed: check the user name and password";
+    }
+    let io = io_error(source);
+    // std's resolver errors say so on every platform; redis-rs keeps only the text of some.
+    let text = source.to_string();
+    if text.contains("lookup address information") || text.contains("no address") {
+        return "the host name could not be resolved (DNS): check the host name in the URL";
+    }
+    match io.map(std::io::Error::kind) {
+        Some(ErrorKind::ConnectionRefused) => {
+            "connection refused: nothing listens on that port; is Redis running there?"
+        }
+        // A TLS port closes a connection that does not start a TLS handshake.
+        Some(ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe)
+            if !tls =>
+        {
+            "the server closed the connection at once: if that port speaks TLS, use a rediss:// \
+             URL"
+        }
+        // A plain port reads the TLS handshake as a command and waits for the rest of it.
+        Some(ErrorKind::TimedOut | ErrorKind::WouldBlock) if tls => {
+            "no answer to the TLS handshake: if that port speaks plain Redis (no TLS), use a \
+             redis:// URL; else is Redis running there?"
+        }
+        Some(ErrorKind::TimedOut | ErrorKind::WouldBlock) => "no answer: is Redis running there?",
+        Some(_) if tls => "the TLS connection failed: is it a TLS port, and Redis running there?",
+        Some(_) => "the connection failed: is Redis running there?",
+        None if source.is_timeout() => "no answer: is Redis running there?",
+        None if source.is_io_error() || source.is_connection_refusal() => {
+            "the connection failed: is Redis running there?"
+        }
+        None => "the server refused the connection",
+    }
+}
+
+/// The I/O error `source` is or wraps.
+fn io_error(source: &RedisError) -> Option<&std::io::Error> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        if let Some(shared) = err.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+            next = Some(shared.as_ref());
+            continue;
+        }
+        next = err.source();
+    }
+    None
 }
 
 fn config_error(target: &str, source: RedisError) -> Error {
@@ -1090,7 +1158,11 @@ impl Transport {
                     transport.failures.store(0, Ordering::Release);
                     transport.rebuilds.fetch_add(1, Ordering::Relaxed);
                     #[cfg(feature = "metrics")]
-                    metrics::counter!(crate::stats::names::CONNECTION_REBUILDS).increment(1);
+                    metrics::counter!(
+                        crate::stats::names::CONNECTION_REBUILDS,
+                        "kind" => crate::stats::CLIENT_KIND
+                    )
+                    .increment(1);
                     tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
                 }
                 Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),

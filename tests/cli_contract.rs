@@ -592,7 +592,10 @@ async fn acl_the_readme_rules_are_enough_and_a_missing_permission_is_named() {
         &mut token,
     )
     .unwrap();
-    assert!(token.trim().parse::<u64>().is_ok(), "hold printed {token:?}");
+    assert!(
+        token.trim().parse::<u64>().is_ok(),
+        "hold printed {token:?}"
+    );
     assert!(server.node.held("fencelock:{kept}:lock"));
     // SAFETY: kill(2) on the child's pid, which has not been reaped yet.
     assert_eq!(unsafe { libc::kill(hold.id() as i32, libc::SIGTERM) }, 0);

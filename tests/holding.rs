@@ -396,3 +396,55 @@ async fn a_lock_key_overwritten_ends_only_its_own_hold() {
     }
     drop(broken);
 }
+
+/// `with_lock_guard` lends the work the guard: it extends the lease from inside the work, and
+/// the lock is released after it; with the watchdog on, a loss (here a forced unlock) stops
+/// the work and is returned.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_lock_guard_lends_the_guard_to_the_work() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let admin = Client::connect([server.url()]).await.unwrap();
+    let key = "fencelock:{guarded}:lock";
+
+    let options = LockOptions::new().ttl(Duration::from_secs(2));
+    let lease = client
+        .with_lock_guard("guarded", &options, async |guard| {
+            guard.extend(Duration::from_secs(60)).await?;
+            Ok::<_, Error>(server.node.lease_ms(key))
+        })
+        .await
+        .unwrap()
+        .expect("held during the work");
+    assert!(
+        lease > 50_000,
+        "the work extended the lease to 60 s: {lease} ms"
+    );
+    assert!(!server.node.held(key), "released after the work");
+
+    let watched = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .watchdog(true);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let work = client.with_lock_guard("guarded", &watched, async |guard| {
+        started_tx.send(guard.fence()).unwrap();
+        std::future::pending::<()>().await;
+        Ok::<_, Error>(())
+    });
+    let force = async {
+        let fence = started_rx.await.unwrap();
+        let freed = admin
+            .force_unlock(fencelock::Kind::Mutex, "guarded")
+            .await
+            .unwrap();
+        assert_eq!(freed.fence, Some(fence));
+    };
+    let (outcome, ()) =
+        tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(work, force) })
+            .await
+            .expect("the watchdog reports the loss within a renewal period");
+    assert!(
+        matches!(outcome, Err(Error::ForceUnlocked { .. })),
+        "{outcome:?}"
+    );
+}

@@ -24,7 +24,10 @@ fn options() -> LockOptions {
 }
 
 fn is_loss<T: std::fmt::Debug>(outcome: &fencelock::Result<T>) -> bool {
-    matches!(outcome, Err(Error::Expired { .. } | Error::NotOwner { .. }))
+    matches!(
+        outcome,
+        Err(Error::Expired { .. } | Error::NotOwner { .. } | Error::ForceUnlocked { .. })
+    )
 }
 
 /// What a waiting call got: its fence, and its guard (kept, so it is not released on drop).
@@ -115,21 +118,99 @@ async fn mutex_inspection_and_forced_unlock() {
     let after = admin.inspect(Kind::Mutex, name).await.unwrap();
     assert!(after.held && after.fence > Some(freed), "{after:?}");
 
-    // The old holder's releases report the loss.
-    assert!(is_loss(&inner.release().await));
-    assert!(is_loss(&guard.release().await));
+    // The old holder's releases report the loss: a forced unlock, although another owner
+    // holds the lock now.
+    assert!(matches!(
+        inner.release().await,
+        Err(Error::ForceUnlocked { .. })
+    ));
+    assert!(matches!(
+        guard.release().await,
+        Err(Error::ForceUnlocked { .. })
+    ));
 
-    // Freed with nobody waiting: free, fence kept, and the holder's release says Expired.
+    // Freed with nobody waiting: free, fence kept, and the holder's release says so.
     admin.force_unlock(Kind::Mutex, name).await.unwrap();
     let again = holder.lock(name, &options()).await.unwrap();
     let found = admin.force_unlock(Kind::Mutex, name).await.unwrap();
     assert_eq!(found.fence, Some(again.fence()));
     let free = admin.inspect(Kind::Mutex, name).await.unwrap();
     assert!(!free.held && free.fence == Some(again.fence()), "{free:?}");
-    assert!(matches!(again.release().await, Err(Error::Expired { .. })));
+    let err = again.release().await.unwrap_err();
+    assert!(matches!(err, Error::ForceUnlocked { .. }), "{err:?}");
+    assert!(err.is_lock_lost());
+    assert!(
+        err.to_string().contains("freed by a force unlock") && !err.to_string().contains("TTL"),
+        "{err}"
+    );
     // A forced unlock of a free lock changes nothing.
     let nothing = admin.force_unlock(Kind::Mutex, name).await.unwrap();
     assert!(!nothing.held);
+}
+
+/// A forced unlock is told from an expiry on every path the holder learns it: `extend`,
+/// `reenter`, the watchdog's renewal (`lost()`) and `release`, for the mutex and the fair lock;
+/// a hold that merely expired still reports the expiry, also after a forced unlock of an
+/// earlier hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_holder_of_a_forced_unlock_is_told_so_not_that_it_expired() {
+    let server = Standalone::start();
+    let holder = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "forced:paths";
+    let forced = |outcome: &fencelock::Result<()>| matches!(outcome, Err(Error::ForceUnlocked { name: n }) if n == name);
+
+    let mut guard = holder.lock(name, &options()).await.unwrap();
+    admin.force_unlock(Kind::Mutex, name).await.unwrap();
+    let extended = guard.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "{extended:?}");
+    let reentered = guard.reentry().lock().await.map(drop);
+    assert!(forced(&reentered), "{reentered:?}");
+    let released = guard.release().await;
+    assert!(forced(&released), "{released:?}");
+
+    let watched = holder
+        .lock(name, &options().ttl(Duration::from_secs(3)).watchdog(true))
+        .await
+        .unwrap();
+    admin.force_unlock(Kind::Mutex, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), watched.lost())
+        .await
+        .expect("the watchdog's next renewal (every TTL/3) reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "{lost:?}: {lost}"
+    );
+    drop(watched);
+
+    // Expiry after a forced unlock of an earlier hold: still an expiry.
+    let short = holder
+        .lock(name, &options().ttl(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await; // the lease's own end, no event
+    let expired = short.release().await;
+    assert!(matches!(expired, Err(Error::Expired { .. })), "{expired:?}");
+
+    // The fair lock: extend, watchdog and release.
+    let mut fair = holder.fair_lock(name, &options()).await.unwrap();
+    admin.force_unlock(Kind::Fair, name).await.unwrap();
+    let extended = fair.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "fair: {extended:?}");
+    let released = fair.release().await;
+    assert!(forced(&released), "fair: {released:?}");
+    let watched = holder
+        .fair_lock(name, &options().ttl(Duration::from_secs(3)).watchdog(true))
+        .await
+        .unwrap();
+    admin.force_unlock(Kind::Fair, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), watched.lost())
+        .await
+        .expect("the watchdog's next renewal reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "fair: {lost:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

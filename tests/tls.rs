@@ -309,3 +309,58 @@ fn cli_speaks_tls_with_its_flags() {
     );
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
+
+/// A DNS failure, a refused connection and the two TLS mismatches (a plain URL for a TLS port,
+/// `rediss://` for a plain one) each get their own reason, which does not repeat the cause
+/// (`source()` carries it) and names no CLI flag.
+#[tokio::test]
+async fn connect_errors_tell_dns_refusal_and_tls_mismatch_apart() {
+    let certs = TlsCerts::generate();
+    let tls = Standalone::start_tls(&certs, "no");
+    let plain = Standalone::start();
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cases = [
+        (
+            tls.url().replace("rediss://", "redis://"),
+            "use a rediss:// URL",
+        ),
+        (
+            plain.url().replace("redis://", "rediss://"),
+            "no answer to the TLS handshake: if that port speaks plain Redis (no TLS), use a \
+             redis:// URL",
+        ),
+        (format!("redis://127.0.0.1:{free}"), "connection refused"),
+        (
+            "redis://no-such-host.invalid:6379".to_owned(),
+            "could not be resolved (DNS)",
+        ),
+    ];
+    for (url, expected) in cases {
+        let mut builder = Client::builder([url.clone()])
+            .connect_timeout(Duration::from_secs(1))
+            .request_timeout(Duration::from_secs(1));
+        if url.starts_with("rediss://") {
+            builder = builder.tls_ca_file(certs.ca());
+        }
+        let err = builder.connect().await.expect_err(&url);
+        let Error::Connect {
+            reason,
+            source: Some(source),
+            ..
+        } = &err
+        else {
+            panic!("{url}: not a connect error with a cause: {}", chain(&err));
+        };
+        assert!(reason.contains(expected), "{url}: {reason}");
+        let message = err.to_string();
+        assert!(
+            !message.contains(&source.to_string()),
+            "{url}: the message repeats its cause: {message}"
+        );
+        assert!(!message.contains("--"), "{url}: {message}");
+    }
+}

@@ -45,9 +45,10 @@ pub(crate) async fn run_granting<'c>(
 
 /// After a grant: the number of replicas that acknowledged it (`None` when none were asked
 /// for), or, when fewer acknowledged than asked, [`Error::ReplicasNotConfirmed`] once the call
-/// `undo` builds (the grant's release) has run.
+/// `undo` builds (the grant's release) has run. `kind` labels the metric.
 pub(crate) async fn confirm(
     core: &Arc<Core>,
+    kind: &'static str,
     name: &str,
     acks: Option<Acks>,
     undo: impl FnOnce() -> ScriptCall,
@@ -65,6 +66,6 @@ pub(crate) async fn confirm(
             required,
         });
     }
-    Counters::add(&core.counters.replica_acks, u64::from(acked));
+    Counters::add(&core.counters.replica_acks, kind, u64::from(acked));
     Ok(Some(acked))
 }

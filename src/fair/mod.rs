@@ -200,12 +200,13 @@ impl Request for Acquire<'_> {
         match status {
             1 | 2 => {
                 if third > 0 {
-                    core.clock_behind(keys.name(), third);
+                    core.clock_behind("fair", keys.name(), third);
                 }
                 let fence = parse_fence(keys.name(), "fair acquire", "fence", value)?;
                 self.unwatch_place();
                 let replicas_acked =
-                    replicas::confirm(core, keys.name(), acks, || self.withdraw_call()).await?;
+                    replicas::confirm(core, "fair", keys.name(), acks, || self.withdraw_call())
+                        .await?;
                 self.granted.store(true, Ordering::Relaxed);
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
                 let grant = Grant {

@@ -165,10 +165,10 @@ pub(crate) async fn release_to(
         }
     };
     if behind > 0 {
-        core.clock_behind(name, behind);
+        core.clock_behind("mutex", name, behind);
     }
-    Counters::add(&core.counters.grants, 1);
-    Counters::add(&core.counters.handoffs, 1);
+    Counters::add(&core.counters.grants, "mutex", 1);
+    Counters::add(&core.counters.handoffs, "mutex", 1);
     tracing::debug!(lock = name, %fence, "handed over");
     let grant = Grant {
         weight: 1,

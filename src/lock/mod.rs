@@ -73,12 +73,13 @@ impl Request for Acquire<'_> {
         match status {
             1 | 2 => {
                 if behind > 0 {
-                    core.clock_behind(keys.name(), behind);
+                    core.clock_behind("mutex", keys.name(), behind);
                 }
                 let fence = parse_fence(keys.name(), "acquire", "fence", value)?;
                 in_flight.disarm();
                 let undo = || MUTEX.release_call(core, key, &owner, "");
-                let replicas_acked = replicas::confirm(core, keys.name(), acks, undo).await?;
+                let replicas_acked =
+                    replicas::confirm(core, "mutex", keys.name(), acks, undo).await?;
                 tracing::debug!(lock = keys.name(), %fence, "acquired");
                 let grant = Grant {
                     weight: 1,

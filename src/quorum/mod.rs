@@ -34,6 +34,7 @@ use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::{FenceMode, FenceToken};
 use crate::held::{Grant, Held};
+use crate::human::HumanDuration;
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions, Waiting};
 use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, QUORUM_COMMIT};
@@ -119,6 +120,22 @@ impl QuorumClientBuilder {
     /// builder says. A deployment that cannot be reached now is tried again in the background
     /// (at most every 500 ms) while locks are requested; it counts as not answering meanwhile.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use fencelock::{Client, QuorumClient};
+    ///
+    /// let quorum = QuorumClient::builder(vec![
+    ///     Client::builder(["redis://10.0.0.1:6379"]),
+    ///     Client::builder(["redis://10.0.1.1:6379"]),
+    ///     Client::builder(["redis://10.0.2.1:6379"]),
+    /// ])
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for an even number of deployments or fewer than 3, a bad
@@ -143,8 +160,8 @@ impl QuorumClientBuilder {
         if self.drift > Duration::from_secs(60) {
             return Err(Error::InvalidConfig {
                 reason: format!(
-                    "the drift allowance {:?} is out of range: use 0 to 60 s",
-                    self.drift
+                    "the drift allowance {} is out of range: use 0 to 1m",
+                    HumanDuration(self.drift)
                 ),
             });
         }
@@ -410,6 +427,23 @@ impl QuorumClient {
     /// Connects with default settings to one deployment per URL (a standalone server, or one
     /// seed node of a cluster); see [`QuorumClientBuilder::connect`].
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// use fencelock::{LockOptions, QuorumClient};
+    ///
+    /// let quorum = QuorumClient::connect([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.1.1:6379",
+    ///     "redis://10.0.2.1:6379",
+    /// ])
+    /// .await?;
+    /// let guard = quorum.lock("orders:42", &LockOptions::new()).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`QuorumClientBuilder::connect`].
@@ -496,6 +530,18 @@ impl QuorumClient {
     /// the holder's lease ends if sooner) while it is held or too few nodes answer, for up to
     /// `options.timeout`. Returns within the timeout plus three request timeouts (the last
     /// attempt's two rounds and the release of what it took when it failed).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(quorum: fencelock::QuorumClient) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let guard = quorum.lock("orders:42", &LockOptions::new().watchdog(true)).await?;
+    /// // storage checks guard.fence() as with any guard
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     ///

@@ -53,6 +53,8 @@ pub(crate) enum Ended {
     Expired,
     /// Redis found another owner.
     NotOwner,
+    /// A forced unlock freed the hold.
+    ForceUnlocked,
     /// Redis did not confirm a renewal before the lease ran out.
     Unconfirmed,
     /// The maximum hold time was reached; the lease ends at `valid_until`.
@@ -67,6 +69,7 @@ impl Ended {
         match self {
             Ended::Expired => Error::Expired { name },
             Ended::NotOwner => Error::NotOwner { name },
+            Ended::ForceUnlocked => Error::ForceUnlocked { name },
             Ended::Unconfirmed => Error::LeaseUnconfirmed { name },
             Ended::MaxHold => Error::MaxHoldReached {
                 name,

@@ -46,7 +46,7 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::Counters;
+use crate::stats::{kind_of, Counters};
 use crate::transport::{Topology, Transport};
 
 use super::lease::{lease_end, Ended, Lease, SharedLease};
@@ -319,7 +319,7 @@ impl Schedule {
                     // Cut short by the maximum hold time: the last renewal.
                     let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
-                    Counters::add(&counters.renewals, 1);
+                    Counters::add(&counters.renewals, kind_of(&lock.lock_key), 1);
                     Ended::MaxHold
                 }
                 Some(Outcome::Done) => {
@@ -329,15 +329,16 @@ impl Schedule {
                     hold.in_flight = false;
                     let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
-                    Counters::add(&counters.renewals, 1);
+                    Counters::add(&counters.renewals, kind_of(&lock.lock_key), 1);
                     continue;
                 }
                 Some(Outcome::Expired) => Ended::Expired,
+                Some(Outcome::ForceUnlocked) => Ended::ForceUnlocked,
                 Some(Outcome::NotOwner) | None => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {
                 if why != Ended::MaxHold {
-                    Counters::add(&counters.lost, 1);
+                    Counters::add(&counters.lost, kind_of(&lock.lock_key), 1);
                 }
                 self.end(&hold, why);
             }
@@ -368,7 +369,7 @@ impl Schedule {
         .into();
         let removed = self.state().holds.remove(&lock.id);
         if let Some(hold) = removed {
-            Counters::add(&counters.lost, 1);
+            Counters::add(&counters.lost, kind_of(&lock.lock_key), 1);
             self.end(&hold, Ended::Failed(reason));
         }
     }
@@ -514,7 +515,11 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
     }
     args.push(&watchdog.expiry);
     let sent = Instant::now();
-    Counters::add(&watchdog.counters.renewal_calls, 1);
+    Counters::add(
+        &watchdog.counters.renewal_calls,
+        kind_of(&first.lock_key),
+        1,
+    );
     let reply = watchdog
         .transport
         .run(

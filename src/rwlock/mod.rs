@@ -106,11 +106,12 @@ impl Request for Acquire<'_> {
         match status {
             1 | 2 => {
                 if behind > 0 {
-                    core.clock_behind(keys.name(), behind);
+                    core.clock_behind("rwlock", keys.name(), behind);
                 }
                 let fence = parse_fence(keys.name(), operation, "fence", value)?;
                 in_flight.disarm();
-                let replicas_acked = replicas::confirm(core, keys.name(), acks, || undo).await?;
+                let replicas_acked =
+                    replicas::confirm(core, "rwlock", keys.name(), acks, || undo).await?;
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, operation, "acquired");
                 let grant = Grant {
                     weight: 1,

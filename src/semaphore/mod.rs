@@ -185,6 +185,19 @@ impl Semaphore {
 
     /// Takes one permit, waiting for up to `options.timeout` while all are held.
     ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let renderers = client.semaphore("renderers", 8)?;
+    /// let permit = renderers.acquire(&LockOptions::new()).await?;
+    /// // permit.permits() carries the permit's number and fence
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// As [`acquire_many`](Self::acquire_many).
@@ -503,7 +516,7 @@ impl Request for Acquire<'_> {
         match reply.as_slice() {
             [1 | 2, behind, _, numbered @ ..] if numbered.len() == 2 * self.count as usize => {
                 if *behind > 0 {
-                    core.clock_behind(name, *behind);
+                    core.clock_behind("semaphore", name, *behind);
                 }
                 let mut permits = Vec::with_capacity(numbered.len() / 2);
                 for pair in numbered.chunks_exact(2) {
@@ -512,7 +525,8 @@ impl Request for Acquire<'_> {
                         fence: parse_fence(name, "acquire", "fence", pair[1])?,
                     });
                 }
-                let replicas_acked = replicas::confirm(core, name, acks, || undo).await?;
+                let replicas_acked =
+                    replicas::confirm(core, "semaphore", name, acks, || undo).await?;
                 let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
                 tracing::debug!(semaphore = name, ?permits, "acquired");
                 let grant = Grant {

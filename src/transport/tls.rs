@@ -260,10 +260,11 @@ mod imp {
     }
 
     const UNTRUSTED: &str = "TLS handshake failed: the server's certificate is not trusted: \
-                             check --tls-ca (tls_ca_file) and the server certificate's names";
+                             check the CA file (tls_ca_file) and the server certificate's names";
     const CLIENT_CERT: &str = "TLS handshake failed: the server did not accept the client \
-                               certificate: check --tls-cert/--tls-key (tls_client_cert_files)";
-    const OTHER: &str = "TLS handshake failed: check that the port speaks TLS, --tls-ca \
+                               certificate: check the client certificate and key files \
+                               (tls_client_cert_files)";
+    const OTHER: &str = "TLS handshake failed: check that the port speaks TLS, the CA file \
                          (tls_ca_file) and the server certificate";
 
     /// The rustls error `err` is or wraps: redis-rs keeps I/O errors as

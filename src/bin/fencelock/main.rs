@@ -520,7 +520,9 @@ pub fn fail(error: &Error) -> ExitCode {
         | Error::InvalidConfig { .. }
         | Error::LimitMismatch { .. }
         | Error::LimitBelowCount { .. } => code::USAGE,
-        Error::Expired { .. } | Error::NotOwner { .. } => code::LOCK_LOST,
+        Error::Expired { .. } | Error::ForceUnlocked { .. } | Error::NotOwner { .. } => {
+            code::LOCK_LOST
+        }
         Error::LatchNotOpen { .. } => code::NOT_ACQUIRED,
         Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,

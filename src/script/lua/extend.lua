@@ -4,10 +4,14 @@
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] new TTL in ms, ARGV[3] expiry grace.
 --
 -- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
--- another owner (left alone). allow-oom.
+-- another owner (left alone); {-2, 0} this owner's hold was freed by a forced unlock (`forced`,
+-- see force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
-if not live then return {0, 0} end
-if owner ~= ARGV[1] then return {-1, 0} end
+if not live or owner ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return {-2, 0} end
+  if not live then return {0, 0} end
+  return {-1, 0}
+end
 local ends = now_ms + tonumber(ARGV[2])
 if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
 redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))

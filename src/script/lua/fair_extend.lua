@@ -6,10 +6,14 @@
 -- The key's expiry is only raised, never lowered: it may cover a waiting place's lease.
 --
 -- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
--- another owner (left alone). allow-oom.
+-- another owner (left alone); {-2, 0} freed by a forced unlock (`forced`, see
+-- fair_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
-if not live then return {0, 0} end
-if owner ~= ARGV[1] then return {-1, 0} end
+if not live or owner ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return {-2, 0} end
+  if not live then return {0, 0} end
+  return {-1, 0}
+end
 local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
 raise(lock[3], ends)

@@ -1,7 +1,9 @@
 -- fair_force_unlock: an operator frees a fair lock whoever holds it (lock prologue, fence
 -- rule, fair snippet and the inspection snippet first). The holder goes, the fence stays, the
 -- queue stays in arrival order (dead places are deleted) and its head is woken on its own
--- channel, as a release does; the key's expiry covers the live places.
+-- channel, as a release does; the key's expiry covers the live places. A freed live hold leaves
+-- its owner token in `forced`, as force_unlock.lua does, so the holder's next release, extend or
+-- renewal answers -2 (freed by a forced unlock).
 --
 -- KEYS[1] the fair lock key. ARGV[1] announce (`s`, `p`, empty), ARGV[2] open TTL ms
 -- (unused), ARGV[3] expiry grace.
@@ -11,6 +13,7 @@
 local before = inspect('fair')
 if owner then
   redis.call('HDEL', KEYS[1], 'owner', 'until')
+  if live then redis.call('HSET', KEYS[1], 'forced', owner) end
   local q = scan(nil)
   local latest = q.latest
   if now_ms > latest then latest = now_ms end

@@ -8,9 +8,11 @@
 -- channel `<key>:w:<owner>`; no other waiter hears of the release.
 --
 -- Replies: 1 released; 0 no live lease (expired; this owner's leftovers are cleared and the
--- head is woken all the same); -1 held by another owner (left alone). allow-oom.
+-- head is woken all the same); -1 held by another owner (left alone); -2 this owner's hold was
+-- freed by a forced unlock (`forced`, see fair_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
 if owner ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return -2 end
   if live then return -1 end
   return 0
 end

@@ -5,7 +5,8 @@
 -- allow-cross-slot-keys), then the expiry grace as the last ARGV. As renew, but the key's
 -- expiry is only raised (PEXPIRETIME), never lowered below what a waiting place needs.
 --
--- Replies: one code per triple: 1 extended, 0 expired, -1 other owner. allow-oom.
+-- Replies: one code per triple: 1 extended, 0 expired, -1 other owner, -2 freed by a forced
+-- unlock (`forced`, see fair_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
 local now = redis.call('TIME')
 local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
@@ -15,7 +16,10 @@ for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
   local lock = redis.call('HMGET', key, 'owner', 'until', 'fence')
   local expires = tonumber(lock[2])
-  if not (lock[1] and expires and expires > now_ms) then
+  local live = lock[1] and expires and expires > now_ms
+  if not (live and lock[1] == ARGV[i + 1]) and redis.call('HGET', key, 'forced') == ARGV[i + 1] then
+    codes[#codes + 1] = -2
+  elseif not live then
     codes[#codes + 1] = 0
   elseif lock[1] ~= ARGV[i + 1] then
     codes[#codes + 1] = -1

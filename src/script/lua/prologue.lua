@@ -7,7 +7,8 @@
 -- up to one batch's run time early, which only shortens it); `live` is true when `owner` holds
 -- an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one hold);
 -- `lock[5]` is set when an acquire found the lock busy since it was last freed (a waiter may
--- listen: the release announces). `clear(KEYS[1], lock)` removes every field but `fence`.
+-- listen: the release announces). `clear(KEYS[1], lock)` removes every field but `fence` and
+-- `forced` (the owner token a forced unlock freed, see force_unlock.lua).
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
 -- key for good. `keep(key, fence, ends)` is called after every write that grants or extends.
@@ -44,7 +45,7 @@ end
 local function clear(key, lock)
   if not lock[4] then return redis.call('HDEL', key, 'owner', 'until', 'waiters') end
   for _, field in ipairs(redis.call('HKEYS', key)) do
-    if field ~= 'fence' then redis.call('HDEL', key, field) end
+    if field ~= 'fence' and field ~= 'forced' then redis.call('HDEL', key, field) end
   end
 end
 --@key

@@ -6,10 +6,14 @@
 -- Holds: field `holds` (count) and one field `h:<id>` per hold (`h:` for the first).
 --
 -- Replies: {1, fence, remaining lease ms} entered; {0, 0, 0} no live lease; {-1, 0, 0} held by
--- another owner.
+-- another owner; {-2, 0, 0} this owner's hold was freed by a forced unlock (`forced`, see
+-- force_unlock.lua).
 #!lua
-if not live then return {0, 0, 0} end
-if owner ~= ARGV[1] then return {-1, 0, 0} end
+if not live or owner ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return {-2, 0, 0} end
+  if not live then return {0, 0, 0} end
+  return {-1, 0, 0}
+end
 if not lock[4] then
   redis.call('HSET', KEYS[1], 'h:', 1, 'h:' .. ARGV[2], 1, 'holds', 2)
 elseif redis.call('HSETNX', KEYS[1], 'h:' .. ARGV[2], 1) == 1 then

@@ -8,9 +8,11 @@
 -- lock key); ARGV[4] expiry grace (unused: a release leaves the key's expiry alone).
 --
 -- Replies: 1 released (or one hold of several; again 1 for a hold released twice or never
--- added); 0 no live lease (expired); -1 held by another owner (left alone). allow-oom.
+-- added); 0 no live lease (expired); -1 held by another owner (left alone); -2 this owner's
+-- hold was freed by a forced unlock (`forced`, see force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
 if owner ~= ARGV[1] then
+  if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return -2 end
   if live then return -1 end
   return 0
 end
