@@ -4,10 +4,15 @@
 
 mod backoff;
 pub(crate) mod replicas;
+mod step;
+#[cfg(test)]
+mod tests;
 mod undo;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -17,6 +22,8 @@ use crate::runtime::wakeups::{Readiness, Subscription};
 use crate::stats::{kind_of, Counters};
 
 pub(crate) use backoff::Backoff;
+use step::RECHECK;
+use step::{Heard, Outcome, Step};
 pub(crate) use undo::InFlight;
 
 /// One kind of acquisition: a primitive says how to make one attempt; the loop does the rest.
@@ -56,7 +63,11 @@ pub(crate) trait Request {
     /// # Cancel safety
     ///
     /// Must be cancel safe: a dropped wait holds nothing.
-    async fn wait_local(&self, _core: &Arc<Core>, _until: Instant) -> Local<Self::Granted> {
+    async fn wait_local(
+        &self,
+        _core: &Arc<Core>,
+        _until: std::time::Instant,
+    ) -> Local<Self::Granted> {
         Local::NotHeld
     }
 }
@@ -98,29 +109,142 @@ pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R:
     }
 }
 
-/// The longest a subscribed waiter sleeps without a message before it looks again.
-///
-/// A release's announcement can miss a subscribed waiter: while a slot migrates, the release
-/// script runs on the importing node (`ASK`) and publishes there, but the waiter's sharded
-/// subscription stays on the old master until `SETSLOT NODE` (measured: a waiter behind a 5 s
-/// lease slept 5 s). Looking again this often bounds what any lost message costs, at one
-/// attempt per waiter per period, a fifth of what the slowest polling makes.
-const RECHECK: Duration = Duration::from_millis(250);
-
 /// How a waiter learns that the resource may have freed up.
-enum Listening {
+enum Listening<L> {
     /// Not subscribed yet: the first busy answer subscribes.
     NotYet,
     /// Subscribed to the request's channel: woken by releases, else at the lease end or after
     /// [`RECHECK`], whichever comes first.
-    Subscribed(Subscription),
+    Subscribed(L),
     /// Registered, but the subscription was not confirmed in time (measured: over a 50 ms ± 20
     /// ms link with 5% loss the subscriber connection took 1.5 s to open, longer than the
     /// 1 s request timeout the waiter gave it): polling with backoff, woken by a release once
     /// the subscription is made, which each attempt looks for.
-    Pending(Subscription),
+    Pending(L),
     /// No subscription (wake-ups off or unsupported): polling with backoff.
     Polling,
+}
+
+impl<L> Listening<L> {
+    fn heard(&self) -> Heard {
+        match self {
+            Self::NotYet => Heard::NotYet,
+            Self::Subscribed(_) => Heard::Subscribed,
+            Self::Pending(_) => Heard::Pending,
+            Self::Polling => Heard::Polling,
+        }
+    }
+}
+
+/// A waiter's registration on the request's channel, as the loop uses it.
+pub(crate) trait Listen {
+    /// Waits until the subscription is in place, for at most `limit` (`Duration::ZERO`: only
+    /// looks).
+    async fn ready(&mut self, limit: Duration) -> Readiness;
+
+    /// Sleeps for `pause` or until woken by a release, whichever comes first; true when woken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Must be cancel safe.
+    async fn wait(&mut self, pause: Duration) -> bool;
+}
+
+impl Listen for Subscription {
+    async fn ready(&mut self, limit: Duration) -> Readiness {
+        Subscription::ready(self, limit).await
+    }
+
+    async fn wait(&mut self, pause: Duration) -> bool {
+        Subscription::wait(self, pause).await
+    }
+}
+
+/// What the wait loop drives: a [`Request`] on a client's [`Core`] ([`OnCore`]), or in the
+/// unit tests a fake one.
+pub(crate) trait Waiter {
+    /// What a granted attempt hands out.
+    type Granted;
+    /// The registration on the request's channel.
+    type Listener: Listen;
+
+    /// As [`Request::name`].
+    fn name(&self) -> &str;
+
+    /// As [`Request::busy`].
+    fn busy(&self, waited: Duration, retry_after: Duration) -> Error;
+
+    /// The longest one request to Redis may take.
+    fn request_timeout(&self) -> Duration;
+
+    /// As [`Request::wait_local`].
+    async fn wait_local(&self, until: Instant) -> Local<Self::Granted>;
+
+    /// One attempt, counted in the stats.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Request::attempt`].
+    async fn attempt(&self) -> Result<Attempt<Self::Granted>>;
+
+    /// Registers on the request's channel; `None`: wake-ups are off or unsupported.
+    fn subscribe(&self) -> Option<Self::Listener>;
+
+    /// A grant after waiting `waited`, for the stats.
+    fn granted_after(&self, waited: Duration);
+
+    /// Woken by a release, for the stats.
+    fn woken(&self);
+}
+
+/// A [`Request`] on a client's [`Core`].
+struct OnCore<'a, R> {
+    core: &'a Arc<Core>,
+    request: &'a R,
+}
+
+impl<R: Request> Waiter for OnCore<'_, R> {
+    type Granted = R::Granted;
+    type Listener = Subscription;
+
+    fn name(&self) -> &str {
+        self.request.name()
+    }
+
+    fn busy(&self, waited: Duration, retry_after: Duration) -> Error {
+        self.request.busy(waited, retry_after)
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.core.transport.request_timeout()
+    }
+
+    async fn wait_local(&self, until: Instant) -> Local<R::Granted> {
+        self.request.wait_local(self.core, until.into_std()).await
+    }
+
+    async fn attempt(&self) -> Result<Attempt<R::Granted>> {
+        attempt(self.core, self.request).await
+    }
+
+    fn subscribe(&self) -> Option<Subscription> {
+        self.core.wakeups.subscribe(self.request.channel())
+    }
+
+    fn granted_after(&self, waited: Duration) {
+        self.core
+            .counters
+            .waits
+            .record(kind_of(self.request.channel()), waited);
+    }
+
+    fn woken(&self) {
+        Counters::add(
+            &self.core.counters.wakeups,
+            kind_of(self.request.channel()),
+            1,
+        );
+    }
 }
 
 /// Attempts until granted, waiting while the resource is held or Redis is briefly unavailable,
@@ -150,31 +274,43 @@ pub(crate) async fn wait_observed<R: Request>(
     timeout: Duration,
     observer: Option<&WaitObserver>,
 ) -> Result<R::Granted> {
+    drive(&OnCore { core, request }, timeout, observer).await
+}
+
+/// The wait loop over `waiter`, held to `timeout` plus one request timeout.
+///
+/// # Cancel safety
+///
+/// As [`wait`], given a cancel-safe [`Waiter`].
+pub(crate) async fn drive<W: Waiter>(
+    waiter: &W,
+    timeout: Duration,
+    observer: Option<&WaitObserver>,
+) -> Result<W::Granted> {
     // The loop stops attempting at the timeout, but an attempt begun just before may take its
     // own request timeout, and a primitive's attempt may make more than one call (measured: a
     // fair-lock acquire over a lossy 50 ms link ended 0.5 s past both). The whole call is held
     // to the timeout plus one request timeout; a cut attempt is undone in the background.
-    let limit = timeout.saturating_add(core.transport.request_timeout());
-    match tokio::time::timeout(limit, wait_unbounded(core, request, timeout, observer)).await {
+    let limit = timeout.saturating_add(waiter.request_timeout());
+    match tokio::time::timeout(limit, drive_unbounded(waiter, timeout, observer)).await {
         Ok(outcome) => outcome,
         Err(_) => Err(Error::Timeout {
-            name: request.name().to_owned(),
+            name: waiter.name().to_owned(),
             operation: "acquire",
             after: limit,
         }),
     }
 }
 
-/// [`wait_observed`] without its outer bound.
-async fn wait_unbounded<R: Request>(
-    core: &Arc<Core>,
-    request: &R,
+/// [`drive`] without its outer bound: carries out the steps [`step::next`] decides.
+async fn drive_unbounded<W: Waiter>(
+    waiter: &W,
     timeout: Duration,
     observer: Option<&WaitObserver>,
-) -> Result<R::Granted> {
-    let name = request.name();
+) -> Result<W::Granted> {
+    let name = waiter.name();
     let started = Instant::now();
-    let deadline = instant_after(started, timeout);
+    let deadline = Instant::from_std(instant_after(started.into_std(), timeout));
     let mut backoff = Backoff::new();
     let mut listening = Listening::NotYet;
     // The client's turn to ask for the resource, and whether the request has a local queue.
@@ -186,11 +322,9 @@ async fn wait_unbounded<R: Request>(
             // to ask, at most until the re-check period (a holder that never releases must not
             // keep the waiter from Redis).
             let until = deadline.min(Instant::now() + RECHECK);
-            match request.wait_local(core, until).await {
+            match waiter.wait_local(until).await {
                 Local::Granted(granted) => {
-                    core.counters
-                        .waits
-                        .record(kind_of(request.channel()), started.elapsed());
+                    waiter.granted_after(started.elapsed());
                     return Ok(granted);
                 }
                 Local::Ask(next) => {
@@ -200,68 +334,69 @@ async fn wait_unbounded<R: Request>(
                 Local::NotHeld => queued = false,
             }
         }
-        let pause = match attempt(core, request).await {
-            Ok(Attempt::Granted(granted)) => {
+        let reply = waiter.attempt().await;
+        let outcome = match &reply {
+            Ok(Attempt::Granted(_)) => Outcome::Granted,
+            Ok(Attempt::Busy { retry_after }) => Outcome::Busy {
+                retry_after: *retry_after,
+            },
+            Err(err) if err.is_transient() => Outcome::Transient,
+            Err(_) => Outcome::Fatal,
+        };
+        let mut state = step::State {
+            now: Instant::now(),
+            deadline,
+            request_timeout: waiter.request_timeout(),
+            heard: listening.heard(),
+            heard_before: listening.heard(),
+            listened: false,
+            queued_without_turn: queued && turn.is_none(),
+        };
+        let mut step = step::next(&state, outcome, &mut backoff);
+        if let (Outcome::Busy { retry_after }, Some(observer)) = (outcome, observer) {
+            if step != Step::GiveUp {
+                observer.notify(&Waiting {
+                    name,
+                    lease_left: retry_after,
+                    waited: started.elapsed(),
+                });
+            }
+        }
+        if let Step::Listen { limit } = step {
+            listening = match listening {
+                Listening::NotYet => listen(waiter.subscribe(), limit).await,
+                Listening::Pending(subscription) => listen(Some(subscription), limit).await,
+                other => other,
+            };
+            state.now = Instant::now();
+            state.heard = listening.heard();
+            state.listened = true;
+            step = step::next(&state, outcome, &mut backoff);
+        }
+        let pause = match (step, reply) {
+            (Step::Grant, Ok(Attempt::Granted(granted))) => {
                 if let Some(turn) = turn.take() {
                     turn.granted();
                 }
-                core.counters
-                    .waits
-                    .record(kind_of(request.channel()), started.elapsed());
+                waiter.granted_after(started.elapsed());
                 return Ok(granted);
             }
-            Ok(Attempt::Busy { retry_after }) => {
-                if Instant::now() >= deadline {
-                    return Err(request.busy(started.elapsed(), retry_after));
-                }
-                if let Some(observer) = observer {
-                    observer.notify(&Waiting {
-                        name,
-                        lease_left: retry_after,
-                        waited: started.elapsed(),
-                    });
-                }
-                if queued && turn.is_none() {
-                    // Asked without the turn (after waiting in the queue for the re-check
-                    // period): queue again.
-                    continue;
-                }
-                let was_subscribed = matches!(listening, Listening::Subscribed(_));
-                listening = match listening {
-                    Listening::NotYet => {
-                        let limit = deadline
-                            .saturating_duration_since(Instant::now())
-                            .min(core.transport.request_timeout());
-                        listen(core.wakeups.subscribe(request.channel()), limit).await
-                    }
-                    Listening::Pending(subscription) => {
-                        listen(Some(subscription), Duration::ZERO).await
-                    }
-                    other => other,
-                };
-                if !was_subscribed && matches!(listening, Listening::Subscribed(_)) {
-                    // A release may have come before the subscription: look again.
-                    continue;
-                }
-                let lease_end = retry_after + backoff.jitter();
-                match listening {
-                    Listening::Subscribed(_) => lease_end.min(RECHECK + backoff.jitter()),
-                    Listening::NotYet | Listening::Pending(_) | Listening::Polling => {
-                        backoff.next().min(lease_end)
-                    }
-                }
+            (Step::GiveUp, Ok(Attempt::Busy { retry_after })) => {
+                return Err(waiter.busy(started.elapsed(), retry_after));
             }
-            Err(err) if err.is_transient() && Instant::now() < deadline => {
+            (Step::Fail, Err(err)) => return Err(err),
+            (Step::Again, _) => continue,
+            (Step::Pause(pause), Err(err)) => {
                 tracing::debug!(lock = name, error = %err, "acquire failed, retrying");
-                backoff.next()
+                pause
             }
-            Err(err) => return Err(err),
+            (Step::Pause(pause), _) => pause,
+            (step, _) => unreachable!("step {step:?} after {outcome:?}"),
         };
-        let pause = pause.min(deadline.saturating_duration_since(Instant::now()));
         match &mut listening {
             Listening::Subscribed(subscription) | Listening::Pending(subscription) => {
                 if subscription.wait(pause).await {
-                    Counters::add(&core.counters.wakeups, kind_of(request.channel()), 1);
+                    waiter.woken();
                     tracing::trace!(lock = name, "woken by a release");
                 }
             }
@@ -272,7 +407,7 @@ async fn wait_unbounded<R: Request>(
 
 /// How a waiter registered on its channel (`None`: wake-ups are off or unsupported) listens
 /// once its subscription has had up to `limit` to be made.
-async fn listen(subscription: Option<Subscription>, limit: Duration) -> Listening {
+async fn listen<L: Listen>(subscription: Option<L>, limit: Duration) -> Listening<L> {
     let Some(mut subscription) = subscription else {
         return Listening::Polling;
     };

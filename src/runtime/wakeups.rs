@@ -200,6 +200,7 @@ enum Next {
 }
 
 /// Whether a waiter's subscription is in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Readiness {
     /// Subscribed: releases wake the waiter.
     Ready,

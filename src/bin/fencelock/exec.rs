@@ -21,9 +21,10 @@ use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
 
 use crate::group::Group;
+use crate::prelude::PlacementArgs;
 use crate::signals::Signals;
 use crate::wait::{Progress, REDRAW};
-use crate::{code, duration_arg, fail, switch_arg, PlacementArgs};
+use crate::{code, duration_arg, fail, switch_arg};
 
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]

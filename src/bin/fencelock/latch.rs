@@ -13,21 +13,18 @@ use clap::{Args, Subcommand};
 use fencelock::ClientBuilder;
 use serde::Serialize;
 
+use crate::prelude::OutputArgs;
 use crate::signals::Signals;
 use crate::{duration_arg, fail, print_json};
 
-/// Arguments of `fencelock latch`.
+/// Arguments of `fencelock latch` (`--json` is global: given before or after the action).
 #[derive(Args, Debug)]
+#[command(mut_arg("json", |arg| arg.global(true).help(
+    "Print one JSON object: `set`/`wait` {name, generation}, `count-down` {name, id, remaining}"
+)))]
 pub struct LatchArgs {
-    /// Print one JSON object: `set`/`wait` {name, generation}, `count-down` {name, id,
-    /// remaining}.
-    #[arg(
-        long,
-        global = true,
-        env = "FENCELOCK_JSON",
-        value_parser = crate::switch_arg
-    )]
-    json: bool,
+    #[command(flatten)]
+    output: OutputArgs,
     /// The global -q: no note on stderr about the random id `count-down` chose.
     #[arg(skip)]
     pub quiet: bool,
@@ -84,13 +81,13 @@ enum LatchCommand {
 /// Runs `fencelock latch ...`.
 pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
     if let LatchCommand::Wait { name, timeout } = &args.command {
-        return wait(builder, name, *timeout, args.json).await;
+        return wait(builder, name, *timeout, args.output.json).await;
     }
     let client = match builder.connect().await {
         Ok(client) => client,
         Err(err) => return fail(&err),
     };
-    let json = args.json;
+    let json = args.output.json;
     let outcome = match args.command {
         LatchCommand::Set { name, count } => match client.latch(&name) {
             Ok(latch) => latch.set(count).await.map(|g| {

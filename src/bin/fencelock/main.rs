@@ -14,14 +14,22 @@
 //! 70 also when the release finds that the lock was lost before the command finished.
 
 mod argv;
+mod completions;
 mod duration;
 mod exec;
 mod group;
 mod hold;
 mod latch;
-mod ops;
+mod list;
+mod man;
+mod prelude;
+mod script;
 mod secrets;
 mod signals;
+mod slot;
+mod status;
+mod top;
+mod unlock;
 mod wait;
 
 use std::future::Future;
@@ -30,7 +38,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use fencelock::{Client, ClientBuilder, Error, FenceToken, LockKeys, Placement, MAX_FLOOR};
+use fencelock::{Client, ClientBuilder, Error, FenceToken, MAX_FLOOR};
 use serde::Serialize;
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
@@ -172,55 +180,33 @@ enum Command {
     /// Print the Lua source of one of fencelock's scripts (acquire, release, extend, reenter,
     /// renew, fenced_set, semaphore_acquire, ...), e.g. to `SCRIPT LOAD "$(fencelock script acquire)"` it or benchmark
     /// it; the text without its final newline has the SHA1 fencelock sends with EVALSHA.
-    Script {
-        /// Print the script's SHA1 (as `SCRIPT LOAD` returns it) instead of its source.
-        #[arg(long)]
-        sha: bool,
-        /// Script name.
-        name: String,
-    },
+    Script(script::ScriptArgs),
     /// Print the slot and the Redis key lock NAME uses.
-    Slot {
-        /// Lock name.
-        name: String,
-        #[command(flatten)]
-        placement: PlacementArgs,
-        /// Print one JSON object: name, slot, key.
-        #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
-        json: bool,
-    },
+    Slot(slot::SlotArgs),
     /// Countdown latches: `latch set NAME COUNT`, `latch count-down NAME [--id ID]`, `latch
     /// wait NAME [--timeout D]` (exit 75 if not open in time).
     Latch(latch::LatchArgs),
     /// Print a completion script for SHELL, e.g. `fencelock completions bash >
     /// /etc/bash_completion.d/fencelock`, or `source <(fencelock completions zsh)`.
-    Completions {
-        /// The shell to complete in.
-        #[arg(value_enum)]
-        shell: clap_complete::Shell,
-    },
+    Completions(completions::CompletionsArgs),
     /// Show lock NAME (with --read/--write, --fair, --permits N, --latch: that primitive):
     /// held or free, fence, lease left, holds, waiters; one line, or --json one object. Exit 0
     /// whether held or not.
-    Status(ops::StatusArgs),
+    Status(status::StatusArgs),
     /// Free lock NAME whoever holds it (needs --force): the fence is kept, so the next grant
     /// is higher, waiters are woken, the old holder finds the lock lost. A latch is opened.
-    Unlock(ops::UnlockArgs),
+    Unlock(unlock::UnlockArgs),
     /// List every lock under the prefix on every master (SCAN, bounded by --max-keys), with
     /// the fields of status.
-    List(ops::ListArgs),
+    List(list::ListArgs),
     /// A live view of the locks under the prefix (--prefix), refreshed every second: name,
     /// kind, state, lease left, fence, waiters, grants per second. q or Ctrl-C quits. With
     /// --once, or when stdout is not a terminal, one plain frame (or --json one document).
-    Top(ops::TopArgs),
+    Top(top::TopArgs),
     /// Print the man page (roff) on stdout, or with --dir write fencelock.1 and one page per
     /// subcommand into DIR (`scripts/install.sh` does).
     #[command(hide = true)]
-    Man {
-        /// Write the pages into this directory instead.
-        #[arg(long, value_name = "DIR")]
-        dir: Option<PathBuf>,
-    },
+    Man(man::ManArgs),
 }
 
 /// clap value parser for `-v` (the count clap keeps) and `FENCELOCK_VERBOSE` (a count, or a
@@ -357,28 +343,6 @@ fn client_builder(
         builder = builder.tls_client_cert_files(cert, key);
     }
     builder
-}
-
-/// Where a lock's keys live.
-#[derive(Args, Debug, Clone)]
-pub struct PlacementArgs {
-    /// Pin the lock to this hash slot (0..16383).
-    #[arg(long, env = "FENCELOCK_SLOT", conflicts_with = "tag")]
-    slot: Option<u16>,
-    /// Use this hash tag instead of the name.
-    #[arg(long, env = "FENCELOCK_TAG")]
-    tag: Option<String>,
-}
-
-impl PlacementArgs {
-    /// The placement these flags ask for.
-    pub fn placement(&self) -> Placement {
-        match (self.slot, &self.tag) {
-            (Some(slot), _) => Placement::Slot(slot),
-            (None, Some(tag)) => Placement::Tag(tag.clone()),
-            (None, None) => Placement::ByName,
-        }
-    }
 }
 
 /// Parses `--fence-floor`: a fence token from 1 to [`MAX_FLOOR`].
@@ -557,14 +521,6 @@ pub fn print_json(value: &impl Serialize) -> ExitCode {
     }
 }
 
-/// `slot --json`.
-#[derive(Serialize)]
-struct SlotJson<'a> {
-    name: &'a str,
-    slot: u16,
-    key: &'a str,
-}
-
 /// Parses the command line; `Err` carries the exit code after printing help, the version or a
 /// usage error.
 fn parse() -> Result<Cli, ExitCode> {
@@ -655,10 +611,7 @@ fn main() -> ExitCode {
     }
     let connects = !matches!(
         cli.command,
-        Command::Completions { .. }
-            | Command::Man { .. }
-            | Command::Script { .. }
-            | Command::Slot { .. }
+        Command::Completions(_) | Command::Man(_) | Command::Script(_) | Command::Slot(_)
     );
     let credentials = match Credentials::read(&cli, connects) {
         Ok(credentials) => credentials,
@@ -669,47 +622,10 @@ fn main() -> ExitCode {
     };
     init_tracing(cli.verbose);
     match cli.command {
-        Command::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut cli_command(),
-                "fencelock",
-                &mut std::io::stdout(),
-            );
-            ExitCode::SUCCESS
-        }
-        Command::Man { dir } => man(dir),
-        Command::Script { sha, name } => match fencelock::lua_scripts().find(|s| s.name == name) {
-            Some(script) => {
-                println!("{}", if sha { script.sha1 } else { script.source });
-                ExitCode::SUCCESS
-            }
-            None => {
-                let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
-                eprintln!(
-                    "fencelock: no script named {name:?}; choose one of {}",
-                    names.join(", ")
-                );
-                ExitCode::from(code::USAGE)
-            }
-        },
-        Command::Slot {
-            name,
-            placement,
-            json,
-        } => match LockKeys::new(&cli.prefix, &name, &placement.placement()) {
-            Ok(keys) if json => print_json(&SlotJson {
-                name: &name,
-                slot: keys.slot(),
-                key: keys.lock_key(),
-            }),
-            Ok(keys) => {
-                println!("slot {}", keys.slot());
-                println!("lock {}", keys.lock_key());
-                ExitCode::SUCCESS
-            }
-            Err(err) => fail(&err),
-        },
+        Command::Completions(args) => completions::run(args),
+        Command::Man(args) => man::run(args),
+        Command::Script(args) => script::run(args),
+        Command::Slot(args) => slot::run(&cli.prefix, args),
         Command::Exec(mut args) => {
             args.lock.verbose = cli.verbose > 0;
             args.lock.quiet = cli.quiet;
@@ -745,23 +661,23 @@ fn main() -> ExitCode {
         Command::Status(args) => {
             let client =
                 client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(ops::status(client, args))
+            block_on(status::run(client, args))
         }
         Command::Unlock(args) => {
             let client =
                 client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(ops::unlock(client, args))
+            block_on(unlock::run(client, args))
         }
         Command::List(args) => {
             let client =
                 client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(ops::list(client, args))
+            block_on(list::run(client, args))
         }
         Command::Top(args) => {
             let prefix = cli.prefix.clone();
             let client =
                 client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(ops::top(client, prefix, args))
+            block_on(top::run(client, prefix, args))
         }
     }
 }
@@ -791,25 +707,6 @@ fn target(
         )
     } else {
         exec::Target::Single(client_builder(urls, prefix, tls, credentials, fence_floor))
-    }
-}
-
-/// `fencelock man [--dir DIR]`.
-fn man(dir: Option<PathBuf>) -> ExitCode {
-    let command = cli_command();
-    let written = match &dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir).and_then(|()| clap_mangen::generate_to(command, dir))
-        }
-        None => clap_mangen::Man::new(command).render(&mut std::io::stdout()),
-    };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            let place = dir.map_or("stdout".to_owned(), |d| d.display().to_string());
-            eprintln!("fencelock: cannot write the man page to {place}: {err}");
-            ExitCode::from(code::UNAVAILABLE)
-        }
     }
 }
 

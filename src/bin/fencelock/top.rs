@@ -1,11 +1,7 @@
-//! Operator commands: `status`, `unlock --force`, `list` and `top`.
-//!
-//! `status` and `unlock --force` print one line (or with `--json` one JSON object) and exit 0
-//! whether the primitive was held or not; `list` prints one line (or one JSON array) for every
-//! primitive key under the prefix, scanning every master with a bound; `top` redraws a table
-//! of them every second until `q` or Ctrl-C (`--once`, or a stdout that is not a terminal:
-//! one plain frame, or `--json` one document). Exit 64 for bad input, 69 when Redis cannot be
-//! reached. The JSON fields are documented in `docs/cli-json.md`.
+//! `fencelock top`: a live table of the locks under the prefix, redrawn every `--interval` until
+//! `q`, Esc or Ctrl-C; with `--once`, `--json` or a stdout that is not a terminal one plain
+//! frame (or one JSON document: `docs/cli-json.md`). Exit 0, 64 for bad input, 69 when Redis
+//! cannot be reached.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -17,228 +13,30 @@ use fencelock::{Client, ClientBuilder, Inspection, Kind, LockList};
 use serde::Serialize;
 use unicode_width::UnicodeWidthChar;
 
-use crate::{code, duration_arg, fail, print_json, secrets, PlacementArgs};
+use crate::prelude::{connect, OutputArgs, ScanArgs};
+use crate::{code, duration_arg, fail, print_json, secrets};
 
-/// Which primitive of a name: the mutex unless one of these is given.
+/// Arguments of `fencelock top`. (`mut_arg` moves the argument it changes to the end: `once` is
+/// moved too, so the completion scripts keep the order of the fields.)
 #[derive(Args, Debug)]
-#[group(multiple = false)]
-pub struct KindArgs {
-    /// The read-write lock NAME (`:rw`).
-    #[arg(long, env = "FENCELOCK_READ", value_parser = crate::switch_arg)]
-    read: bool,
-    /// The read-write lock NAME (`:rw`), as --read.
-    #[arg(long, env = "FENCELOCK_WRITE", value_parser = crate::switch_arg)]
-    write: bool,
-    /// The fair lock NAME (`:fair`).
-    #[arg(long, env = "FENCELOCK_FAIR", value_parser = crate::switch_arg)]
-    fair: bool,
-    /// The semaphore NAME (`:sem`); N is not checked against the stored limit.
-    #[arg(long, env = "FENCELOCK_PERMITS", value_name = "N")]
-    permits: Option<u32>,
-    /// The countdown latch NAME (`:latch`); unlock --force opens it.
-    #[arg(long, env = "FENCELOCK_LATCH", value_parser = crate::switch_arg)]
-    latch: bool,
-}
-
-impl KindArgs {
-    fn kind(&self) -> Kind {
-        if self.read || self.write {
-            Kind::ReadWrite
-        } else if self.fair {
-            Kind::Fair
-        } else if self.permits.is_some() {
-            Kind::Semaphore
-        } else if self.latch {
-            Kind::Latch
-        } else {
-            Kind::Mutex
-        }
-    }
-}
-
-/// Arguments of `fencelock status`.
-#[derive(Args, Debug)]
-pub struct StatusArgs {
-    #[command(flatten)]
-    kind: KindArgs,
-    #[command(flatten)]
-    placement: PlacementArgs,
-    /// Print one JSON object: name, kind, key, slot, held, fence, lease_ms, holds, waiters, ...
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
-    json: bool,
-    /// Lock name.
-    name: String,
-}
-
-/// Arguments of `fencelock unlock`.
-#[derive(Args, Debug)]
-pub struct UnlockArgs {
-    /// Required: free NAME whoever holds it (the fence is kept, so the next grant is higher;
-    /// the old holder finds its lock lost).
-    #[arg(long)]
-    force: bool,
-    #[command(flatten)]
-    kind: KindArgs,
-    #[command(flatten)]
-    placement: PlacementArgs,
-    /// Print one JSON object: the state before (the fields of `status --json`) and `freed`
-    /// (true when something was held, or a latch armed, and is now free or open).
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
-    json: bool,
-    /// Lock name.
-    name: String,
-}
-
-/// Arguments of `fencelock list`.
-#[derive(Args, Debug)]
-pub struct ListArgs {
-    /// Print one JSON array of objects with the fields of `status --json`.
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
-    json: bool,
-    /// Stop after SCAN examined about this many keys in all (a message on stderr says the
-    /// list is incomplete).
-    #[arg(
-        long,
-        env = "FENCELOCK_MAX_KEYS",
-        default_value_t = 100_000,
-        value_name = "N"
-    )]
-    max_keys: u64,
-}
-
-/// Arguments of `fencelock top`.
-#[derive(Args, Debug)]
+#[command(mut_arg("max_keys", |arg| arg.help("Stop each scan after about this many keys")))]
+#[command(mut_arg("once", |arg| arg))]
+#[command(mut_arg("json", |arg| arg.help(
+    "With --once (implied): print the frame as one JSON document (prefix, scanned, truncated, \
+     locks: the fields of `status --json` plus state and grants_per_second)"
+)))]
 pub struct TopArgs {
     /// How often to refresh.
     #[arg(long, env = "FENCELOCK_INTERVAL", default_value = "1s", value_parser = duration_arg)]
     interval: Duration,
-    /// Stop each scan after about this many keys.
-    #[arg(
-        long,
-        env = "FENCELOCK_MAX_KEYS",
-        default_value_t = 100_000,
-        value_name = "N"
-    )]
-    max_keys: u64,
+    #[command(flatten)]
+    scan: ScanArgs,
     /// Print one frame as plain text (no terminal codes) and exit 0; what top does when stdout
     /// is not a terminal.
     #[arg(long)]
     once: bool,
-    /// With --once (implied): print the frame as one JSON document (prefix, scanned,
-    /// truncated, locks: the fields of `status --json` plus state and grants_per_second).
-    #[arg(long, env = "FENCELOCK_JSON", value_parser = crate::switch_arg)]
-    json: bool,
-}
-
-/// What `unlock --force --json` prints: the state before, and whether it was freed.
-#[derive(Serialize)]
-struct Unlocked<'a> {
-    #[serde(flatten)]
-    before: &'a Inspection,
-    freed: bool,
-}
-
-async fn connect(builder: ClientBuilder) -> Result<Client, ExitCode> {
-    builder.connect().await.map_err(|err| fail(&err))
-}
-
-/// Runs `fencelock status`.
-pub async fn status(builder: ClientBuilder, args: StatusArgs) -> ExitCode {
-    let client = match connect(builder).await {
-        Ok(client) => client,
-        Err(code) => return code,
-    };
-    let placement = args.placement.placement();
-    match client
-        .inspect_at(args.kind.kind(), &args.name, &placement)
-        .await
-    {
-        Ok(found) if args.json => print_json(&found),
-        Ok(found) => {
-            println!("{found}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => fail(&err),
-    }
-}
-
-/// Runs `fencelock unlock --force`.
-pub async fn unlock(builder: ClientBuilder, args: UnlockArgs) -> ExitCode {
-    if !args.force {
-        eprintln!(
-            "fencelock: unlock needs --force: it frees {} whoever holds it (see `fencelock status`)",
-            args.name
-        );
-        return ExitCode::from(code::USAGE);
-    }
-    let client = match connect(builder).await {
-        Ok(client) => client,
-        Err(code) => return code,
-    };
-    let placement = args.placement.placement();
-    match client
-        .force_unlock_at(args.kind.kind(), &args.name, &placement)
-        .await
-    {
-        Ok(found) if args.json => print_json(&Unlocked {
-            freed: found.held,
-            before: &found,
-        }),
-        Ok(found) if found.held => {
-            let verb = if found.kind == Kind::Latch {
-                "opened"
-            } else {
-                "freed"
-            };
-            println!("{verb}: {found}");
-            ExitCode::SUCCESS
-        }
-        Ok(found) => {
-            println!("nothing to free: {found}");
-            ExitCode::SUCCESS
-        }
-        Err(err) => fail(&err),
-    }
-}
-
-fn truncation_note(list: &LockList) {
-    if list.truncated {
-        eprintln!(
-            "fencelock: stopped after scanning about {} keys (--max-keys): the list is incomplete",
-            list.scanned
-        );
-    }
-}
-
-/// Runs `fencelock list`.
-pub async fn list(builder: ClientBuilder, args: ListArgs) -> ExitCode {
-    let client = match connect(builder).await {
-        Ok(client) => client,
-        Err(code) => return code,
-    };
-    match client.list_locks(args.max_keys).await {
-        Ok(list) => {
-            if args.json {
-                let printed = print_json(&list.locks);
-                if printed != ExitCode::SUCCESS {
-                    return printed;
-                }
-            } else {
-                for found in &list.locks {
-                    println!("{found}");
-                }
-            }
-            truncation_note(&list);
-            for key in &list.skipped {
-                eprintln!(
-                    "fencelock: warning: skipped key {key:?}: it has a lock's name under the \
-                     prefix but is not a lock (another program's key?)"
-                );
-            }
-            ExitCode::SUCCESS
-        }
-        Err(err) => fail(&err),
-    }
+    #[command(flatten)]
+    output: OutputArgs,
 }
 
 /// A fence of a clock rule: a µs timestamp (clock mode), plus a multiple of 2^34 (epoch-clock
@@ -485,11 +283,11 @@ fn is_quit(event: &crossterm::event::Event) -> bool {
 
 /// `top --once`: one frame on stdout, plain or JSON.
 async fn top_once(client: &Client, prefix: &str, args: &TopArgs) -> ExitCode {
-    let list = match client.list_locks(args.max_keys).await {
+    let list = match client.list_locks(args.scan.max_keys).await {
         Ok(list) => list,
         Err(err) => return fail(&err),
     };
-    if args.json {
+    if args.output.json {
         return print_json(&TopDocument {
             prefix,
             scanned: list.scanned,
@@ -518,12 +316,12 @@ async fn top_once(client: &Client, prefix: &str, args: &TopArgs) -> ExitCode {
 
 /// Runs `fencelock top` until `q`, Esc, Ctrl-C, SIGINT or SIGTERM, and exits 0; with `--once`,
 /// `--json` or a stdout that is not a terminal, prints one frame and exits 0.
-pub async fn top(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitCode {
+pub async fn run(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitCode {
     let client = match connect(builder).await {
         Ok(client) => client,
         Err(code) => return code,
     };
-    if args.once || args.json || !std::io::stdout().is_terminal() {
+    if args.once || args.output.json || !std::io::stdout().is_terminal() {
         return top_once(&client, &prefix, &args).await;
     }
     use tokio::signal::unix::{signal, SignalKind};
@@ -555,7 +353,7 @@ pub async fn top(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitC
     let mut last = HashMap::new();
     loop {
         let width = crossterm::terminal::size().map_or(120, |(width, _)| width);
-        let text = match client.list_locks(args.max_keys).await {
+        let text = match client.list_locks(args.scan.max_keys).await {
             Ok(list) => frame(
                 &prefix,
                 &list,
