@@ -313,6 +313,7 @@ async fn standalone_waiters_wake_on_release_too() {
         .ttl(Duration::from_secs(30))
         .timeout(Duration::from_secs(20));
     let first = holder.lock("wake:standalone", &options).await.unwrap();
+    let scripts_before = server.node.script_calls();
     let started = Instant::now();
     let waiting = {
         let (client, options) = (client.clone(), options.clone());
@@ -328,6 +329,15 @@ async fn standalone_waiters_wake_on_release_too() {
             .map(|v| redis::from_redis_value::<i64>(v.clone()).unwrap())
             == Some(1)
     })
+    .await;
+    // Once subscribed the waiter looks again (a release may have come before the
+    // subscription); release only after that second attempt was answered busy, or it could
+    // take the lock without the wake-up.
+    eventually(
+        "the waiter's look after subscribing",
+        Duration::from_secs(5),
+        || server.node.script_calls() >= scripts_before + 2,
+    )
     .await;
     first.release().await.unwrap();
     let second = waiting.await.unwrap().unwrap();
