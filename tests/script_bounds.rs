@@ -92,20 +92,29 @@ fn over_bound(node: &Node, what: &str) -> Vec<String> {
 /// How many times a scenario runs (on a fresh server) before a call over the bound fails the
 /// test: one slow run alone can be the machine (a descheduled server on a loaded test host took
 /// 13.8 ms for a call that took 0.6 ms in the runs before and after), a call whose work is
-/// too large is slow every time.
+/// too large is slow every time. So a call fails the test only when it ran over the bound in
+/// every run; on a loaded host the slow calls of one run were other calls than the next run's.
 const RUNS: usize = 3;
 
 /// One test, so its scenarios do not compete for the machine with each other.
 #[tokio::test(flavor = "multi_thread")]
 async fn calls_at_the_documented_maxima_stay_within_a_few_milliseconds() {
-    let mut over = Vec::new();
+    // For each call ("scenario: script"), what it ran in each run that it was over the bound.
+    let mut over: HashMap<String, Vec<String>> = HashMap::new();
     for run in 1..=RUNS {
-        over = semaphore_at_its_maxima().await;
-        over.extend(multi_lock_renewal_and_batches_at_their_maxima().await);
+        let mut this_run = semaphore_at_its_maxima().await;
+        this_run.extend(multi_lock_renewal_and_batches_at_their_maxima().await);
+        if !this_run.is_empty() {
+            eprintln!("run {run}: over {BOUND_US} µs: {this_run:?}");
+        }
+        for line in this_run {
+            let call = line.split(" ran ").next().unwrap_or_default().to_owned();
+            over.entry(call).or_default().push(line);
+        }
+        over.retain(|_, runs| runs.len() == run);
         if over.is_empty() {
             return;
         }
-        eprintln!("run {run}: over {BOUND_US} µs: {over:?}");
     }
     panic!("over {BOUND_US} µs in each of {RUNS} runs: {over:?}");
 }
