@@ -306,14 +306,14 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
         &server.node,
         "fair_acquire",
         &fair_key(name),
-        &["blocker", "1000", "0", "clock", "30000", "10000"],
+        &["blocker", "1000", "0", "clock", "30000", "256", "10000"],
     );
     assert_eq!(blocker[0], 1, "free: granted to the hand-made owner");
     let queued: Vec<i64> = run_script(
         &server.node,
         "fair_acquire",
         &fair_key(name),
-        &["head", "1000", "0", "clock", "30000", "10000"],
+        &["head", "1000", "0", "clock", "30000", "256", "10000"],
     );
     assert_eq!((queued[0], queued[3]), (0, 1));
     let withdrawn: i64 = run_script(
@@ -365,7 +365,7 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
         .try_fair_lock(name, &LockOptions::new())
         .await
         .unwrap();
-    let args = ["me", "5000", "0", "clock", "30000", "10000"];
+    let args = ["me", "5000", "0", "clock", "30000", "256", "10000"];
     let first: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let place: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("q:me"));
     let again: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);

@@ -412,6 +412,8 @@ async fn resent_acquire_reenter_and_release_scripts_change_nothing_twice() {
             .arg("counter");
         if name == "rw_write" {
             cmd.arg("");
+        } else {
+            cmd.arg(fencelock::MAX_READERS);
         }
         let (status, value, _): (i64, i64, i64) = node.cmd(cmd.arg(""));
         (status, value)
