@@ -535,3 +535,58 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
     );
     after.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_that_finds_the_queue_full_gets_no_place_and_those_queued_keep_theirs() {
+    let server = Standalone::start();
+    let name = "capped";
+    let key = fair_key(name);
+    // The cap is an argument of the script: 2 places here (`MAX_FAIR_WAITERS` for the client).
+    let acquire = |owner: &str| -> Vec<i64> {
+        run_script(
+            &server.node,
+            "fair_acquire",
+            &key,
+            &[owner, "5000", "0", "clock", "3000", "2", "10000"],
+        )
+    };
+    assert_eq!(acquire("holder")[0], 1, "free: granted");
+    let a = acquire("a");
+    let b = acquire("b");
+    assert_eq!(
+        (a[0], a[3], b[0], b[2], b[3]),
+        (0, 1, 0, 1, 1),
+        "{a:?} {b:?}"
+    );
+    let full = acquire("c");
+    assert_eq!(
+        (full[0], full[2], full[3]),
+        (0, 2, -1),
+        "no place: {full:?}"
+    );
+    assert!(
+        full[1] > 0 && full[1] <= 1000,
+        "tries again within a third of its place lease"
+    );
+    let sorted = || {
+        let mut places = places(&server.node, name);
+        places.sort();
+        places
+    };
+    assert_eq!(sorted(), ["a", "b"], "no third place");
+    let again = acquire("a");
+    assert_eq!(
+        (again[0], again[2], again[3]),
+        (0, 0, 0),
+        "a queued caller keeps its place"
+    );
+    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &key, &["a", "", "10000"]);
+    assert_eq!(withdrawn, 1);
+    let queued = acquire("c");
+    assert_eq!(
+        (queued[0], queued[2], queued[3]),
+        (0, 1, 1),
+        "room again: queued behind b"
+    );
+    assert_eq!(sorted(), ["b", "c"]);
+}
