@@ -92,7 +92,7 @@ mod transport;
 
 pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use error::{Error, Result};
-pub use fair::FairLockGuard;
+pub use fair::{FairLockGuard, MAX_FAIR_WAITERS};
 pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use human::HumanDuration;
 pub use inspect::{Inspection, Kind, LockList};
@@ -102,7 +102,7 @@ pub use lock::{LockGuard, Reentry};
 pub use multi::{MultiGuard, MultiMember, MAX_MULTI_LOCKS};
 pub use options::{LockOptions, Waiting, MAX_FLOOR, MAX_TTL, MAX_WAIT_TIMEOUT, MIN_TTL};
 pub use quorum::{QuorumClient, QuorumClientBuilder, QuorumGuard};
-pub use rwlock::{ReadGuard, RwReentry, WriteGuard};
+pub use rwlock::{ReadGuard, RwReentry, WriteGuard, MAX_READERS};
 pub use script::{lua_scripts, ScriptSource};
 pub use semaphore::{Permit, PermitGuard, Semaphore, MAX_PERMITS, MAX_PERMITS_PER_CALL};
 pub use stats::{Histogram, Stats};

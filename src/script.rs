@@ -17,6 +17,7 @@
 //! lock also means a lock is never split across nodes while its slot migrates (a multi-key
 //! script would answer `TRYAGAIN` until both keys had moved).
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -169,6 +170,70 @@ impl From<ScriptCall> for std::borrow::Cow<'_, ScriptCall> {
 impl<'a> From<&'a ScriptCall> for std::borrow::Cow<'a, ScriptCall> {
     fn from(call: &'a ScriptCall) -> Self {
         std::borrow::Cow::Borrowed(call)
+    }
+}
+
+/// What a call that reads `entries` entries of a hash that grows with its callers (a fair lock's
+/// waiting places, a read-write lock's readers) weighs in a batch, in mutex calls: each entry
+/// costs about a quarter of one, so a call on a full queue ([`MAX_FAIR_WAITERS`]) goes alone.
+///
+/// [`MAX_FAIR_WAITERS`]: crate::MAX_FAIR_WAITERS
+pub(crate) fn entries_weight(entries: u32) -> u32 {
+    1 + entries / 4
+}
+
+/// The least weight of a call that may read every entry of such a hash whatever its last
+/// reply said (a fair acquire, withdrawal or release, a write acquire): at most `MAX_BATCH /
+/// 32` = 2 of them share a batch, so a batch reads at most 2 × 256 entries (two full queues or
+/// read-write locks) even when the counts seen are stale (other clients filled the queue since).
+pub(crate) const SCAN_WEIGHT: u32 = 32;
+
+/// Buckets of [`SEEN`]: slots share one by `slot % SEEN_BUCKETS`.
+const SEEN_BUCKETS: usize = 1024;
+
+/// The entry count the last reply of a fair or read-write call reported, per slot bucket: the
+/// first call of an acquisition weighs by what an earlier call on that slot saw.
+static SEEN: [AtomicU32; SEEN_BUCKETS] = [const { AtomicU32::new(0) }; SEEN_BUCKETS];
+
+/// How many queue places or reader entries the calls of one acquisition read, as the replies
+/// report them: the weight of its next calls ([`entries_weight`]).
+#[derive(Debug)]
+pub(crate) struct EntriesSeen {
+    bucket: usize,
+    /// The least weight of this acquisition's calls.
+    floor: u32,
+    /// The most this acquisition saw.
+    most: AtomicU32,
+}
+
+impl EntriesSeen {
+    /// Nothing seen yet by this acquisition on `slot`; its calls weigh at least `floor`.
+    pub(crate) fn new(slot: u16, floor: u32) -> Self {
+        Self {
+            bucket: usize::from(slot) % SEEN_BUCKETS,
+            floor,
+            most: AtomicU32::new(0),
+        }
+    }
+
+    /// A reply reported `entries`.
+    pub(crate) fn note(&self, entries: i64) {
+        let entries = u32::try_from(entries.max(0)).unwrap_or(u32::MAX);
+        self.most.fetch_max(entries, Ordering::Relaxed);
+        SEEN[self.bucket].store(entries, Ordering::Relaxed);
+    }
+
+    /// The most this acquisition saw, or what the last reply on its slot bucket reported if
+    /// that is more.
+    pub(crate) fn entries(&self) -> u32 {
+        let most = self.most.load(Ordering::Relaxed);
+        most.max(SEEN[self.bucket].load(Ordering::Relaxed))
+    }
+
+    /// The weight of the next call: [`entries_weight`] of [`entries`](Self::entries), at least
+    /// the floor.
+    pub(crate) fn weight(&self) -> u32 {
+        entries_weight(self.entries()).max(self.floor)
     }
 }
 
@@ -733,12 +798,14 @@ fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
 ///
 /// - `KEYS[1]` the lock's hash `fencelock:{NAME}:rw`.
 /// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor, `ARGV[4]` fence mode,
-///   `ARGV[5]` expiry grace.
+///   `ARGV[5]` the most live readers ([`MAX_READERS`](crate::MAX_READERS)), `ARGV[6]` expiry
+///   grace.
 ///
 /// Replies: `{1, fence, behind}` granted (`r:<owner>` = `<lease end>:<fence>`, a new fence);
 /// `{2, fence, 0}` this owner already reads (resent: no write); `{0, ms, 0}` a live writer or a
-/// live writer intent, with the ms until it ends; an error reply per the fence rule. Not
-/// `allow-oom`.
+/// live writer intent, with the ms until it ends; `{0, ms, readers}` `ARGV[5]` live readers
+/// (read, with the dead ones deleted, only once the hash has `ARGV[5]` fields), `ms` until the
+/// first ends, at most TTL / 3; an error reply per the fence rule. Not `allow-oom`.
 pub(crate) static RW_READ: LazyLock<LuaScript> =
     LazyLock::new(|| rw_batchable("rw_read", include_str!("script/lua/rw_read.lua")));
 
@@ -749,9 +816,9 @@ pub(crate) static RW_READ: LazyLock<LuaScript> =
 ///   grace.
 ///
 /// Replies: `{1, fence, behind}` granted (no live writer, reader or other call's intent; this
-/// call's intent removed); `{2, fence, 0}` resent; `{0, ms, 0}` refused, the intent set or
-/// refreshed unless another call's is first, `ms` capped at TTL / 3 while this call keeps the
-/// intent; an error reply per the fence rule. Not `allow-oom`.
+/// call's intent removed); `{2, fence, 0}` resent; `{0, ms, fields}` refused (`fields`: the
+/// hash's field count, what the call read), the intent set or refreshed unless another call's
+/// is first, `ms` capped at TTL / 3 while this call keeps the intent; an error reply per the fence rule. Not `allow-oom`.
 pub(crate) static RW_WRITE: LazyLock<LuaScript> =
     LazyLock::new(|| rw_batchable("rw_write", include_str!("script/lua/rw_write.lua")));
 
@@ -811,19 +878,22 @@ fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
 ///   `"<seq> <place lease end ms>"` per waiting place).
 /// - `ARGV[1]` owner token, `ARGV[2]` TTL in ms, `ARGV[3]` floor, `ARGV[4]` fence mode (as
 ///   [`ACQUIRE`]), `ARGV[5]` place lease in ms (`0`: do not queue, a one-shot try), `ARGV[6]`
-///   expiry grace.
+///   the most live places ([`MAX_FAIR_WAITERS`](crate::MAX_FAIR_WAITERS)), `ARGV[7]` expiry
+///   grace.
 ///
 /// Granted when the lock is free and no live place is queued, or the caller's place is the
 /// head (the live place with the lowest seq). Otherwise the caller is queued if it was not
 /// (`seq = ++qseq`, its arrival) and its place's lease moves to now + `ARGV[5]`. Dead places
-/// are deleted when seen.
+/// are deleted when seen. A caller without a place that finds `ARGV[6]` live places gets none.
 ///
 /// Replies:
 /// - `{1, fence, behind, 0}` granted (fence by the rule of [`ACQUIRE`]);
 /// - `{2, fence, 0, 0}` this owner holds it already (a resent script, no write);
 /// - `{0, wait ms, places ahead, queued}` busy: `wait ms` is when the answer may change without
 ///   an announcement (the holder's lease end, or the head place's lease end when the head is
-///   another's, whichever comes first); `queued` is 1 when this call created the place;
+///   another's, whichever comes first); `queued` is 1 when this call created the place, -1
+///   when the queue was full (no place; `places ahead` is then the queue's length and `wait
+///   ms` at most a third of the place lease);
 /// - an error reply (no write) as [`ACQUIRE`]'s.
 ///
 /// Not flagged `allow-oom`.

@@ -135,7 +135,7 @@ impl Primitive for Fair {
         guard.lost().await
     }
     fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd {
-        eval_grant("fair_acquire", key, owner, &["0", "10000"]) // place lease 0: no queueing
+        eval_grant("fair_acquire", key, owner, &["0", "256", "10000"]) // place lease 0: no queueing
     }
 }
 

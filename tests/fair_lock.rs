@@ -306,14 +306,14 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
         &server.node,
         "fair_acquire",
         &fair_key(name),
-        &["blocker", "1000", "0", "clock", "30000", "10000"],
+        &["blocker", "1000", "0", "clock", "30000", "256", "10000"],
     );
     assert_eq!(blocker[0], 1, "free: granted to the hand-made owner");
     let queued: Vec<i64> = run_script(
         &server.node,
         "fair_acquire",
         &fair_key(name),
-        &["head", "1000", "0", "clock", "30000", "10000"],
+        &["head", "1000", "0", "clock", "30000", "256", "10000"],
     );
     assert_eq!((queued[0], queued[3]), (0, 1));
     let withdrawn: i64 = run_script(
@@ -365,7 +365,7 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
         .try_fair_lock(name, &LockOptions::new())
         .await
         .unwrap();
-    let args = ["me", "5000", "0", "clock", "30000", "10000"];
+    let args = ["me", "5000", "0", "clock", "30000", "256", "10000"];
     let first: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let place: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("q:me"));
     let again: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
@@ -534,4 +534,59 @@ async fn on_a_cluster_the_head_is_woken_and_fences_stay_monotonic_across_a_force
         after.fence()
     );
     after.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_that_finds_the_queue_full_gets_no_place_and_those_queued_keep_theirs() {
+    let server = Standalone::start();
+    let name = "capped";
+    let key = fair_key(name);
+    // The cap is an argument of the script: 2 places here (`MAX_FAIR_WAITERS` for the client).
+    let acquire = |owner: &str| -> Vec<i64> {
+        run_script(
+            &server.node,
+            "fair_acquire",
+            &key,
+            &[owner, "5000", "0", "clock", "3000", "2", "10000"],
+        )
+    };
+    assert_eq!(acquire("holder")[0], 1, "free: granted");
+    let a = acquire("a");
+    let b = acquire("b");
+    assert_eq!(
+        (a[0], a[3], b[0], b[2], b[3]),
+        (0, 1, 0, 1, 1),
+        "{a:?} {b:?}"
+    );
+    let full = acquire("c");
+    assert_eq!(
+        (full[0], full[2], full[3]),
+        (0, 2, -1),
+        "no place: {full:?}"
+    );
+    assert!(
+        full[1] > 0 && full[1] <= 1000,
+        "tries again within a third of its place lease"
+    );
+    let sorted = || {
+        let mut places = places(&server.node, name);
+        places.sort();
+        places
+    };
+    assert_eq!(sorted(), ["a", "b"], "no third place");
+    let again = acquire("a");
+    assert_eq!(
+        (again[0], again[2], again[3]),
+        (0, 0, 0),
+        "a queued caller keeps its place"
+    );
+    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &key, &["a", "", "10000"]);
+    assert_eq!(withdrawn, 1);
+    let queued = acquire("c");
+    assert_eq!(
+        (queued[0], queued[2], queued[3]),
+        (0, 1, 1),
+        "room again: queued behind b"
+    );
+    assert_eq!(sorted(), ["b", "c"]);
 }

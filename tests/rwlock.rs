@@ -412,6 +412,8 @@ async fn resent_acquire_reenter_and_release_scripts_change_nothing_twice() {
             .arg("counter");
         if name == "rw_write" {
             cmd.arg("");
+        } else {
+            cmd.arg(fencelock::MAX_READERS);
         }
         let (status, value, _): (i64, i64, i64) = node.cmd(cmd.arg(""));
         (status, value)
@@ -592,4 +594,63 @@ async fn fences_stay_monotonic_across_a_forced_loss_failover() {
         eprintln!("forced loss, {name} mode: {highest} before -> {fence} after");
         read.release().await.unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_lock_refuses_new_readers_counting_them_once_until_one_goes() {
+    let server = Standalone::start();
+    let node = &server.node;
+    let key = "full{t}:rw";
+    // The cap is an argument of the script: 3 fields here (`MAX_READERS` for the client); the
+    // hash's `fence` counts towards the fields, not towards the readers.
+    let read = |owner: &str| -> (i64, i64, i64) {
+        node.cmd(
+            redis::cmd("EVAL")
+                .arg(script("rw_read"))
+                .arg(1)
+                .arg(key)
+                .arg(&[owner, "30000", "0", "clock", "3", "10000"]),
+        )
+    };
+    let release = |owner: &str| -> i64 {
+        node.cmd(
+            redis::cmd("EVAL")
+                .arg(script("rw_release"))
+                .arg(1)
+                .arg(key)
+                .arg(&[owner, "", "", "10000"]),
+        )
+    };
+    let marked = || node.cmd::<bool>(redis::cmd("HEXISTS").arg(key).arg("rs"));
+    assert_eq!(read("ra").0, 1);
+    assert_eq!(read("rb").0, 1);
+    assert_eq!(read("rc").0, 1, "3 fields but 2 readers: granted");
+    let refused = read("rd");
+    assert_eq!(
+        (refused.0, refused.2),
+        (0, 3),
+        "3 live readers: {refused:?}"
+    );
+    assert!(
+        refused.1 > 0 && refused.1 <= 10_000,
+        "at most a third of the TTL"
+    );
+    assert!(marked(), "the refusal marks the lock full");
+    let again = read("re");
+    assert_eq!(
+        (again.0, again.2),
+        (0, 3),
+        "refused again while marked: {again:?}"
+    );
+    assert!(again.1 <= refused.1, "until the same first end");
+    assert_eq!(release("rb"), 1);
+    assert!(!marked(), "a reader that goes clears the mark");
+    assert_eq!(read("rd").0, 1, "room again");
+    for owner in ["ra", "rc", "rd"] {
+        assert_eq!(release(owner), 1);
+    }
+    let left: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+    assert_eq!(left, ["fence"], "only the counter is left");
+    let ttl: i64 = node.cmd(redis::cmd("PTTL").arg(key));
+    assert!(ttl > 0, "the key expires as without the cap: {ttl}");
 }

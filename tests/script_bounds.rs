@@ -1,6 +1,6 @@
 //! Every script call's work is bounded: calls at the documented maxima (the semaphore's limit
 //! and count per call, a multi-lock's members, the watchdog's renewal batch, the transport's
-//! batches) each run within a few milliseconds on a real server, measured through `SLOWLOG`;
+//! batches, a fair lock's queue, a read-write lock's readers) each run within a few milliseconds on a real server, measured through `SLOWLOG`;
 //! larger input is refused with a clear error before anything is sent
 //! (`docs/design.md`, "Bounded script work").
 //!
@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use common::{Node, Standalone};
 use fencelock::{
-    Client, Error, Kind, LockOptions, MAX_MULTI_LOCKS, MAX_PERMITS, MAX_PERMITS_PER_CALL,
+    Client, Error, Kind, LockOptions, MAX_FAIR_WAITERS, MAX_MULTI_LOCKS, MAX_PERMITS,
+    MAX_PERMITS_PER_CALL, MAX_READERS,
 };
 
 /// The longest one script call may run: "a few milliseconds" (`docs/design.md`).
@@ -104,6 +105,7 @@ async fn calls_at_the_documented_maxima_stay_within_a_few_milliseconds() {
     for run in 1..=RUNS {
         let mut this_run = semaphore_at_its_maxima().await;
         this_run.extend(multi_lock_renewal_and_batches_at_their_maxima().await);
+        this_run.extend(fair_queue_and_readers_at_their_caps().await);
         if !this_run.is_empty() {
             eprintln!("run {run}: over {BOUND_US} µs: {this_run:?}");
         }
@@ -248,6 +250,192 @@ async fn multi_lock_renewal_and_batches_at_their_maxima() -> Vec<String> {
     client.shutdown().await.unwrap();
 
     over_bound(&server.node, "multi-lock, renewal, batches")
+}
+
+/// Live `q:` places of the fair lock `name`.
+fn places(node: &Node, name: &str) -> usize {
+    let fields: Vec<String> =
+        node.cmd(redis::cmd("HKEYS").arg(format!("fencelock:{{{name}}}:fair")));
+    fields.iter().filter(|f| f.starts_with("q:")).count()
+}
+
+/// Reader entries (`r:`) of the read-write lock `name`.
+fn readers(node: &Node, name: &str) -> usize {
+    let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(format!("fencelock:{{{name}}}:rw")));
+    fields.iter().filter(|f| f.starts_with("r:")).count()
+}
+
+/// Runs the single script `name` (loaded first, so the run is not its compilation) by hand.
+fn run_loaded(node: &Node, name: &str, key: &str, args: &[&str]) -> Vec<i64> {
+    let script = fencelock::lua_scripts().find(|s| s.name == name).unwrap();
+    let _: String = node.cmd(redis::cmd("SCRIPT").arg("LOAD").arg(script.source));
+    node.cmd(
+        redis::cmd("EVALSHA")
+            .arg(script.sha1)
+            .arg(1)
+            .arg(key)
+            .arg(args),
+    )
+}
+
+/// A fair lock with [`MAX_FAIR_WAITERS`] waiting places (one more caller finds the queue full,
+/// gets no place and is still granted in the end) and a read-write lock with [`MAX_READERS`]
+/// readers (one more waits until one leaves; a writer, an inspection and a forced unlock read
+/// them all).
+async fn fair_queue_and_readers_at_their_caps() -> Vec<String> {
+    let server = Standalone::start();
+    let node = &server.node;
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let waiting = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .timeout(Duration::from_secs(60));
+    // Load every script once: the first run of a script on a node also compiles it.
+    let held = client.try_fair_lock("warm", &options).await.unwrap();
+    let timed_out = LockOptions::new().timeout(Duration::from_millis(50));
+    assert!(client.fair_lock("warm", &timed_out).await.is_err());
+    client.inspect(Kind::Fair, "warm").await.unwrap();
+    held.release().await.unwrap();
+    let _held = client.try_fair_lock("warm", &options).await.unwrap();
+    client.force_unlock(Kind::Fair, "warm").await.unwrap();
+    let read = client.try_read_lock("warm", &options).await.unwrap();
+    assert!(client.write_lock("warm", &timed_out).await.is_err());
+    client.inspect(Kind::ReadWrite, "warm").await.unwrap();
+    read.release().await.unwrap();
+    let _read = client.try_read_lock("warm", &options).await.unwrap();
+    client.force_unlock(Kind::ReadWrite, "warm").await.unwrap();
+    // And their batched forms: several calls at once.
+    let held = client.try_fair_lock("warm", &options).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (client, waiting) = (client.clone(), waiting.clone());
+        tasks.push(tokio::spawn(async move {
+            client.fair_lock("warm", &waiting).await?.release().await?;
+            let read = client.read_lock("warm", &waiting).await?;
+            read.release().await
+        }));
+    }
+    held.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+
+    log_slow_calls(node);
+    let cap = MAX_FAIR_WAITERS as usize;
+    let holder = client.try_fair_lock("queue", &options).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..cap {
+        let (client, waiting) = (client.clone(), waiting.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = client.fair_lock("queue", &waiting).await?;
+            guard.release().await
+        }));
+    }
+    common::eventually(
+        "every waiter has its place",
+        Duration::from_secs(30),
+        || places(node, "queue") == cap,
+    )
+    .await;
+    let full = run_loaded(
+        node,
+        "fair_acquire",
+        "fencelock:{queue}:fair",
+        &[
+            "by-hand",
+            "30000",
+            "0",
+            "clock",
+            "3000",
+            &MAX_FAIR_WAITERS.to_string(),
+            "10000",
+        ],
+    );
+    assert_eq!(
+        (full[0], full[2], full[3]),
+        (0, i64::from(MAX_FAIR_WAITERS), -1),
+        "a full queue gives no place: {full:?}"
+    );
+    assert!(
+        full[1] > 0 && full[1] <= 1000,
+        "polls within a third of its place lease: {full:?}"
+    );
+    assert_eq!(places(node, "queue"), cap, "no place past the cap");
+    let (extra_client, extra_options) = (client.clone(), waiting.clone());
+    let extra = tokio::spawn(async move {
+        let guard = extra_client.fair_lock("queue", &extra_options).await?;
+        guard.release().await
+    });
+    client.inspect(Kind::Fair, "queue").await.unwrap();
+    // The forced unlock reads the full queue and wakes its head; every waiter is then granted
+    // in turn, the one without a place too.
+    client.force_unlock(Kind::Fair, "queue").await.unwrap();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    extra.await.unwrap().unwrap();
+    assert!(places(node, "queue") == 0);
+    drop(holder);
+
+    let cap = MAX_READERS as usize;
+    let mut holders = Vec::new();
+    while holders.len() < cap {
+        let wave = (cap - holders.len()).min(32);
+        let mut tasks = Vec::new();
+        for _ in 0..wave {
+            let (client, options) = (client.clone(), options.clone());
+            tasks.push(tokio::spawn(async move {
+                client.try_read_lock("readers", &options).await
+            }));
+        }
+        for task in tasks {
+            holders.push(task.await.unwrap().unwrap());
+        }
+    }
+    assert_eq!(readers(node, "readers"), cap);
+    let refused = run_loaded(
+        node,
+        "rw_read",
+        "fencelock:{readers}:rw",
+        &[
+            "by-hand",
+            "3000",
+            "0",
+            "clock",
+            &MAX_READERS.to_string(),
+            "10000",
+        ],
+    );
+    assert_eq!(
+        (refused[0], refused[2]),
+        (0, i64::from(MAX_READERS)),
+        "no reader past the cap: {refused:?}"
+    );
+    assert!(refused[1] > 0 && refused[1] <= 1000, "{refused:?}");
+    let err = client.try_read_lock("readers", &options).await.unwrap_err();
+    assert!(err.is_busy(), "{err:?}");
+    assert_eq!(readers(node, "readers"), cap, "no reader past the cap");
+    let (extra_client, extra_options) = (client.clone(), waiting.clone());
+    let extra =
+        tokio::spawn(async move { extra_client.read_lock("readers", &extra_options).await });
+    assert!(client
+        .try_write_lock("readers", &options)
+        .await
+        .unwrap_err()
+        .is_busy());
+    client.inspect(Kind::ReadWrite, "readers").await.unwrap();
+    holders.pop().unwrap().release().await.unwrap();
+    let entered = extra.await.unwrap().unwrap();
+    assert_eq!(readers(node, "readers"), cap);
+    client
+        .force_unlock(Kind::ReadWrite, "readers")
+        .await
+        .unwrap();
+    drop(entered);
+    drop(holders);
+    client.shutdown().await.unwrap();
+
+    over_bound(node, "fair queue, readers")
 }
 
 /// Watched mutex locks: five full renewal calls (`BATCH` = 200 in `src/runtime/watchdog.rs`).

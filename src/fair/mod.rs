@@ -20,7 +20,8 @@ use crate::options::LockOptions;
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
-    parse_fence, parse_reply, ttl_millis, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE, FAIR_WITHDRAW,
+    parse_fence, parse_reply, ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE,
+    FAIR_WITHDRAW, SCAN_WEIGHT,
 };
 
 pub use guard::FairLockGuard;
@@ -32,6 +33,20 @@ pub(crate) const KIND: &str = "fair";
 /// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
 /// long once it is at the head. Shorter when the lock's TTL is shorter.
 pub(crate) const PLACE_LEASE: Duration = Duration::from_secs(3);
+
+/// The most waiting places one fair lock's queue holds, across all clients. Every release,
+/// forced unlock, withdrawal, inspection and acquire of a fair lock reads the whole queue, so
+/// its length bounds how long such a call blocks Redis (`docs/design.md`, "Bounded script
+/// work": a batch of two fair acquires on a queue of 256 took about 2.2 ms on the loaded test
+/// machine, twice the same work in single calls; hence half the semaphore's 256). A caller
+/// that finds the queue full gets no place: it keeps trying (within a third of its place lease,
+/// about a second) and takes a place once there is room, behind those that have one; until
+/// then later callers may pass it.
+///
+/// ```
+/// assert_eq!(fencelock::MAX_FAIR_WAITERS, 128);
+/// ```
+pub const MAX_FAIR_WAITERS: u32 = 128;
 
 /// One acquisition of a fair lock: its keys, options and the owner token that names its place
 /// in the queue for the whole wait.
@@ -51,6 +66,8 @@ pub(crate) struct Acquire<'a> {
     dirty: AtomicBool,
     /// Granted: the guard owns what this owner holds.
     granted: AtomicBool,
+    /// The queue's length as the replies reported it: the weight of this call's scripts.
+    seen: EntriesSeen,
 }
 
 impl<'a> Acquire<'a> {
@@ -79,6 +96,7 @@ impl<'a> Acquire<'a> {
             watch: Mutex::new(None),
             dirty: AtomicBool::new(false),
             granted: AtomicBool::new(false),
+            seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
         }
     }
 
@@ -93,6 +111,7 @@ impl<'a> Acquire<'a> {
                 self.core.expiry(),
             ],
         )
+        .weighted(self.seen.weight())
     }
 
     /// Gives up this call's place (and a grant it did not see) now, when the call ends with an
@@ -180,6 +199,7 @@ impl Request for Acquire<'_> {
         let lease = options.first_lease();
         let ttl_ms = ttl_millis(lease);
         let floor = core.floor(options).to_string();
+        let cap = MAX_FAIR_WAITERS.to_string();
         let call = ScriptCall::new(
             &FAIR_ACQUIRE,
             &[keys.lock_key()],
@@ -189,9 +209,11 @@ impl Request for Acquire<'_> {
                 &floor,
                 core.fence_arg(),
                 &self.place,
+                &cap,
                 core.expiry(),
             ],
-        );
+        )
+        .weighted(self.seen.weight());
         self.dirty.store(true, Ordering::Relaxed);
         let (reply, acks) =
             replicas::run_granting(core, &call, keys.name(), "fair acquire", options.wait).await?;
@@ -210,7 +232,8 @@ impl Request for Acquire<'_> {
                 self.granted.store(true, Ordering::Relaxed);
                 tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
                 let grant = Grant {
-                    weight: 1,
+                    // Its release reads the queue (its extensions and renewals weigh the same).
+                    weight: self.seen.weight(),
                     keys: keys.clone(),
                     owner: self.owner.clone(),
                     hold: String::new(),
@@ -223,11 +246,19 @@ impl Request for Acquire<'_> {
                 Ok(Attempt::Granted(FairLockGuard::new(held)))
             }
             0 => {
+                self.seen.note(third);
                 if self.place == "0" {
                     self.dirty.store(false, Ordering::Relaxed);
                 } else if queued == 1 {
                     tracing::debug!(lock = keys.name(), kind = KIND, ahead = third, "queued");
                     self.watch_place(started);
+                } else if queued == -1 {
+                    tracing::debug!(
+                        lock = keys.name(),
+                        kind = KIND,
+                        places = third,
+                        "queue full ({MAX_FAIR_WAITERS} places): trying again without a place"
+                    );
                 }
                 Ok(Attempt::Busy {
                     retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),

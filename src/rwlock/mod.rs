@@ -21,7 +21,8 @@ use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
 use crate::script::{
-    parse_fence, parse_reply, ttl_millis, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
+    parse_fence, parse_reply, ttl_millis, EntriesSeen, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
+    SCAN_WEIGHT,
 };
 
 use guard::RW;
@@ -30,6 +31,17 @@ pub use reentry::RwReentry;
 
 /// The key kind of a read-write lock: `<prefix>:{NAME}:rw`.
 const KIND: &str = "rw";
+
+/// The most live read holds (reader entries, one per read guard that is not a re-entry) one
+/// read-write lock has, across all clients. A writer's acquire, a forced unlock and an
+/// inspection read every reader entry, so this bounds how long such a call blocks Redis (about
+/// a millisecond at this count on a loaded test machine, `docs/design.md`, "Bounded script
+/// work"). A reader that finds this many waits as behind a writer, until one of them ends.
+///
+/// ```
+/// assert_eq!(fencelock::MAX_READERS, 256);
+/// ```
+pub const MAX_READERS: u32 = 256;
 
 /// Which hold an acquisition asks for.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -54,6 +66,8 @@ struct Acquire<'a> {
     mode: Mode,
     /// The waiting writer's intent id (empty for a reader or a single attempt).
     intent: &'a str,
+    /// The hash's entries as the replies reported them: the weight of this call's scripts.
+    seen: EntriesSeen,
 }
 
 impl Request for Acquire<'_> {
@@ -78,11 +92,19 @@ impl Request for Acquire<'_> {
         let ttl_ms = ttl_millis(lease);
         let floor = core.floor(options).to_string();
         let key = [keys.lock_key()];
+        let cap = MAX_READERS.to_string();
         let call = match self.mode {
             Mode::Read => ScriptCall::new(
                 &RW_READ,
                 &key,
-                &[&owner, &ttl_ms, &floor, core.fence_arg(), core.expiry()],
+                &[
+                    &owner,
+                    &ttl_ms,
+                    &floor,
+                    core.fence_arg(),
+                    &cap,
+                    core.expiry(),
+                ],
             ),
             Mode::Write => ScriptCall::new(
                 &RW_WRITE,
@@ -96,17 +118,23 @@ impl Request for Acquire<'_> {
                     core.expiry(),
                 ],
             ),
-        };
+        }
+        .weighted(self.seen.weight());
         let undo = RW.release_call(core, keys.lock_key(), &owner, "");
         let in_flight = InFlight::arm(&core.transport, undo.clone());
         let (reply, acks) =
             replicas::run_granting(core, &call, keys.name(), operation, options.wait).await?;
-        let (status, value, behind) =
-            parse_reply::<(i64, i64, i64)>(keys.name(), operation, reply)?;
+        // The third value: the clock's lag behind the fence when granted, the entries read
+        // when refused.
+        let (status, value, third) = parse_reply::<(i64, i64, i64)>(keys.name(), operation, reply)?;
         match status {
             1 | 2 => {
-                if behind > 0 {
-                    core.clock_behind("rwlock", keys.name(), behind);
+                if third > 0 {
+                    core.clock_behind("rwlock", keys.name(), third);
+                }
+                if self.mode == Mode::Read {
+                    // Granted: the lock had room for one more reader.
+                    self.seen.note(0);
                 }
                 let fence = parse_fence(keys.name(), operation, "fence", value)?;
                 in_flight.disarm();
@@ -127,6 +155,7 @@ impl Request for Acquire<'_> {
             }
             0 => {
                 in_flight.disarm();
+                self.seen.note(third);
                 Ok(Attempt::Busy {
                     retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
                 })
@@ -203,6 +232,7 @@ pub(crate) async fn take_read(
         options,
         mode: Mode::Read,
         intent: "",
+        seen: EntriesSeen::new(keys.slot(), 1),
     };
     let held = match deadline {
         None => acquire::once(core, &request).await?,
@@ -235,6 +265,7 @@ pub(crate) async fn take_write(
             options,
             mode: Mode::Write,
             intent: "",
+            seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
         };
         return acquire::once(core, &request).await.map(WriteGuard::new);
     };
@@ -246,6 +277,7 @@ pub(crate) async fn take_write(
         options,
         mode: Mode::Write,
         intent: &id,
+        seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
     };
     match acquire::wait_observed(
         core,
@@ -315,6 +347,7 @@ impl Client {
                 options,
                 mode: Mode::Read,
                 intent: "",
+                seen: EntriesSeen::new(keys.slot(), 1),
             };
             acquire::once(self.core(), &request)
                 .await
@@ -360,6 +393,7 @@ impl Client {
                 options,
                 mode: Mode::Read,
                 intent: "",
+                seen: EntriesSeen::new(keys.slot(), 1),
             };
             acquire::wait_observed(
                 self.core(),
@@ -410,6 +444,7 @@ impl Client {
                 options,
                 mode: Mode::Write,
                 intent: "",
+                seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
             };
             acquire::once(self.core(), &request)
                 .await
@@ -471,6 +506,7 @@ impl Client {
                 options,
                 mode: Mode::Write,
                 intent: &id,
+                seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
             };
             match acquire::wait_observed(
                 self.core(),

@@ -3,17 +3,21 @@
 --
 -- KEYS[1] the fair lock key (hash). ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor
 -- (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter` (as acquire), ARGV[5] place
--- lease in ms (0: do not queue, a one-shot try), ARGV[6] expiry grace.
+-- lease in ms (0: do not queue, a one-shot try), ARGV[6] the most live places the queue may
+-- hold (`MAX_FAIR_WAITERS`), ARGV[7] expiry grace.
 --
 -- Granted when the lock is free and no live place is queued, or the caller's place is the
 -- head (its place is removed). Otherwise the caller is queued if it was not (seq = ++qseq:
--- the arrival moment) and its place's lease is moved to now + ARGV[5].
+-- the arrival moment) and its place's lease is moved to now + ARGV[5]. A caller without a
+-- place finding ARGV[6] live places gets none (the queue's size bounds every call that reads
+-- it): it is told to try again within a third of ARGV[5].
 --
 -- Replies: {1, fence, behind, 0} granted; {2, fence, 0, 0} this owner holds it already (a
 -- resent script, no write); {0, wait ms, places ahead, queued} busy: wait ms is when the
 -- answer may change without an announcement (the holder's lease end, or the head place's
 -- lease end while that place is not the caller's, whichever is first), queued 1 when this
--- call created the caller's place; an error reply (no write) as acquire's. Not allow-oom.
+-- call created the caller's place, -1 when the queue was full (no place; places ahead is then
+-- the queue's length); an error reply (no write) as acquire's. Not allow-oom.
 #!lua
 if live and owner == ARGV[1] then return {2, tonumber(lock[3]), 0, 0} end
 local fence, behind
@@ -47,6 +51,11 @@ end
 local queued = 0
 local seq = q.mine
 if not seq then
+  if q.count >= tonumber(ARGV[6]) then
+    local poll = math.max(1, math.floor(place / 3))
+    if wait > poll then wait = poll end
+    return {0, wait, q.count, -1}
+  end
   seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
   queued = 1
   q.ahead = q.count

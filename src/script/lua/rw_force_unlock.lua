@@ -13,7 +13,7 @@ local before = inspect('rw')
 local freed = 0
 for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
   local head = string.sub(field, 1, 2)
-  if field == 'w' or field == 'wu' or head == 'r:' or head == 'c:' or head == 'h:' then
+  if field == 'w' or field == 'wu' or field == 'rs' or head == 'r:' or head == 'c:' or head == 'h:' then
     redis.call('HDEL', KEYS[1], field)
     freed = freed + 1
   end

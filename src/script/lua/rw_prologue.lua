@@ -3,10 +3,11 @@
 -- end ms), one field `r:<owner>` = `<lease end ms>:<fence>` per reader, the first waiting
 -- writer's intent `i` (its wait id) and `iu` (intent lease end ms), and for an owner with
 -- re-entered holds `c:<owner>` (hold count) and `h:<owner>:<id>` per hold (`<id>` empty for
--- the first).
+-- the first), and `rs` (ms) while a read was refused at `MAX_READERS` live readers: the first of
+-- them ends then, so until then (or until a reader entry goes) no read needs to count them again.
 --
 -- `writer_live`, `intent_live`; `role_of(owner)` → `'w'|'r'|nil, lease end, reader value`;
--- `set_until(owner, role, ends, value)`; `forget(owner, role)` removes an entry and its holds;
+-- `set_until(owner, role, ends, value)`; `forget(owner, role)` removes an entry and its holds (a reader's also `rs`);
 -- `raise(fence, ends)` sets the key's expiry to `max(ends, fence as ms) + grace` unless it
 -- already ends later (a live entry may need it; the fence counts only in a call that granted,
 -- as in the prologue's `keep`); `settle()` after a release: when no writer or
@@ -36,7 +37,7 @@ local function set_until(owner, role, ends, value)
 end
 local function forget(owner, role)
   if role == 'w' then redis.call('HDEL', KEYS[1], 'w', 'wu')
-  else redis.call('HDEL', KEYS[1], 'r:' .. owner) end
+  else redis.call('HDEL', KEYS[1], 'r:' .. owner, 'rs') end
   if redis.call('HDEL', KEYS[1], 'c:' .. owner) == 1 then
     local prefix = 'h:' .. owner .. ':'
     for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
@@ -58,6 +59,7 @@ local function raise(fence, ends)
 end
 local function settle()
   local left = redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], 'fence')
+    - redis.call('HEXISTS', KEYS[1], 'rs')
   local ends = now_ms
   if redis.call('HEXISTS', KEYS[1], 'i') == 1 then
     left = left - 2

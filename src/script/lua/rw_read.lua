@@ -1,18 +1,50 @@
 -- rw_read: grant a read hold of a read-write lock (lock prologue, fence rule, rw prologue first).
 --
 -- KEYS[1] the lock's hash (`fencelock:{NAME}:rw`). ARGV[1] owner token, ARGV[2] TTL in ms,
--- ARGV[3] floor (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter`, ARGV[5] expiry grace.
+-- ARGV[3] floor (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter`, ARGV[5] the most
+-- live reader entries the lock may hold (`MAX_READERS`), ARGV[6] expiry grace.
+--
+-- While the hash has fewer fields than ARGV[5] nothing more is read. At or past it, every field
+-- is read once (dead reader entries are deleted) and a new reader is refused while ARGV[5] live
+-- reader entries remain: that bounds every call that reads all the readers. A refusal stores
+-- `rs` = the first of those readers' lease end; until then, and while no reader entry goes
+-- (`forget` deletes `rs`), new readers are refused without reading the fields again, so a burst
+-- of reads on a full lock reads them once.
 --
 -- Replies: {1, fence, behind} granted: `r:<owner>` = `<now + TTL>:<fence>`, the fence a new
 -- value of the counter; {2, fence, 0} this owner already reads (a resent script: its fence, no
 -- write); {0, ms, 0} refused: a live writer, or a live writer intent (a writer waits: new
 -- readers queue behind it), with the ms until that lease ends; an error reply (no write) as the
--- fence rule says. Not allow-oom.
+-- fence rule says; {0, ms, readers} refused at ARGV[5] live readers, ms until the first of them
+-- ends (at most a third of ARGV[2]). Not allow-oom.
 #!lua
 local mine = redis.call('HGET', KEYS[1], 'r:' .. ARGV[1])
 if mine and (until_of(mine) or 0) > now_ms then return {2, fence_of(mine) or 0, 0} end
 if writer_live then return {0, writer_until - now_ms, 0} end
 if intent_live then return {0, intent_until - now_ms, 0} end
+local cap = tonumber(ARGV[5])
+local third = math.max(1, math.floor(tonumber(ARGV[2]) / 3))
+if not mine and redis.call('HLEN', KEYS[1]) >= cap then
+  local full = tonumber(redis.call('HGET', KEYS[1], 'rs'))
+  if full and full > now_ms then return {0, math.min(full - now_ms, third), cap} end
+  local fields, readers, first = redis.call('HGETALL', KEYS[1]), 0, nil
+  for n = 1, #fields, 2 do
+    local field = fields[n]
+    if string.sub(field, 1, 2) == 'r:' then
+      local ends = until_of(fields[n + 1]) or 0
+      if ends > now_ms then
+        readers = readers + 1
+        if not first or ends < first then first = ends end
+      else
+        forget(string.sub(field, 3), 'r')
+      end
+    end
+  end
+  if readers >= cap then
+    redis.call('HSET', KEYS[1], 'rs', string.format('%.0f', first))
+    return {0, math.min(first - now_ms, third), readers}
+  end
+end
 local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local ends = now_ms + tonumber(ARGV[2])

@@ -8,10 +8,12 @@
 -- Granted when no live writer, no live reader and no live intent of another waiting call:
 -- `w` = owner, `wu` = now + TTL, `fence` advanced, this call's intent removed → {1, fence,
 -- behind}. {2, fence, 0}: this owner already writes (a resent script; no write). Refused →
--- {0, ms, 0} with the ms until the longest blocking lease ends, at most TTL / 3 when this call
--- keeps an intent (so the intent is refreshed before it lapses); the intent `i`/`iu` is set (or
--- refreshed) to this call's id and now + TTL unless another call's live intent is first. Dead
--- reader entries seen are deleted. An error reply (no write) as the fence rule says. Not allow-oom.
+-- {0, ms, fields} with the ms until the longest blocking lease ends, at most TTL / 3 when this
+-- call keeps an intent (so the intent is refreshed before it lapses), and the hash's field
+-- count (what this call read: the caller weighs its next call by it); the intent `i`/`iu` is
+-- set (or refreshed) to this call's id and now + TTL unless another call's live intent is
+-- first. Dead reader entries seen are deleted. An error reply (no write) as the fence rule
+-- says. Not allow-oom.
 #!lua
 if writer_live then
   if writer == ARGV[1] then return {2, tonumber(lock[3]), 0} end
@@ -41,7 +43,7 @@ if blocked > 0 then
     local third = math.max(1, math.floor(ttl / 3))
     if blocked > third then blocked = third end
   end
-  return {0, blocked, 0}
+  return {0, blocked, #fields / 2}
 end
 local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
