@@ -429,6 +429,18 @@ async fn durations_in_messages_and_tables_are_rounded_for_people() {
     assert!(text.contains("it frees in 146100000y"), "{text}");
     assert!(!has_long_decimal(&text), "{text}");
 
+    // A latch that does not open within an odd timeout says so in rounded form.
+    let set = fencelock(&url, &["latch", "set", "gate", "1"]);
+    assert_eq!(set.status.code(), Some(0), "{}", stderr(&set));
+    let wait = fencelock(&url, &["latch", "wait", "gate", "--timeout", "1003ms"]);
+    assert_eq!(wait.status.code(), Some(75), "{}", stderr(&wait));
+    assert!(
+        stderr(&wait).contains("did not open within 1s"),
+        "{}",
+        stderr(&wait)
+    );
+    assert!(!has_long_decimal(&stderr(&wait)), "{}", stderr(&wait));
+
     // A TTL below the minimum names the minimum as people write it.
     let short = fencelock(&url, &["exec", "--ttl", "9ms", "huge", "true"]);
     assert_eq!(short.status.code(), Some(64), "{}", stderr(&short));
