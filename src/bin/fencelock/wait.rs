@@ -27,8 +27,7 @@ struct State {
     timeout: Duration,
     /// Who holds what is waited for, e.g. "held by another owner".
     holder: String,
-    /// The last report: the lock's name, when it came and the holder's lease left then (kept
-    /// as a duration: a lease near `u64::MAX` ms is no `Instant`).
+    /// The last report: the lock's name, when it came and the holder's lease left then.
     seen: Option<(String, Instant, Duration)>,
     /// When the last line was printed (one line a second off a terminal).
     printed: Option<Instant>,
