@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::human::HumanDuration;
 use crate::keys::{LockKeys, Placement};
 use crate::latch::DEFAULT_OPEN_TTL;
 use crate::script::{
@@ -214,7 +215,7 @@ impl fmt::Display for Inspection {
             write!(f, " fence {fence}")?;
         }
         if let Some(lease) = self.lease_left {
-            write!(f, " lease {:.1}s", lease.as_secs_f64())?;
+            write!(f, " lease {}", HumanDuration(lease))?;
         }
         if self.held && self.kind != Kind::Latch {
             write!(f, " holds {}", self.holds)?;

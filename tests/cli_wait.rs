@@ -354,7 +354,9 @@ async fn waiting_on_a_terminal_redraws_one_status_line() {
             >= 3,
         "redrawn: {text:?}"
     );
-    assert!(waiting[0].contains("of 1s 500ms"), "{text:?}");
+    // Durations rounded for people, as every message writes them (not humantime's `1s 500ms`).
+    assert!(waiting[0].contains("s of 1.5s)"), "{text:?}");
+    assert!(!has_long_decimal(&text), "{text:?}");
     held.release().await.unwrap();
 }
 
@@ -373,4 +375,82 @@ fn sigterm_to_latch_wait_exits_143() {
     kill(&waiter, libc::SIGTERM);
     let output = finish(waiter);
     assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+}
+
+/// Whether `text` has a duration written to more than one decimal (`1.0040633s`,
+/// `4611686018427387.903s`): a digit, a dot and two more digits.
+fn has_long_decimal(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.windows(4).any(|w| {
+        w[0].is_ascii_digit() && w[1] == b'.' && w[2].is_ascii_digit() && w[3].is_ascii_digit()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn durations_in_messages_and_tables_are_rounded_for_people() {
+    let server = Standalone::start();
+    let url = server.url();
+    // A lease of about 146 million years (humantime's years of 365.25 days: 53,326,500,000
+    // days), just under MAX_TTL: written `146100000y` in years of 365 days, never in seconds.
+    let mut hold = spawn(&url, &["hold", "--ttl", "146000000y", "huge"]);
+    let mut line = String::new();
+    BufReader::new(hold.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.trim().parse::<u64>().is_ok(), "a token line: {line:?}");
+
+    let status = fencelock(&url, &["status", "huge"]);
+    assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
+    let text = stdout(&status);
+    assert!(text.contains(" lease 146100000y "), "{text}");
+    assert!(!has_long_decimal(&text), "{text}");
+
+    for args in [&["list"][..], &["top", "--once"]] {
+        let output = fencelock(&url, args);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let text = stdout(&output);
+        assert!(text.contains("146100000y"), "{args:?}: {text}");
+        assert!(!has_long_decimal(&text), "{args:?}: {text}");
+    }
+
+    // The waiting line and the timeout's message: an odd timeout, the huge lease, both rounded.
+    let busy = fencelock(&url, &["exec", "-v", "--timeout", "1003ms", "huge", "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
+    let text = stderr(&busy);
+    assert!(
+        text.contains("waiting for huge: held by another owner, lease ends in 146100000y"),
+        "{text}"
+    );
+    assert!(text.contains("it frees in 146100000y"), "{text}");
+    assert!(!has_long_decimal(&text), "{text}");
+
+    // A latch that does not open within an odd timeout says so in rounded form.
+    let set = fencelock(&url, &["latch", "set", "gate", "1"]);
+    assert_eq!(set.status.code(), Some(0), "{}", stderr(&set));
+    let wait = fencelock(&url, &["latch", "wait", "gate", "--timeout", "1003ms"]);
+    assert_eq!(wait.status.code(), Some(75), "{}", stderr(&wait));
+    assert!(
+        stderr(&wait).contains("did not open within 1s"),
+        "{}",
+        stderr(&wait)
+    );
+    assert!(!has_long_decimal(&stderr(&wait)), "{}", stderr(&wait));
+
+    // A TTL below the minimum names the minimum as people write it.
+    let short = fencelock(&url, &["exec", "--ttl", "9ms", "huge", "true"]);
+    assert_eq!(short.status.code(), Some(64), "{}", stderr(&short));
+    assert!(
+        stderr(&short).contains("below the minimum TTL of 10ms"),
+        "{}",
+        stderr(&short)
+    );
+
+    kill(&hold, libc::SIGTERM);
+    let output = finish(hold);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
 }

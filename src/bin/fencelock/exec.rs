@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use clap::Args;
 use fencelock::{
-    Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, LockGuard, LockOptions,
-    MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, WriteGuard, MIN_TTL,
+    Client, ClientBuilder, Error, FairLockGuard, FenceMode, FenceToken, HumanDuration, LockGuard,
+    LockOptions, MultiGuard, PermitGuard, QuorumClient, QuorumGuard, ReadGuard, WriteGuard,
+    MIN_TTL,
 };
 use nix::sys::signal::Signal;
 use tokio::process::{Child, Command};
@@ -68,11 +69,12 @@ pub struct LockArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     /// Take a read hold of the read-write lock NAME (shared with other readers) instead of the
-    /// mutex NAME.
+    /// mutex NAME; with several names, a read hold of each, held as one multi-lock.
     #[arg(long, env = "FENCELOCK_READ", value_parser = switch_arg, conflicts_with_all = ["write", "fair", "permits"])]
     read: bool,
     /// Take the write hold of the read-write lock NAME (exclusive of readers and writers)
-    /// instead of the mutex NAME.
+    /// instead of the mutex NAME; with several names, the write hold of each, held as one
+    /// multi-lock.
     #[arg(long, env = "FENCELOCK_WRITE", value_parser = switch_arg, conflicts_with_all = ["fair", "permits"])]
     write: bool,
     /// Take the fair lock NAME (granted in arrival order; a different key from the lock NAME).
@@ -92,8 +94,9 @@ pub struct LockArgs {
     /// -q.
     #[arg(skip)]
     pub quiet: bool,
-    /// Lock name; several names take a multi-lock of them all (mutexes, or fair locks with
-    /// --fair), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
+    /// Lock name; several names take a multi-lock of them all (mutexes; fair locks with
+    /// --fair; read or write holds of read-write locks with --read or --write; not with
+    /// --permits), held as one: all or none, acquired in one canonical order, FENCELOCK_NAME and
     /// FENCELOCK_TOKEN (hold: its token line) then list the names and their fences,
     /// space-separated, in the order given.
     #[arg(required = true, value_name = "NAME")]
@@ -142,8 +145,8 @@ fn ttl_arg(text: &str) -> Result<Duration, String> {
     let ttl = duration_arg(text)?;
     if ttl < MIN_TTL {
         return Err(format!(
-            "{text:?} is below the minimum TTL of {}ms",
-            MIN_TTL.as_millis()
+            "{text:?} is below the minimum TTL of {}",
+            HumanDuration(MIN_TTL)
         ));
     }
     Ok(ttl)
@@ -408,7 +411,8 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
 }
 
 /// The hold the command runs under: the mutex, a read or write hold of a read-write lock, the
-/// fair lock, a permit, a multi-lock of mutexes or of fair locks, or a quorum lock.
+/// fair lock, a permit, a multi-lock of mutexes, of fair locks, of read holds or of write
+/// holds, or a quorum lock.
 pub enum Hold {
     Mutex(LockGuard),
     Read(ReadGuard),
@@ -417,6 +421,8 @@ pub enum Hold {
     Permit(PermitGuard),
     Multi(MultiGuard),
     FairMulti(MultiGuard<FairLockGuard>),
+    ReadMulti(MultiGuard<ReadGuard>),
+    WriteMulti(MultiGuard<WriteGuard>),
     Quorum(QuorumGuard),
 }
 
@@ -454,26 +460,18 @@ fn check_quorum(args: &LockArgs, quorum: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// Several names only for the mutex (a multi-lock), and then without spaces (the environment
-/// lists them space-separated).
+/// Several names take a multi-lock of mutexes, fair locks, read holds or write holds (not of
+/// permits), and then without spaces (the environment lists them space-separated).
 fn check_names(args: &LockArgs) -> Result<(), String> {
     if args.names.len() < 2 {
         return Ok(());
     }
-    let flag = if args.read {
-        Some("--read")
-    } else if args.write {
-        Some("--write")
-    } else if args.permits.is_some() {
-        Some("--permits")
-    } else {
-        None
-    };
-    if let Some(flag) = flag {
-        return Err(format!(
-            "{flag} takes one NAME; several names take a multi-lock of mutexes (or, with \
-             --fair, of fair locks)"
-        ));
+    if args.permits.is_some() {
+        return Err(
+            "--permits takes one NAME; several names take a multi-lock of mutexes (or, \
+             with --fair, of fair locks; with --read or --write, of read or write holds)"
+                .to_owned(),
+        );
     }
     if let Some(name) = args
         .names
@@ -502,7 +500,11 @@ impl Hold {
         };
         if args.names.len() > 1 {
             let names: Vec<&str> = args.names.iter().map(String::as_str).collect();
-            return Ok(if args.fair {
+            return Ok(if args.read {
+                Hold::ReadMulti(client.read_lock_all(&names, options).await?)
+            } else if args.write {
+                Hold::WriteMulti(client.write_lock_all(&names, options).await?)
+            } else if args.fair {
                 Hold::FairMulti(client.fair_lock_all(&names, options).await?)
             } else {
                 Hold::Multi(client.lock_all(&names, options).await?)
@@ -534,6 +536,8 @@ impl Hold {
             Hold::Permit(guard) => guard.fence(),
             Hold::Multi(guard) => guard.fences()[0].1,
             Hold::FairMulti(guard) => guard.fences()[0].1,
+            Hold::ReadMulti(guard) => guard.fences()[0].1,
+            Hold::WriteMulti(guard) => guard.fences()[0].1,
             Hold::Quorum(guard) => guard.fence(),
         }
     }
@@ -543,6 +547,8 @@ impl Hold {
         let fences = match self {
             Hold::Multi(guard) => guard.fences(),
             Hold::FairMulti(guard) => guard.fences(),
+            Hold::ReadMulti(guard) => guard.fences(),
+            Hold::WriteMulti(guard) => guard.fences(),
             other => return other.fence().to_string(),
         };
         fences
@@ -561,6 +567,8 @@ impl Hold {
             Hold::Permit(guard) => guard.lost().await,
             Hold::Multi(guard) => guard.lost().await,
             Hold::FairMulti(guard) => guard.lost().await,
+            Hold::ReadMulti(guard) => guard.lost().await,
+            Hold::WriteMulti(guard) => guard.lost().await,
             Hold::Quorum(guard) => guard.lost().await,
         }
     }
@@ -574,6 +582,8 @@ impl Hold {
             Hold::Permit(guard) => guard.release().await,
             Hold::Multi(guard) => guard.release().await,
             Hold::FairMulti(guard) => guard.release().await,
+            Hold::ReadMulti(guard) => guard.release().await,
+            Hold::WriteMulti(guard) => guard.release().await,
             Hold::Quorum(guard) => guard.release().await,
         }
     }

@@ -165,7 +165,8 @@ anything else exits 64 naming the variable.
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run CMD while holding lock NAME (with --permits N: one permit of semaphore NAME; with
-    /// several NAMEs: all those mutexes as one multi-lock); CMD gets FENCELOCK_TOKEN and
+    /// several NAMEs: all those mutexes, or fair locks with --fair, or read or write holds with
+    /// --read or --write, as one multi-lock); CMD gets FENCELOCK_TOKEN and
     /// FENCELOCK_NAME (space-separated for several names, in the order given; and
     /// FENCELOCK_PERMIT) and runs in its own process group, which dies with fencelock.
     #[command(

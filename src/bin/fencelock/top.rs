@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use fencelock::{Client, ClientBuilder, Inspection, Kind, LockList};
+use fencelock::{Client, ClientBuilder, HumanDuration, Inspection, Kind, LockList};
 use serde::Serialize;
 use unicode_width::UnicodeWidthChar;
 
@@ -87,6 +87,20 @@ fn cell(text: &str, width: usize) -> String {
     out
 }
 
+/// Width of top's LEASE column: any lease a Redis millisecond expiry can hold, in its largest
+/// unit (`292471208y`), fits.
+const LEASE_WIDTH: usize = 10;
+
+/// A lease as top shows it: rounded for people (`8.2s`, `2m 5s`), only its largest unit when
+/// both do not fit the column (`146235604y 124d` is `146235604y`).
+fn lease_cell(lease: Duration) -> String {
+    let text = HumanDuration(lease).to_string();
+    if text.chars().count() <= LEASE_WIDTH {
+        return text;
+    }
+    text.split(' ').next().unwrap_or_default().to_owned()
+}
+
 /// How wide `text` is on a terminal.
 fn columns(text: &str) -> usize {
     text.chars().map(|c| c.width().unwrap_or(0)).sum()
@@ -106,7 +120,7 @@ fn state(found: &Inspection) -> &'static str {
 const COLUMNS: [(&str, usize); 6] = [
     ("KIND", 9),
     ("STATE", 6),
-    ("LEASE", 8),
+    ("LEASE", LEASE_WIDTH),
     ("FENCE", 17),
     ("WAITERS", 7),
     ("GRANTS/S", 8),
@@ -180,9 +194,7 @@ fn frame(
         if let Some(fence) = fence {
             seen.insert(found.key.clone(), (fence, now));
         }
-        let lease = found
-            .lease_left
-            .map_or("-".into(), |d| format!("{:.1}s", d.as_secs_f64()));
+        let lease = found.lease_left.map_or("-".into(), lease_cell);
         let waiters = found.waiters.map_or("-".into(), |n| n.to_string());
         let fence = fence.map_or("-".into(), |f| f.to_string());
         let values = [
@@ -409,5 +421,16 @@ mod tests {
         // Wide characters take two columns: padded and cut by columns, not chars.
         assert_eq!(cell("日本", 5), "日本 ");
         assert_eq!(cell("日本語", 5), "日本 ");
+    }
+
+    #[test]
+    fn leases_fit_their_column_rounded_for_people() {
+        assert_eq!(lease_cell(Duration::from_nanos(1_004_063_300)), "1s");
+        assert_eq!(lease_cell(Duration::from_millis(8_240)), "8.2s");
+        assert_eq!(lease_cell(Duration::from_secs(125)), "2m 5s");
+        assert_eq!(lease_cell(fencelock::MAX_TTL), "146235604y");
+        let largest = Duration::from_millis(i64::MAX as u64);
+        assert_eq!(lease_cell(largest), "292471208y");
+        assert!(lease_cell(largest).len() <= LEASE_WIDTH);
     }
 }

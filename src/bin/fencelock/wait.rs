@@ -9,7 +9,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use fencelock::Waiting;
+use fencelock::{HumanDuration, Waiting};
 
 /// How often the terminal's status line is redrawn.
 pub const REDRAW: Duration = Duration::from_millis(250);
@@ -27,8 +27,8 @@ struct State {
     timeout: Duration,
     /// Who holds what is waited for, e.g. "held by another owner".
     holder: String,
-    /// The last report: the lock's name and when the holder's lease ends.
-    seen: Option<(String, Instant)>,
+    /// The last report: the lock's name, when it came and the holder's lease left then.
+    seen: Option<(String, Instant, Duration)>,
     /// When the last line was printed (one line a second off a terminal).
     printed: Option<Instant>,
     /// Whether the terminal shows the status line now.
@@ -67,7 +67,7 @@ impl Progress {
         let progress = self.clone();
         move |waiting| {
             let mut state = progress.lock();
-            state.seen = Some((waiting.name.to_owned(), Instant::now() + waiting.lease_left));
+            state.seen = Some((waiting.name.to_owned(), Instant::now(), waiting.lease_left));
             if progress.in_place {
                 draw(&mut state);
             } else if state
@@ -76,10 +76,10 @@ impl Progress {
             {
                 state.printed = Some(Instant::now());
                 eprintln!(
-                    "fencelock: waiting for {}: {}, lease ends in {:.1}s",
+                    "fencelock: waiting for {}: {}, lease ends in {}",
                     waiting.name,
                     state.holder,
-                    waiting.lease_left.as_secs_f64()
+                    HumanDuration(waiting.lease_left)
                 );
             }
         }
@@ -111,16 +111,16 @@ impl Progress {
 
 /// Draws the status line over the previous one.
 fn draw(state: &mut State) {
-    let Some((name, lease_end)) = &state.seen else {
+    let Some((name, at, lease)) = &state.seen else {
         return;
     };
-    let lease_left = lease_end.saturating_duration_since(Instant::now());
+    let lease_left = lease.saturating_sub(at.elapsed());
     let line = format!(
-        "fencelock: waiting for {name}: {}, lease ends in {:.1}s ({}s of {})",
+        "fencelock: waiting for {name}: {}, lease ends in {} ({} of {})",
         state.holder,
-        lease_left.as_secs_f64(),
-        state.started.elapsed().as_secs(),
-        humantime::format_duration(state.timeout),
+        HumanDuration(lease_left),
+        HumanDuration(Duration::from_secs(state.started.elapsed().as_secs())),
+        HumanDuration(state.timeout),
     );
     let mut stderr = std::io::stderr().lock();
     let _ = write!(stderr, "\r\x1b[K{line}");
