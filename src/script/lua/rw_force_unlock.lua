@@ -25,7 +25,7 @@ for n = 1, #flat, 2 do
     redis.call('HDEL', KEYS[1], field)
     freed = freed + 1
     local reader = string.sub(field, 3)
-    if head == 'r:' and (until_of(flat[n + 1]) or 0) > now_ms 
+    if head == 'r:' and (until_of(flat[n + 1]) or 0) > now_ms
       and not (writer_live and reader == writer) then
       owners[#owners + 1] = reader
     end
