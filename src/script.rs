@@ -841,13 +841,15 @@ pub(crate) static RW_RENEW: LazyLock<LuaScript> =
 
 /// Re-entry of a read or write hold (`script/lua/rw_reenter.lua`): `ARGV` owner, hold id, TTL
 /// ms, `r`|`w`, expiry grace. Replies `{1, fence, remaining ms}`, `{0, 0, 0}` no live entry,
-/// `{-1, 0, 0}` another owner writes, `{-2, 0, 0}` a reader asked to write (upgrade refused).
+/// `{-1, 0, 0}` another owner writes, `{-2, 0, 0}` a reader asked to write (upgrade refused),
+/// `{-3, 0, 0}` freed by a forced unlock (see [`RW_FORCE_UNLOCK`]).
 pub(crate) static RW_REENTER: LazyLock<LuaScript> =
     LazyLock::new(|| rw_script("rw_reenter", include_str!("script/lua/rw_reenter.lua")));
 
 /// Write → read downgrade (`script/lua/rw_downgrade.lua`): `ARGV` owner, announce, expiry
 /// grace. Replies `{1, remaining ms}`, `{0, 0}` expired, `{-1, 0}` another owner writes,
-/// `{-2, 0}` the owner has re-entered holds. `allow-oom`.
+/// `{-2, 0}` the owner has re-entered holds, `{-3, 0}` freed by a forced unlock (see
+/// [`RW_FORCE_UNLOCK`]). `allow-oom`.
 pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
     LazyLock::new(|| rw_script("rw_downgrade", include_str!("script/lua/rw_downgrade.lua")));
 
@@ -1002,7 +1004,8 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// Replies ([`Outcome`]): `1` released (also when resent, until an acquire deletes the released
 /// entry: it keeps its owner with lease end 0), or a reservation withdrawn; `0` unknown or
-/// expired permits, nothing changed; `-1` a permit is now held by another owner.
+/// expired permits, nothing changed; `-1` a permit is now held by another owner; `-2` freed by
+/// a forced unlock (see [`SEMAPHORE_FORCE_UNLOCK`]).
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -1019,7 +1022,8 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///   hold's permit numbers, so only their entries are read), `ARGV[2]` TTL in ms, `ARGV[3]`
 ///   expiry grace.
 ///
-/// Replies: `{1, TTL ms}` extended; `{0, 0}` no live permit of this owner.
+/// Replies: `{1, TTL ms}` extended; `{0, 0}` no live permit of this owner; `{-2, 0}` freed by a
+/// forced unlock.
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -1034,7 +1038,7 @@ pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
 /// expiry grace); each holder's live permits are set as [`SEMAPHORE_EXTEND`] sets them, reading
 /// and touching no other entry.
 ///
-/// Replies: one code per triple, `1` extended or `0` no live permit.
+/// Replies: one code per triple, `1` extended, `0` no live permit, `-2` freed by a forced unlock.
 ///
 /// Flagged `allow-oom`.
 pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
@@ -1113,7 +1117,10 @@ pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Force-unlock of a read-write lock (`script/lua/rw_force_unlock.lua`): the writer and every
-/// reader go (a waiting writer's intent stays); `ARGV` and reply as [`FORCE_UNLOCK`].
+/// reader go (a waiting writer's intent stays); `ARGV` and reply as [`FORCE_UNLOCK`]. The freed
+/// live owners' tokens replace the `forced` field (space separated), so [`RW_RELEASE`],
+/// [`RW_EXTEND`] and [`RW_RENEW`] answer `-2` and [`RW_REENTER`] and [`RW_DOWNGRADE`] `-3` to
+/// them.
 pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "rw_force_unlock",
@@ -1135,7 +1142,9 @@ pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Force-unlock of a semaphore (`script/lua/semaphore_force_unlock.lua`): every live permit's
-/// entry is deleted (a reservation stays); `ARGV` and reply as [`FORCE_UNLOCK`].
+/// entry is deleted (a reservation stays); `ARGV` and reply as [`FORCE_UNLOCK`]. The freed
+/// permits' owners (each once) replace the `forced` field, so [`SEMAPHORE_RELEASE`],
+/// [`SEMAPHORE_EXTEND`] and [`SEMAPHORE_RENEW`] answer `-2` to them.
 pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "semaphore_force_unlock",

@@ -235,6 +235,30 @@ async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
     assert_eq!(read.status.code(), Some(0), "{}", stderr(&read));
     kill(&hold, libc::SIGINT);
     assert_eq!(finish(hold).status.code(), Some(0));
+
+    // A read, write or permit hold freed by a force unlock: exit 70, told so (not "expired").
+    for kind in [&["--read"][..], &["--write"], &["--permits", "2"]] {
+        let mut args = vec!["hold", "--ttl", "1s"];
+        args.extend_from_slice(kind);
+        args.push("door");
+        let mut hold = spawn(&url, &args);
+        let mut line = String::new();
+        BufReader::new(hold.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let mut unlock = vec!["unlock", "--force"];
+        unlock.extend_from_slice(kind);
+        unlock.push("door");
+        let unlocked = fencelock(&url, &unlock);
+        assert_eq!(unlocked.status.code(), Some(0), "{}", stderr(&unlocked));
+        let output = finish(hold);
+        let said = stderr(&output);
+        assert_eq!(output.status.code(), Some(70), "{kind:?}: {said}");
+        assert!(
+            said.contains("freed by a force unlock") && !said.contains("TTL"),
+            "{kind:?}: {said}"
+        );
+    }
 }
 
 #[test]

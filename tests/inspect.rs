@@ -213,6 +213,135 @@ async fn the_holder_of_a_forced_unlock_is_told_so_not_that_it_expired() {
     );
 }
 
+/// The read-write lock's readers and writer and the semaphore's permit holders freed by a
+/// forced unlock are told so on `release`, `extend`, re-entry, `downgrade` and the watchdog's
+/// renewal (`lost()`); the marker is no holder (inspection shows none, the key expires as a
+/// free key does), and a hold that merely expired still reports the expiry.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_write_and_semaphore_holders_of_a_forced_unlock_are_told_so() {
+    let server = Standalone::start();
+    let holder = connect(vec![server.url()]).await;
+    let admin = connect(vec![server.url()]).await;
+    let name = "forced:rw-sem";
+    let forced = |outcome: &fencelock::Result<()>| matches!(outcome, Err(Error::ForceUnlocked { name: n }) if n == name);
+    let grace_ms = i64::try_from(fencelock::DEFAULT_EXPIRY_GRACE.as_millis()).unwrap();
+    let pttl = |key: &str| -> i64 { server.node.cmd(redis::cmd("PTTL").arg(key)) };
+
+    // Two readers: each hears of the forced unlock on every path.
+    let mut first = holder.read_lock(name, &options()).await.unwrap();
+    let second = holder.read_lock(name, &options()).await.unwrap();
+    let key = first.keys().lock_key().to_owned();
+    admin.force_unlock(Kind::ReadWrite, name).await.unwrap();
+    let seen = admin.inspect(Kind::ReadWrite, name).await.unwrap();
+    assert_eq!(
+        (seen.held, seen.readers, seen.holds),
+        (false, Some(0), 0),
+        "the marker is no reader: {seen:?}"
+    );
+    let left = pttl(&key);
+    assert!(
+        (0..=grace_ms).contains(&left),
+        "freed: the key expires a grace after now, not after the freed leases ({left} ms)"
+    );
+    let extended = first.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "read extend: {extended:?}");
+    let reentered = first.reentry().read().await.map(drop);
+    assert!(forced(&reentered), "read re-entry: {reentered:?}");
+    let released = first.release().await;
+    assert!(forced(&released), "read release: {released:?}");
+    let released = second.release().await;
+    assert!(forced(&released), "second reader's release: {released:?}");
+
+    // The writer: extend, re-entry, downgrade and release.
+    let mut writer = holder.write_lock(name, &options()).await.unwrap();
+    admin.force_unlock(Kind::ReadWrite, name).await.unwrap();
+    let extended = writer.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "write extend: {extended:?}");
+    let reentered = writer.reentry().write().await.map(drop);
+    assert!(forced(&reentered), "write re-entry: {reentered:?}");
+    let downgraded = writer.downgrade().await.map(drop);
+    assert!(forced(&downgraded), "downgrade: {downgraded:?}");
+    let writer = holder.write_lock(name, &options()).await.unwrap();
+    admin.force_unlock(Kind::ReadWrite, name).await.unwrap();
+    let released = writer.release().await;
+    assert!(forced(&released), "write release: {released:?}");
+
+    // The watchdog of a reader and of a writer.
+    let watched = options().ttl(Duration::from_secs(3)).watchdog(true);
+    let reader = holder.read_lock(name, &watched).await.unwrap();
+    admin.force_unlock(Kind::ReadWrite, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), reader.lost())
+        .await
+        .expect("the watchdog's next renewal reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "reader: {lost:?}"
+    );
+    drop(reader);
+    let writer = holder.write_lock(name, &watched).await.unwrap();
+    admin.force_unlock(Kind::ReadWrite, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), writer.lost())
+        .await
+        .expect("the watchdog's next renewal reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "writer: {lost:?}"
+    );
+    drop(writer);
+
+    // A reader whose lease merely ended, after the forced unlocks above: an expiry.
+    let short = holder
+        .read_lock(name, &options().ttl(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await; // the lease's own end, no event
+    let expired = short.release().await;
+    assert!(matches!(expired, Err(Error::Expired { .. })), "{expired:?}");
+
+    // The semaphore: holders of one and of two permits.
+    let pool = holder.semaphore(name, 3).unwrap();
+    let mut one = pool.acquire(&options()).await.unwrap();
+    let two = pool.acquire_many(2, &options()).await.unwrap();
+    admin.force_unlock(Kind::Semaphore, name).await.unwrap();
+    let seen = admin.inspect(Kind::Semaphore, name).await.unwrap();
+    assert_eq!(
+        (seen.held, seen.permits_in_use, seen.holds),
+        (false, Some(0), 0),
+        "the marker is no permit: {seen:?}"
+    );
+    let extended = one.extend(LONG).await.map(drop);
+    assert!(forced(&extended), "permit extend: {extended:?}");
+    let released = one.release().await;
+    assert!(forced(&released), "permit release: {released:?}");
+    let released = two.release().await;
+    assert!(forced(&released), "two permits' release: {released:?}");
+    // A permit granted after the forced unlock is a permit as before.
+    let again = pool.acquire_many(3, &options()).await.unwrap();
+    again.release().await.unwrap();
+
+    let permit = pool.acquire(&watched).await.unwrap();
+    admin.force_unlock(Kind::Semaphore, name).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(5), permit.lost())
+        .await
+        .expect("the watchdog's next renewal reports the loss");
+    assert!(
+        matches!(&lost, Error::ForceUnlocked { .. }),
+        "permit: {lost:?}"
+    );
+    drop(permit);
+
+    let short = pool
+        .acquire(&options().ttl(Duration::from_millis(50)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await; // the lease's own end, no event
+    let expired = short.release().await;
+    assert!(
+        matches!(expired, Err(Error::Expired { .. })),
+        "permit: {expired:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rwlock_inspection_and_forced_unlock() {
     let server = Standalone::start();

@@ -45,8 +45,9 @@ macro_rules! hold_methods {
         ///
         /// # Errors
         ///
-        /// [`Error::Expired`] when the hold's lease had ended, [`Error::NotOwner`] when it is
-        /// gone and another owner writes; [`Error::InvalidOptions`] for a bad TTL;
+        /// [`Error::Expired`] when the hold's lease had ended, [`Error::ForceUnlocked`] when a
+        /// [`force_unlock`](crate::Client::force_unlock) freed it, [`Error::NotOwner`] when it
+        /// is gone and another owner writes; [`Error::InvalidOptions`] for a bad TTL;
         /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer.
         ///
         /// # Cancel safety
@@ -61,8 +62,9 @@ macro_rules! hold_methods {
         ///
         /// # Errors
         ///
-        /// [`Error::Expired`] when the lease had ended, [`Error::NotOwner`] when it is gone and
-        /// another owner writes; [`Error::Timeout`] or [`Error::Redis`] when Redis does not
+        /// [`Error::Expired`] when the lease had ended, [`Error::ForceUnlocked`] when a
+        /// [`force_unlock`](crate::Client::force_unlock) freed it, [`Error::NotOwner`] when it is
+        /// gone and another owner writes; [`Error::Timeout`] or [`Error::Redis`] when Redis does not
         /// answer (the hold then ends with its lease).
         ///
         /// # Cancel safety
@@ -162,7 +164,8 @@ impl WriteGuard {
     /// # Errors
     ///
     /// [`Error::RoleRefused`] while re-entered holds of this writer are held (release them
-    /// first); [`Error::Expired`] / [`Error::NotOwner`] when the hold was lost;
+    /// first); [`Error::Expired`] / [`Error::ForceUnlocked`] / [`Error::NotOwner`] when the hold
+    /// was lost;
     /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer. On every error the
     /// guard is consumed and its hold released in the background (with `RoleRefused`, the
     /// re-entered holds keep the write hold).
@@ -187,6 +190,7 @@ impl WriteGuard {
         let (code, _remaining) = parse_reply::<(i64, u64)>(&name, "downgrade", reply)?;
         match code {
             1 => Ok(ReadGuard { held: self.held }),
+            -3 => Err(Error::ForceUnlocked { name }),
             -2 => Err(Error::RoleRefused {
                 name,
                 reason: "cannot downgrade while re-entered write holds are held: release them \

@@ -110,8 +110,8 @@ impl RwReentry {
     ///
     /// # Errors
     ///
-    /// [`Error::Expired`] or [`Error::NotOwner`] when the owner's hold is gone;
-    /// [`Error::InvalidOptions`] for a bad TTL; [`Error::Timeout`] or [`Error::Redis`] when
+    /// [`Error::Expired`], [`Error::ForceUnlocked`] or [`Error::NotOwner`] when the owner's hold
+    /// is gone; [`Error::InvalidOptions`] for a bad TTL; [`Error::Timeout`] or [`Error::Redis`] when
     /// Redis does not answer.
     ///
     /// # Cancel safety
@@ -182,6 +182,9 @@ impl RwReentry {
                     self.watched.clone(),
                 ))
             }
+            -3 => Err(Error::ForceUnlocked {
+                name: name.to_owned(),
+            }),
             -2 => Err(Error::RoleRefused {
                 name: name.to_owned(),
                 reason: "a read hold cannot be upgraded to a write hold: release the read hold, \

@@ -99,8 +99,9 @@ impl PermitGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::Expired`] when the permits had expired; [`Error::InvalidOptions`] for a bad
-    /// TTL; [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer.
+    /// [`Error::Expired`] when the permits had expired; [`Error::ForceUnlocked`] when a
+    /// [`force_unlock`](crate::Client::force_unlock) freed them; [`Error::InvalidOptions`] for a
+    /// bad TTL; [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer.
     ///
     /// # Cancel safety
     ///
@@ -114,6 +115,7 @@ impl PermitGuard {
     /// # Errors
     ///
     /// [`Error::Expired`] when the permits had expired (nothing changed),
+    /// [`Error::ForceUnlocked`] when a [`force_unlock`](crate::Client::force_unlock) freed them,
     /// [`Error::NotOwner`] when another owner holds one of their numbers now (left alone);
     /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer (the permits then come
     /// back when their lease ends).

@@ -6,11 +6,13 @@
 --
 -- Replies: {1, remaining ms} downgraded (also for a resent script: the owner already reads);
 -- {0, 0} no live entry of this owner; {-1, 0} another owner writes; {-2, 0} refused: the
--- owner has re-entered holds (release them first). allow-oom: it only rewrites this owner's
--- fields.
+-- owner has re-entered holds (release them first); {-3, 0} (before -1/0) the owner's entry is
+-- gone and `forced` names it: a forced unlock freed it (see rw_force_unlock.lua; -3, as -2 is
+-- taken). allow-oom: it only rewrites this owner's fields.
 #!lua flags=allow-oom
 local role, expires = role_of(ARGV[1])
 if not role then
+  if was_forced(KEYS[1], ARGV[1]) then return {-3, 0} end
   if writer_live then return {-1, 0} end
   return {0, 0}
 end

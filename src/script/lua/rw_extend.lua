@@ -4,10 +4,12 @@
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
 --
 -- Replies: {1, remaining ms} extended; {0, 0} no live entry of this owner; {-1, 0} it is gone
--- and another owner writes. Touches only this owner's entry. allow-oom.
+-- and another owner writes; {-2, 0} (before -1/0) it is gone and `forced` names the owner: a
+-- forced unlock freed it (see rw_force_unlock.lua). Touches only this owner's entry. allow-oom.
 #!lua flags=allow-oom
 local role, expires, value = role_of(ARGV[1])
 if not role then
+  if was_forced(KEYS[1], ARGV[1]) then return {-2, 0} end
   if writer_live then return {-1, 0} end
   return {0, 0}
 end

@@ -4,7 +4,9 @@
 -- writer's intent `i` (its wait id) and `iu` (intent lease end ms), and for an owner with
 -- re-entered holds `c:<owner>` (hold count) and `h:<owner>:<id>` per hold (`<id>` empty for
 -- the first), and `rs` (ms) while a read was refused at `MAX_READERS` live readers: the first of
--- them ends then, so until then (or until a reader entry goes) no read needs to count them again.
+-- them ends then, so until then (or until a reader entry goes) no read needs to count them again;
+-- after a forced unlock that freed live holds `forced` = the freed owners' tokens, space
+-- separated (see rw_force_unlock.lua; not a hold: `settle` does not count it).
 --
 -- `writer_live`, `intent_live`; `role_of(owner)` → `'w'|'r'|nil, lease end, reader value`;
 -- `set_until(owner, role, ends, value)`; `forget(owner, role)` removes an entry and its holds (a reader's also `rs`);
@@ -12,10 +14,15 @@
 -- already ends later (a live entry may need it; the fence counts only in a call that granted,
 -- as in the prologue's `keep`); `settle()` after a release: when no writer or
 -- reader entry is left, the key expires `grace` after now (or after a live intent's end).
--- `until_of(value)` and `fence_of(value)` read a reader entry; they run once per script call
--- (above the `--@key` line, see prologue.lua), the rest once per key.
+-- `until_of(value)` and `fence_of(value)` read a reader entry; `was_forced(key, owner)` is
+-- true when `forced` names the owner (one `HGET`, for failure paths only); they run once per
+-- script call (above the `--@key` line, see prologue.lua), the rest once per key.
 local function until_of(v) return tonumber(string.match(v or '', '^(%d+)')) end
 local function fence_of(v) return tonumber(string.match(v or '', ':(%d+)$')) end
+local function was_forced(key, owner)
+  local list = redis.call('HGET', key, 'forced')
+  return list and string.find(' ' .. list .. ' ', ' ' .. owner .. ' ', 1, true) ~= nil or false
+end
 --@key
 local rw = redis.call('HMGET', KEYS[1], 'w', 'wu', 'i', 'iu')
 local writer, writer_until, intent, intent_until = rw[1], tonumber(rw[2]), rw[3], tonumber(rw[4])
@@ -60,6 +67,7 @@ end
 local function settle()
   local left = redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], 'fence')
     - redis.call('HEXISTS', KEYS[1], 'rs')
+    - redis.call('HEXISTS', KEYS[1], 'forced')
   local ends = now_ms
   if redis.call('HEXISTS', KEYS[1], 'i') == 1 then
     left = left - 2

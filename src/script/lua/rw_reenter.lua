@@ -8,10 +8,13 @@
 --
 -- Replies: {1, fence, remaining ms} entered (fence: the owner's); {0, 0, 0} no live entry of
 -- this owner; {-1, 0, 0} it is gone and another owner writes; {-2, 0, 0} a reader asked for a
--- write hold (upgrade refused, nothing written). Not allow-oom.
+-- write hold (upgrade refused, nothing written); {-3, 0, 0} (before -1/0) the owner's entry is
+-- gone and `forced` names it: a forced unlock freed it (see rw_force_unlock.lua; -3, as -2 is
+-- taken). Not allow-oom.
 #!lua
 local role, expires, value = role_of(ARGV[1])
 if not role then
+  if was_forced(KEYS[1], ARGV[1]) then return {-3, 0, 0} end
   if writer_live then return {-1, 0, 0} end
   return {0, 0, 0}
 end

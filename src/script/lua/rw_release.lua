@@ -7,10 +7,12 @@
 --
 -- Replies: 1 released (or one hold of several; again 1 for a hold released twice); 0 no live
 -- entry of this owner (its leftovers are removed); -1 the owner's entry is gone and another
--- owner writes. Touches only this owner's fields. allow-oom.
+-- owner writes; -2 (before -1/0) the owner's entry is gone and `forced` names it: a forced
+-- unlock freed it (see rw_force_unlock.lua). Touches only this owner's fields. allow-oom.
 #!lua flags=allow-oom
 local role, ends = role_of(ARGV[1])
 if not role then
+  if was_forced(KEYS[1], ARGV[1]) then return -2 end
   if writer_live then return -1 end
   return 0
 end

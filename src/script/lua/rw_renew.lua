@@ -6,7 +6,8 @@
 -- any slots this node serves, allow-cross-slot-keys), then the expiry grace as the last ARGV.
 --
 -- Replies: one code per triple: 1 renewed, 0 no live entry of this owner, -1 gone and another
--- owner writes. allow-oom.
+-- owner writes, -2 (before -1/0) the hash's `forced` names the owner: a forced unlock freed it
+-- (see rw_force_unlock.lua; the `HGET` runs only for a triple that is not renewed). allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
 local now = redis.call('TIME')
 local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
@@ -34,6 +35,10 @@ for n = 1, #ARGV - 1, 3 do
     end
   elseif state[1] and (tonumber(state[2]) or 0) > now_ms then
     code = -1
+  end
+  if code ~= 1 then
+    local list = redis.call('HGET', key, 'forced')
+    if list and string.find(' ' .. list .. ' ', ' ' .. owner .. ' ', 1, true) then code = -2 end
   end
   if code == 1 then
     if grace then

@@ -4,7 +4,9 @@
 -- last fence granted, never removed), one field `p:<n>` per permit number n that was ever
 -- granted = "<owner> <lease end ms> <fence>" (live while the lease end is after now; lease end
 -- 0 marks a permit its owner released), and `r` = "<waiter> <count> <end ms>", the reservation
--- of the first waiting many-permit requester.
+-- of the first waiting many-permit requester; after a forced unlock that freed live permits,
+-- `forced` = their owners' tokens, space separated (see semaphore_force_unlock.lua; no permit,
+-- `sem_read` skips it).
 --
 -- `sem_read(key)` returns {limit, fence, permits = list of {n, owner, ends, fence, live},
 -- res = {owner, count, ends, live} or nil} (`sem_parse_permit(n, value)` and
@@ -15,7 +17,8 @@
 -- live} among those numbers; `sem_raise(key, ends)` raises the
 -- key's expiry to `ends` + grace unless it ends later (without a grace it removes any expiry):
 -- a call that reads only its own permits cannot lower the expiry others need;
--- `sem_permit(owner, ends, fence)` formats a permit entry; `sem_call(verb, key,
+-- `sem_forced(key, owner)` is true when `forced` names the owner (one `HGET`, for failure
+-- paths only); `sem_permit(owner, ends, fence)` formats a permit entry; `sem_call(verb, key,
 -- args)` sends `verb key args...` in chunks of at most 512 arguments (`HSET` field/value pairs,
 -- `HDEL`/`HMGET` fields; `unpack` of an unbounded table fails past ~8,000 values) and returns
 -- the replies of `HMGET` chunks joined. The client bounds every table a script builds: at most
@@ -89,6 +92,10 @@ local function sem_mine(key, holder)
     if p and p.live and p.owner == owner then mine[#mine + 1] = p end
   end
   return owner, mine
+end
+local function sem_forced(key, owner)
+  local list = redis.call('HGET', key, 'forced')
+  return list and string.find(' ' .. list .. ' ', ' ' .. owner .. ' ', 1, true) ~= nil or false
 end
 local function sem_raise(key, ends)
   if not grace then return redis.call('PERSIST', key) end

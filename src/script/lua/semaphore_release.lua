@@ -13,7 +13,9 @@
 -- (it only frees, so the expiry the last grant or renewal set still covers every live entry).
 --
 -- Replies: 1 released (or released before, or a reservation withdrawn); 0 unknown or expired
--- permits (nothing changed); -1 a permit is now held by another owner (left alone). allow-oom.
+-- permits (nothing changed); -1 a permit is now held by another owner (left alone); -2 (before
+-- -1/0) nothing was released and `forced` names this owner: a forced unlock freed its permits
+-- (see semaphore_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
 local key, owner = KEYS[1], ARGV[1]
 local targets, found, res = {}, {}, nil
@@ -61,5 +63,6 @@ if released > 0 or withdrawn then
 end
 if released > 0 or (withdrawn and #targets == 0) then return 1 end
 if before > 0 and expired == 0 and other == 0 then return 1 end
+if sem_forced(key, owner) then return -2 end
 if other > 0 then return -1 end
 return 0

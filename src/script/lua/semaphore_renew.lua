@@ -6,7 +6,9 @@
 -- grace as the last ARGV. Each owner's live permits are set as semaphore_extend sets them,
 -- reading only that owner's entries: a triple costs O(its permits).
 --
--- Replies: one code per triple: 1 extended, 0 no live permit of this owner. allow-oom.
+-- Replies: one code per triple: 1 extended, 0 no live permit of this owner, -2 none, and
+-- `forced` names the owner: a forced unlock freed its permits (see semaphore_force_unlock.lua).
+-- allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
 local codes = {}
 for i = 1, #ARGV - 1, 3 do
@@ -23,6 +25,8 @@ for i = 1, #ARGV - 1, 3 do
     sem_call('HSET', key, fields)
     sem_raise(key, ends)
     code = 1
+  elseif sem_forced(key, owner) then
+    code = -2
   end
   codes[#codes + 1] = code
 end
