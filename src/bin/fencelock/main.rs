@@ -319,31 +319,55 @@ impl Credentials {
     }
 }
 
-/// A client builder for the global options.
-fn client_builder(
+/// Where and how every command connects: the global options that reach the client.
+struct Connection {
     urls: Vec<String>,
     prefix: String,
     tls: TlsArgs,
-    credentials: &Credentials,
+    credentials: Credentials,
     fence_floor: Option<FenceToken>,
-) -> ClientBuilder {
-    let mut builder = Client::builder(urls).prefix(prefix);
-    if let Some(floor) = fence_floor {
-        builder = builder.fence_floor(floor);
+}
+
+impl Connection {
+    /// A client builder for these options.
+    fn builder(self) -> ClientBuilder {
+        self.builder_for(self.urls.clone())
     }
-    if let Some(user) = &credentials.user {
-        builder = builder.username(user);
+
+    /// A client builder for these options on `urls` alone.
+    fn builder_for(&self, urls: Vec<String>) -> ClientBuilder {
+        let mut builder = Client::builder(urls).prefix(self.prefix.clone());
+        if let Some(floor) = self.fence_floor {
+            builder = builder.fence_floor(floor);
+        }
+        if let Some(user) = &self.credentials.user {
+            builder = builder.username(user);
+        }
+        if let Some(password) = &self.credentials.password {
+            builder = builder.password(password);
+        }
+        if let Some(ca) = &self.tls.ca {
+            builder = builder.tls_ca_file(ca);
+        }
+        if let (Some(cert), Some(key)) = (&self.tls.cert, &self.tls.key) {
+            builder = builder.tls_client_cert_files(cert, key);
+        }
+        builder
     }
-    if let Some(password) = &credentials.password {
-        builder = builder.password(password);
+
+    /// What exec and hold lock on: one deployment, or with `--quorum` one per URL.
+    fn target(self, quorum: bool) -> exec::Target {
+        if quorum {
+            exec::Target::Quorum(
+                self.urls
+                    .iter()
+                    .map(|url| self.builder_for(vec![url.clone()]))
+                    .collect(),
+            )
+        } else {
+            exec::Target::Single(self.builder())
+        }
     }
-    if let Some(ca) = tls.ca {
-        builder = builder.tls_ca_file(ca);
-    }
-    if let (Some(cert), Some(key)) = (tls.cert, tls.key) {
-        builder = builder.tls_client_cert_files(cert, key);
-    }
-    builder
 }
 
 /// Parses `--fence-floor`: a fence token from 1 to [`MAX_FLOOR`].
@@ -622,92 +646,39 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(cli.verbose);
+    let connection = Connection {
+        urls: cli.urls,
+        prefix: cli.prefix,
+        tls: cli.tls,
+        credentials,
+        fence_floor: cli.fence_floor,
+    };
     match cli.command {
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::Script(args) => script::run(args),
-        Command::Slot(args) => slot::run(&cli.prefix, args),
+        Command::Slot(args) => slot::run(&connection.prefix, args),
         Command::Exec(mut args) => {
             args.lock.verbose = cli.verbose > 0;
             args.lock.quiet = cli.quiet;
-            let target = target(
-                cli.quorum,
-                cli.urls,
-                cli.prefix,
-                cli.tls,
-                &credentials,
-                cli.fence_floor,
-            );
-            block_on(exec::run(target, args))
+            block_on(exec::run(connection.target(cli.quorum), args))
         }
         Command::Hold(mut args) => {
             args.lock.verbose = cli.verbose > 0;
             args.lock.quiet = cli.quiet;
-            let target = target(
-                cli.quorum,
-                cli.urls,
-                cli.prefix,
-                cli.tls,
-                &credentials,
-                cli.fence_floor,
-            );
-            block_on(hold::run(target, args))
+            block_on(hold::run(connection.target(cli.quorum), args))
         }
         Command::Latch(mut args) => {
             args.quiet = cli.quiet;
-            let client =
-                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(latch::run(client, args))
+            block_on(latch::run(connection.builder(), args))
         }
-        Command::Status(args) => {
-            let client =
-                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(status::run(client, args))
-        }
-        Command::Unlock(args) => {
-            let client =
-                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(unlock::run(client, args))
-        }
-        Command::List(args) => {
-            let client =
-                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(list::run(client, args))
-        }
+        Command::Status(args) => block_on(status::run(connection.builder(), args)),
+        Command::Unlock(args) => block_on(unlock::run(connection.builder(), args)),
+        Command::List(args) => block_on(list::run(connection.builder(), args)),
         Command::Top(args) => {
-            let prefix = cli.prefix.clone();
-            let client =
-                client_builder(cli.urls, cli.prefix, cli.tls, &credentials, cli.fence_floor);
-            block_on(top::run(client, prefix, args))
+            let prefix = connection.prefix.clone();
+            block_on(top::run(connection.builder(), prefix, args))
         }
-    }
-}
-
-/// What exec and hold lock on: one deployment, or with `--quorum` one per URL.
-fn target(
-    quorum: bool,
-    urls: Vec<String>,
-    prefix: String,
-    tls: TlsArgs,
-    credentials: &Credentials,
-    fence_floor: Option<FenceToken>,
-) -> exec::Target {
-    if quorum {
-        exec::Target::Quorum(
-            urls.into_iter()
-                .map(|url| {
-                    client_builder(
-                        vec![url],
-                        prefix.clone(),
-                        tls.clone(),
-                        credentials,
-                        fence_floor,
-                    )
-                })
-                .collect(),
-        )
-    } else {
-        exec::Target::Single(client_builder(urls, prefix, tls, credentials, fence_floor))
     }
 }
 
