@@ -5,8 +5,9 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::cli::{finish, kill};
 use common::{wait_until, Standalone};
 use fencelock::{Client, LockOptions};
 
@@ -118,24 +119,6 @@ fn spawn(url: &str, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run fencelock")
-}
-
-/// Waits (bounded) for `child` to exit and returns its output.
-fn finish(mut child: Child) -> Output {
-    let until = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!("fencelock did not exit");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn kill(child: &Child, signal: i32) {
-    // SAFETY: kill(2) on a process this test started.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
 }
 
 fn options() -> LockOptions {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod chaos;
+pub mod cli;
 pub mod netns;
 
 /// Polls `condition` every 20 ms until it holds, panicking after `limit`.

@@ -1,0 +1,24 @@
+//! Helpers for the tests that drive the `fencelock` binary as child processes.
+
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+/// Sends `signal` to `child`.
+pub fn kill(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on a process this test started.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+}
+
+/// Waits (bounded: 20 s, then the child is killed and the test fails) for `child` to exit and
+/// returns its output.
+pub fn finish(mut child: Child) -> Output {
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!("fencelock did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
