@@ -71,6 +71,7 @@ mod core;
 mod error;
 mod fair;
 mod fence;
+mod guard;
 mod held;
 mod human;
 mod inspect;
@@ -83,6 +84,7 @@ mod options;
 #[cfg(feature = "serde")]
 mod options_serde;
 mod quorum;
+mod reentry;
 mod runtime;
 mod rwlock;
 mod script;

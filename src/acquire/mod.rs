@@ -3,6 +3,7 @@
 //! common to all primitives), the in-flight undo, and grants confirmed by replicas.
 
 mod backoff;
+mod grant;
 pub(crate) mod replicas;
 mod step;
 #[cfg(test)]
@@ -22,6 +23,7 @@ use crate::runtime::wakeups::{Readiness, Subscription};
 use crate::stats::{kind_of, Counters};
 
 pub(crate) use backoff::Backoff;
+pub(crate) use grant::{GrantReply, Granting};
 use step::RECHECK;
 use step::{Heard, Outcome, Step};
 pub(crate) use undo::InFlight;

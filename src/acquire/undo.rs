@@ -12,6 +12,8 @@ use crate::transport::Transport;
 pub(crate) struct InFlight<'a> {
     transport: &'a Arc<Transport>,
     undo: Undo<'a>,
+    /// The weight of the release built when it fires (1 unless [`weighted`](Self::weighted)).
+    weight: u32,
 }
 
 /// What an armed [`InFlight`] releases when it fires.
@@ -37,6 +39,7 @@ impl<'a> InFlight<'a> {
         Self {
             transport,
             undo: Undo::Call(undo),
+            weight: 1,
         }
     }
 
@@ -58,7 +61,15 @@ impl<'a> InFlight<'a> {
                 owner,
                 hold,
             },
+            weight: 1,
         }
+    }
+
+    /// Weighs the release an [`InFlight::release`] builds when it fires ([`ScriptCall::weighted`]:
+    /// a release that reads many entries); a ready call keeps its own weight.
+    pub(crate) fn weighted(mut self, weight: u32) -> Self {
+        self.weight = weight;
+        self
     }
 
     /// The request's reply was read: nothing to undo.
@@ -78,7 +89,9 @@ impl Drop for InFlight<'_> {
                 key,
                 owner,
                 hold,
-            } => kind.release_call(core, key, owner, hold),
+            } => kind
+                .release_call(core, key, owner, hold)
+                .weighted(self.weight),
         };
         self.transport.undo_detached(undo, "release");
     }

@@ -11,17 +11,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::acquire::{replicas, Attempt, Request};
+use crate::acquire::{Attempt, GrantReply, Granting, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::held::{Grant, Held};
+use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
-    parse_fence, parse_reply, ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE,
-    FAIR_WITHDRAW, SCAN_WEIGHT,
+    ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE, FAIR_WITHDRAW, SCAN_WEIGHT,
 };
 
 pub use guard::FairLockGuard;
@@ -195,9 +194,10 @@ impl Request for Acquire<'_> {
     /// answered with the same grant or the same place.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<FairLockGuard>> {
         let (keys, options) = (self.keys, self.options);
-        let started = Instant::now();
-        let lease = options.first_lease();
-        let ttl_ms = ttl_millis(lease);
+        // The place's withdrawal gives back a grant whose reply was not read.
+        let granting =
+            Granting::new(core, &FAIR, keys, "fair acquire", &self.owner, options).without_undo();
+        let ttl_ms = ttl_millis(granting.lease());
         let floor = core.floor(options).to_string();
         let cap = MAX_FAIR_WAITERS.to_string();
         let call = ScriptCall::new(
@@ -215,60 +215,52 @@ impl Request for Acquire<'_> {
         )
         .weighted(self.seen.weight());
         self.dirty.store(true, Ordering::Relaxed);
-        let (reply, acks) =
-            replicas::run_granting(core, &call, keys.name(), "fair acquire", options.wait).await?;
-        let (status, value, third, queued) =
-            parse_reply::<(i64, i64, i64, i64)>(keys.name(), "fair acquire", reply)?;
-        match status {
-            1 | 2 => {
-                if third > 0 {
-                    core.clock_behind("fair", keys.name(), third);
-                }
-                let fence = parse_fence(keys.name(), "fair acquire", "fence", value)?;
+        match granting.send(&call).await? {
+            (GrantReply::Granted { fence, behind, .. }, acks) => {
                 self.unwatch_place();
-                let replicas_acked =
-                    replicas::confirm(core, "fair", keys.name(), acks, || self.withdraw_call())
-                        .await?;
+                // Its release reads the queue (its extensions and renewals weigh the same).
+                let weight = self.seen.weight();
+                let withdraw = Some(self.withdraw_call());
+                let grant = granting
+                    .finish(fence, behind, acks, String::new(), weight, withdraw)
+                    .await?;
                 self.granted.store(true, Ordering::Relaxed);
-                tracing::debug!(lock = keys.name(), kind = KIND, %fence, "acquired");
-                let grant = Grant {
-                    // Its release reads the queue (its extensions and renewals weigh the same).
-                    weight: self.seen.weight(),
-                    keys: keys.clone(),
-                    owner: self.owner.clone(),
-                    hold: String::new(),
-                    fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked,
-                };
                 let held = Held::new(core, &FAIR, grant, options);
                 Ok(Attempt::Granted(FairLockGuard::new(held)))
             }
-            0 => {
-                self.seen.note(third);
+            (GrantReply::Busy { retry_after, rest }, _) => {
+                let (ahead, queued) = match rest[..] {
+                    [ahead, queued] => (ahead, queued),
+                    _ => return Err(unexpected(keys, &rest)),
+                };
+                self.seen.note(ahead);
                 if self.place == "0" {
                     self.dirty.store(false, Ordering::Relaxed);
                 } else if queued == 1 {
-                    tracing::debug!(lock = keys.name(), kind = KIND, ahead = third, "queued");
-                    self.watch_place(started);
+                    tracing::debug!(lock = keys.name(), kind = KIND, ahead, "queued");
+                    self.watch_place(granting.started());
                 } else if queued == -1 {
                     tracing::debug!(
                         lock = keys.name(),
                         kind = KIND,
-                        places = third,
+                        places = ahead,
                         "queue full ({MAX_FAIR_WAITERS} places): trying again without a place"
                     );
                 }
-                Ok(Attempt::Busy {
-                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
-                })
+                Ok(granting.busy(retry_after))
             }
-            other => Err(Error::UnexpectedReply {
-                name: keys.name().to_owned(),
-                operation: "fair acquire",
-                detail: format!("status {other}"),
-            }),
+            (GrantReply::Own { status, rest }, _) => {
+                Err(unexpected(keys, &[&[status], &rest[..]].concat()))
+            }
         }
+    }
+}
+
+/// The error for a reply of another shape.
+fn unexpected(keys: &LockKeys, reply: &[i64]) -> Error {
+    Error::UnexpectedReply {
+        name: keys.name().to_owned(),
+        operation: "fair acquire",
+        detail: format!("{reply:?}"),
     }
 }

@@ -1,8 +1,5 @@
 //! The guard of a held lock: a thin wrapper around [`Held`].
 
-use std::time::{Duration, Instant};
-
-use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
 use crate::script::{EXTEND, RELEASE, RENEW};
@@ -60,73 +57,12 @@ impl LockGuard {
         self.held.fence()
     }
 
-    crate::held::held_accessors!("lock");
-
-    /// Resolves when this hold can no longer be relied on, with the reason: the watchdog found
-    /// the lock expired ([`Error::Expired`]) or held by another owner ([`Error::NotOwner`]), it
-    /// could not renew it before the lease ran out ([`Error::LeaseUnconfirmed`]), Redis refused
-    /// a renewal with an error that retrying does not cure, such as the lock's key overwritten
-    /// with another type ([`Error::RenewalFailed`]), or the maximum hold time passed
-    /// ([`Error::MaxHoldReached`]). Without the watchdog it resolves with [`Error::Expired`] at
-    /// [`valid_until`](Self::valid_until).
-    ///
-    /// Race it against the work the lock protects, and stop the work when it resolves.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
-    /// # async fn long_job(_fence: fencelock::FenceToken) {}
-    /// use fencelock::LockOptions;
-    ///
-    /// let guard = client.lock("jobs:nightly", &LockOptions::new().watchdog(true)).await?;
-    /// tokio::select! {
-    ///     () = long_job(guard.fence()) => guard.release().await?,
-    ///     lost = guard.lost() => eprintln!("stopped: {lost}"),
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only watches.
-    pub async fn lost(&self) -> Error {
-        self.held.lost().await
-    }
-
-    /// Resets the lock's TTL to `ttl` if this guard still holds it, and returns the new
-    /// [`valid_until`](Self::valid_until). While other holds of the same owner (re-entries)
-    /// are held, the lease is never shortened: it ends at the latest end any hold asked for.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Expired`] or [`Error::NotOwner`] when the hold was lost (the guard stays
-    /// unusable for writes); [`Error::InvalidOptions`] for a bad TTL; [`Error::Timeout`] or
-    /// [`Error::Redis`] when Redis does not answer.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: a dropped call leaves the guard as it was (the TTL may or may not have been
-    /// reset, and `valid_until` keeps the earlier, conservative value).
-    pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
-        self.held.extend(ttl).await
-    }
-
-    /// Releases this hold: the lock is freed (and waiters woken) unless re-entries of it are
-    /// still held. Stops the watchdog for it.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Expired`] when the lock had expired, [`Error::NotOwner`] when another owner holds
-    /// it now (it is left alone) — both mean writes made late under this fence may have been
-    /// rejected; [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer (the lock then
-    /// expires after its TTL).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: if the call is dropped before Redis answers, the guard's drop releases the
-    /// lock in the background.
-    pub async fn release(self) -> Result<()> {
-        self.held.release().await
+    crate::guard::guard_surface! {
+        what: "lock",
+        take: "client.lock(\"jobs:nightly\", &LockOptions::new().watchdog(true))",
+        extend: "While other holds of the same owner (re-entries) are held, the lease is never \
+                 shortened: it ends at the latest end any hold asked for.",
+        release: "Releases this hold: the lock is freed (and waiters woken) unless re-entries \
+                  of it are still held.",
     }
 }

@@ -6,15 +6,15 @@ pub(crate) mod handoff;
 mod reentry;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::acquire::{replicas, Attempt, InFlight, Local, Request};
+use crate::acquire::{Attempt, GrantReply, Granting, Local, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::held::{Grant, Held};
+use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
-use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, ACQUIRE};
+use crate::script::{ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
 pub(crate) use guard::MUTEX;
@@ -53,44 +53,22 @@ impl Request for Acquire<'_> {
             None => new_owner_token(core.tag()),
             Some(_) => new_owner_token(&format!("{:08x}", rand::random::<u32>())),
         };
-        let started = Instant::now();
-        let lease = options.first_lease();
         let key = keys.lock_key();
         let (mode, expiry) = (core.fence_arg(), core.expiry());
         // Owner, TTL, floor, fence mode, expiry grace; the numbers take at most 40 bytes.
         let bytes = key.len() + owner.len() + 40 + mode.len() + expiry.len();
+        let granting = Granting::new(core, &MUTEX, keys, "acquire", &owner, options);
         let call = ScriptCall::start(&ACQUIRE, &[key], 5, bytes)
             .arg(owner.as_str())
-            .arg(ttl_ms(lease))
+            .arg(ttl_ms(granting.lease()))
             .arg(core.floor(options))
             .arg(mode)
             .arg(expiry);
-        let in_flight = InFlight::release(core, &MUTEX, key, &owner, "");
-        let (reply, acks) =
-            replicas::run_granting(core, call, keys.name(), "acquire", options.wait).await?;
-        let (status, value, behind) =
-            parse_reply::<(i64, i64, i64)>(keys.name(), "acquire", reply)?;
-        match status {
-            1 | 2 => {
-                if behind > 0 {
-                    core.clock_behind("mutex", keys.name(), behind);
-                }
-                let fence = parse_fence(keys.name(), "acquire", "fence", value)?;
-                in_flight.disarm();
-                let undo = || MUTEX.release_call(core, key, &owner, "");
-                let replicas_acked =
-                    replicas::confirm(core, "mutex", keys.name(), acks, undo).await?;
-                tracing::debug!(lock = keys.name(), %fence, "acquired");
-                let grant = Grant {
-                    weight: 1,
-                    keys: keys.clone(),
-                    owner,
-                    hold: String::new(),
-                    fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked,
-                };
+        match granting.send(&call).await? {
+            (GrantReply::Granted { fence, behind, .. }, acks) => {
+                let grant = granting
+                    .finish(fence, behind, acks, String::new(), 1, None)
+                    .await?;
                 let mut held = Held::new(core, &MUTEX, grant, options);
                 if options.wait.is_none() {
                     held = held.handing(&handoff::HANDING);
@@ -98,16 +76,11 @@ impl Request for Acquire<'_> {
                 }
                 Ok(Attempt::Granted(LockGuard::new(held)))
             }
-            0 => {
-                in_flight.disarm();
-                Ok(Attempt::Busy {
-                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
-                })
-            }
-            other => Err(Error::UnexpectedReply {
+            (GrantReply::Busy { retry_after, .. }, _) => Ok(granting.busy(retry_after)),
+            (GrantReply::Own { status, .. }, _) => Err(Error::UnexpectedReply {
                 name: keys.name().to_owned(),
                 operation: "acquire",
-                detail: format!("status {other}"),
+                detail: format!("status {status}"),
             }),
         }
     }

@@ -1,18 +1,21 @@
-//! Re-entry: the owner of a lock takes it again through a handle derived from its guard.
+//! Re-entry of the mutex: the owner of a lock takes it again through a handle derived from its
+//! guard (the shared core: `crate::reentry`).
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use crate::acquire::InFlight;
-use crate::core::Core;
-use crate::error::{Error, Result};
-use crate::fence::FenceToken;
-use crate::held::{Grant, Held, Watched};
-use crate::keys::LockKeys;
-use crate::options::validate_ttl;
-use crate::script::{parse_reply, ttl_millis, Outcome, ScriptCall, REENTER};
+use crate::error::Result;
+use crate::reentry::{Entry, Reentrant};
+use crate::script::REENTER;
 
 use super::guard::{LockGuard, MUTEX};
+
+/// The mutex's re-entry: the stored fence may be above the owner's by the fences its grant
+/// reserved for handing the lock on within the client under the same token.
+static ENTRY: Entry = Entry {
+    kind: "lock",
+    scripts: &MUTEX,
+    script: &REENTER,
+    fence_is_own: |stored, own| stored >= own,
+    refusal: |_, _| None,
+};
 
 /// A handle to take a held lock again under the same owner, made by
 /// [`LockGuard::reentry`]. Pass it (or a clone) down to code that needs the lock while the caller
@@ -49,22 +52,11 @@ use super::guard::{LockGuard, MUTEX};
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct Reentry {
-    core: Arc<Core>,
-    keys: LockKeys,
-    owner: String,
-    fence: FenceToken,
-    ttl: Duration,
-    watched: Option<Watched>,
-}
+pub struct Reentry(Reentrant);
 
 impl std::fmt::Debug for Reentry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reentry")
-            .field("name", &self.keys.name())
-            .field("fence", &self.fence)
-            .field("ttl", &self.ttl)
-            .finish_non_exhaustive()
+        self.0.debug(f, "Reentry")
     }
 }
 
@@ -74,103 +66,28 @@ impl LockGuard {
     pub fn reentry(&self) -> Reentry {
         let held = self.held();
         held.share_token();
-        Reentry {
-            core: Arc::clone(held.core()),
-            keys: held.keys().clone(),
-            owner: held.owner().to_owned(),
-            fence: held.fence(),
-            ttl: Duration::from_secs(30),
-            watched: held.watched(),
-        }
+        Reentry(Reentrant::of(held))
     }
 }
 
 impl Reentry {
-    /// The lease a re-entry asks for (default 30 s): the lock's lease is moved to at least now
-    /// plus this, never shortened.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
-        self.keys.name()
-    }
-
-    /// The fence token every hold of this lock by this owner carries.
-    pub fn fence(&self) -> FenceToken {
-        self.fence
-    }
+    crate::reentry::reentry_accessors!();
 
     /// Takes the lock again: adds a hold and returns a guard with the same fence token. Does not
     /// wait: the owner either holds the lock or has lost it.
     ///
     /// # Errors
     ///
-    /// [`Error::Expired`] or [`Error::NotOwner`] when the owner no longer holds the lock;
-    /// [`Error::InvalidOptions`] for a bad TTL; [`Error::Timeout`] or [`Error::Redis`] when
-    /// Redis does not answer.
+    /// [`Error::Expired`](crate::Error::Expired) or [`Error::NotOwner`](crate::Error::NotOwner)
+    /// when the owner no longer holds the lock; [`Error::InvalidOptions`](crate::Error::InvalidOptions)
+    /// for a bad TTL; [`Error::Timeout`](crate::Error::Timeout) or [`Error::Redis`](crate::Error::Redis)
+    /// when Redis does not answer.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: if the call is dropped after the request was sent, the hold it may have
     /// added is released in the background.
     pub async fn lock(&self) -> Result<LockGuard> {
-        let span =
-            tracing::debug_span!("fencelock.reenter", lock = self.keys.name(), kind = "lock");
-        tracing::Instrument::instrument(self.lock_unspanned(), span).await
-    }
-
-    async fn lock_unspanned(&self) -> Result<LockGuard> {
-        validate_ttl(self.keys.name(), self.ttl)?;
-        let hold = uuid::Uuid::new_v4().simple().to_string();
-        let sent = Instant::now();
-        let ttl_ms = ttl_millis(self.ttl);
-        let undo = MUTEX.release_call(&self.core, self.keys.lock_key(), &self.owner, &hold);
-        let in_flight = InFlight::arm(&self.core.transport, undo);
-        let reply = self
-            .core
-            .transport
-            .run(
-                &ScriptCall::new(
-                    &REENTER,
-                    &[self.keys.lock_key()],
-                    &[&self.owner, &hold, &ttl_ms, self.core.expiry()],
-                ),
-                self.keys.name(),
-                "reenter",
-            )
-            .await?;
-        in_flight.disarm();
-        let (code, fence, remaining) =
-            parse_reply::<(i64, i64, u64)>(self.keys.name(), "reenter", reply)?;
-        let name = self.keys.name().to_owned();
-        match code {
-            // The stored fence is this owner's, or above it by the fences its grant reserved
-            // for handing the lock on within the client under the same token.
-            1 if u64::try_from(fence).is_ok_and(|stored| stored >= self.fence.get()) => {
-                tracing::debug!(lock = %name, fence = %self.fence, "re-entered");
-                let grant = Grant {
-                    weight: 1,
-                    keys: self.keys.clone(),
-                    owner: self.owner.clone(),
-                    hold,
-                    fence: self.fence,
-                    sent,
-                    ttl: Duration::from_millis(remaining),
-                    replicas_acked: None,
-                };
-                let held = Held::following(&self.core, &MUTEX, grant, self.watched.clone());
-                Ok(LockGuard::new(held))
-            }
-            _ => Err(Outcome::from_code(code)
-                .and_then(|outcome| outcome.lost(&name))
-                .unwrap_or(Error::UnexpectedReply {
-                    name,
-                    operation: "reenter",
-                    detail: format!("status {code}, fence {fence}"),
-                })),
-        }
+        self.0.enter(&ENTRY, None).await.map(LockGuard::new)
     }
 }

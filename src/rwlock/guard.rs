@@ -1,7 +1,6 @@
 //! The read-write lock's guards, thin wrappers around [`Held`], and its [`Kind`].
 
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
@@ -28,51 +27,13 @@ macro_rules! hold_methods {
             self.held.fence()
         }
 
-        crate::held::held_accessors!("hold");
-
-        /// Resolves when this hold can no longer be relied on, with the reason, as
-        /// [`LockGuard::lost`](crate::LockGuard::lost).
-        ///
-        /// # Cancel safety
-        ///
-        /// Cancel safe: it only watches.
-        pub async fn lost(&self) -> Error {
-            self.held.lost().await
-        }
-
-        /// Resets this hold's lease to `ttl` (only this owner's entry; never shortened while it
-        /// has re-entered holds) and returns the new [`valid_until`](Self::valid_until).
-        ///
-        /// # Errors
-        ///
-        /// [`Error::Expired`] when the hold's lease had ended, [`Error::ForceUnlocked`] when a
-        /// [`force_unlock`](crate::Client::force_unlock) freed it, [`Error::NotOwner`] when it
-        /// is gone and another owner writes; [`Error::InvalidOptions`] for a bad TTL;
-        /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer.
-        ///
-        /// # Cancel safety
-        ///
-        /// Cancel safe: a dropped call leaves the guard as it was.
-        pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
-            self.held.extend(ttl).await
-        }
-
-        /// Releases this hold (the owner's entry goes with its last hold) and announces it, so
-        /// waiters try again at once. Stops the watchdog for it.
-        ///
-        /// # Errors
-        ///
-        /// [`Error::Expired`] when the lease had ended, [`Error::ForceUnlocked`] when a
-        /// [`force_unlock`](crate::Client::force_unlock) freed it, [`Error::NotOwner`] when it is
-        /// gone and another owner writes; [`Error::Timeout`] or [`Error::Redis`] when Redis does not
-        /// answer (the hold then ends with its lease).
-        ///
-        /// # Cancel safety
-        ///
-        /// Cancel safe: if the call is dropped before Redis answers, the guard's drop releases
-        /// the hold in the background.
-        pub async fn release(self) -> Result<()> {
-            self.held.release().await
+        crate::guard::guard_surface! {
+            what: "hold",
+            take: "client.read_lock(\"catalog\", &LockOptions::new().watchdog(true))",
+            extend: "Only this owner's entry is touched; the lease is never shortened while \
+it has re-entered holds.",
+            release: "Releases this hold (the owner's entry goes with its last hold) and \
+announces it, so waiters try again at once.",
         }
     };
 }

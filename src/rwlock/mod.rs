@@ -9,20 +9,20 @@ mod guard;
 mod reentry;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::acquire::{self, replicas, Attempt, InFlight, Request};
+use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::held::{Grant, Held};
+use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
 use crate::script::{
-    parse_fence, parse_reply, ttl_millis, EntriesSeen, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE,
-    SCAN_WEIGHT,
+    ttl_millis, EntriesSeen, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE, SCAN_WEIGHT,
 };
 
 use guard::RW;
@@ -87,83 +87,51 @@ impl Request for Acquire<'_> {
         let (keys, options) = (self.keys, self.options);
         let operation = self.mode.operation();
         let owner = uuid::Uuid::new_v4().simple().to_string();
-        let started = Instant::now();
-        let lease = options.first_lease();
-        let ttl_ms = ttl_millis(lease);
+        let granting = Granting::new(core, &RW, keys, operation, &owner, options);
+        let ttl_ms = ttl_millis(granting.lease());
         let floor = core.floor(options).to_string();
-        let key = [keys.lock_key()];
         let cap = MAX_READERS.to_string();
-        let call = match self.mode {
-            Mode::Read => ScriptCall::new(
-                &RW_READ,
-                &key,
-                &[
-                    &owner,
-                    &ttl_ms,
-                    &floor,
-                    core.fence_arg(),
-                    &cap,
-                    core.expiry(),
-                ],
-            ),
-            Mode::Write => ScriptCall::new(
-                &RW_WRITE,
-                &key,
-                &[
-                    &owner,
-                    &ttl_ms,
-                    &floor,
-                    core.fence_arg(),
-                    self.intent,
-                    core.expiry(),
-                ],
-            ),
-        }
+        let fifth = match self.mode {
+            Mode::Read => cap.as_str(),
+            Mode::Write => self.intent,
+        };
+        let script = match self.mode {
+            Mode::Read => &RW_READ,
+            Mode::Write => &RW_WRITE,
+        };
+        let call = ScriptCall::new(
+            script,
+            &[keys.lock_key()],
+            &[
+                &owner,
+                &ttl_ms,
+                &floor,
+                core.fence_arg(),
+                fifth,
+                core.expiry(),
+            ],
+        )
         .weighted(self.seen.weight());
-        let undo = RW.release_call(core, keys.lock_key(), &owner, "");
-        let in_flight = InFlight::arm(&core.transport, undo.clone());
-        let (reply, acks) =
-            replicas::run_granting(core, &call, keys.name(), operation, options.wait).await?;
-        // The third value: the clock's lag behind the fence when granted, the entries read
-        // when refused.
-        let (status, value, third) = parse_reply::<(i64, i64, i64)>(keys.name(), operation, reply)?;
-        match status {
-            1 | 2 => {
-                if third > 0 {
-                    core.clock_behind("rwlock", keys.name(), third);
-                }
+        match granting.send(&call).await? {
+            (GrantReply::Granted { fence, behind, .. }, acks) => {
                 if self.mode == Mode::Read {
                     // Granted: the lock had room for one more reader.
                     self.seen.note(0);
                 }
-                let fence = parse_fence(keys.name(), operation, "fence", value)?;
-                in_flight.disarm();
-                let replicas_acked =
-                    replicas::confirm(core, "rwlock", keys.name(), acks, || undo).await?;
-                tracing::debug!(lock = keys.name(), kind = KIND, %fence, operation, "acquired");
-                let grant = Grant {
-                    weight: 1,
-                    keys: keys.clone(),
-                    owner,
-                    hold: String::new(),
-                    fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked,
-                };
+                let grant = granting
+                    .finish(fence, behind, acks, String::new(), 1, None)
+                    .await?;
                 Ok(Attempt::Granted(Held::new(core, &RW, grant, options)))
             }
-            0 => {
-                in_flight.disarm();
-                self.seen.note(third);
-                Ok(Attempt::Busy {
-                    retry_after: Duration::from_millis(u64::try_from(value).unwrap_or(0)),
-                })
+            (GrantReply::Busy { retry_after, rest }, _) => {
+                // The entries the refusal read.
+                self.seen.note(rest.first().copied().unwrap_or(0));
+                Ok(granting.busy(retry_after))
             }
-            other => Err(Error::UnexpectedReply {
+            (GrantReply::Own { status, .. }, _) => Err(Error::UnexpectedReply {
                 name: keys.name().to_owned(),
                 operation,
-                detail: format!("status {other}"),
+                detail: format!("status {status}"),
             }),
         }
     }
@@ -309,6 +277,27 @@ impl Client {
         LockKeys::of_kind(&self.core().prefix, name, &options.placement, KIND)
     }
 
+    /// One of the four calls: its keys, the options checked, then `take` (one attempt, or a
+    /// wait until the timeout) inside `span`, which gets the lock's slot.
+    async fn rw_hold<G>(
+        &self,
+        span: tracing::Span,
+        name: &str,
+        options: &LockOptions,
+        wait: bool,
+        take: impl AsyncFnOnce(&Arc<Core>, &LockKeys, &LockOptions, Option<Instant>) -> Result<G>,
+    ) -> Result<G> {
+        async {
+            let keys = self.rwlock_keys(name, options)?;
+            tracing::Span::current().record("slot", keys.slot());
+            options.validate(name)?;
+            let deadline = wait.then(|| instant_after(Instant::now(), options.timeout));
+            take(self.core(), &keys, options, deadline).await
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Takes a read hold of read-write lock `name` if no writer holds it and none waits; does
     /// not wait. Readers share the lock; each read hold has its own lease, its own fence (above
     /// every fence granted before it, writers' included) and, with `options.watchdog(true)`,
@@ -338,23 +327,13 @@ impl Client {
     /// Cancel safe: a dropped call holds nothing (a hold it may have taken is released in the
     /// background).
     pub async fn try_read_lock(&self, name: &str, options: &LockOptions) -> Result<ReadGuard> {
-        let span = tracing::debug_span!("fencelock.try_read_lock", lock = name, kind = KIND);
-        async {
-            let keys = self.rwlock_keys(name, options)?;
-            options.validate(name)?;
-            let request = Acquire {
-                keys: &keys,
-                options,
-                mode: Mode::Read,
-                intent: "",
-                seen: EntriesSeen::new(keys.slot(), 1),
-            };
-            acquire::once(self.core(), &request)
-                .await
-                .map(ReadGuard::new)
-        }
-        .instrument(span)
-        .await
+        let span = tracing::debug_span!(
+            "fencelock.try_read_lock",
+            lock = name,
+            kind = KIND,
+            slot = Empty
+        );
+        self.rw_hold(span, name, options, false, take_read).await
     }
 
     /// Takes a read hold of read-write lock `name`, waiting up to `options`' timeout while a
@@ -384,28 +363,13 @@ impl Client {
     ///
     /// Cancel safe: a dropped call holds nothing and leaves no subscription behind.
     pub async fn read_lock(&self, name: &str, options: &LockOptions) -> Result<ReadGuard> {
-        let span = tracing::debug_span!("fencelock.read_lock", lock = name, kind = KIND);
-        async {
-            let keys = self.rwlock_keys(name, options)?;
-            options.validate(name)?;
-            let request = Acquire {
-                keys: &keys,
-                options,
-                mode: Mode::Read,
-                intent: "",
-                seen: EntriesSeen::new(keys.slot(), 1),
-            };
-            acquire::wait_observed(
-                self.core(),
-                &request,
-                options.timeout,
-                options.on_wait.as_ref(),
-            )
-            .await
-            .map(ReadGuard::new)
-        }
-        .instrument(span)
-        .await
+        let span = tracing::debug_span!(
+            "fencelock.read_lock",
+            lock = name,
+            kind = KIND,
+            slot = Empty
+        );
+        self.rw_hold(span, name, options, true, take_read).await
     }
 
     /// Takes the write hold of read-write lock `name` if no reader or writer holds it and no
@@ -435,23 +399,13 @@ impl Client {
     ///
     /// Cancel safe: a dropped call holds nothing.
     pub async fn try_write_lock(&self, name: &str, options: &LockOptions) -> Result<WriteGuard> {
-        let span = tracing::debug_span!("fencelock.try_write_lock", lock = name, kind = KIND);
-        async {
-            let keys = self.rwlock_keys(name, options)?;
-            options.validate(name)?;
-            let request = Acquire {
-                keys: &keys,
-                options,
-                mode: Mode::Write,
-                intent: "",
-                seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
-            };
-            acquire::once(self.core(), &request)
-                .await
-                .map(WriteGuard::new)
-        }
-        .instrument(span)
-        .await
+        let span = tracing::debug_span!(
+            "fencelock.try_write_lock",
+            lock = name,
+            kind = KIND,
+            slot = Empty
+        );
+        self.rw_hold(span, name, options, false, take_write).await
     }
 
     /// Takes the write hold of read-write lock `name`, waiting up to `options`' timeout. The
@@ -487,46 +441,12 @@ impl Client {
     /// Cancel safe: a dropped call holds nothing, and its intent is withdrawn in the background
     /// at once (readers get in without waiting for the intent's lease to end).
     pub async fn write_lock(&self, name: &str, options: &LockOptions) -> Result<WriteGuard> {
-        let span = tracing::debug_span!("fencelock.write_lock", lock = name, kind = KIND);
-        async {
-            let keys = self.rwlock_keys(name, options)?;
-            options.validate(name)?;
-            // The whole call, withdrawal included, keeps the waiting calls' bound (as
-            // `fair_lock`); a withdrawal cut there is still sent (see `Transport::run_undo`).
-            let bound = instant_after(
-                Instant::now(),
-                options
-                    .timeout
-                    .saturating_add(self.core().transport.request_timeout()),
-            );
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let intent = Intent::new(self.core(), &keys, &id);
-            let request = Acquire {
-                keys: &keys,
-                options,
-                mode: Mode::Write,
-                intent: &id,
-                seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
-            };
-            match acquire::wait_observed(
-                self.core(),
-                &request,
-                options.timeout,
-                options.on_wait.as_ref(),
-            )
-            .await
-            {
-                Ok(held) => {
-                    intent.disarm();
-                    Ok(WriteGuard::new(held))
-                }
-                Err(err) => {
-                    let _ = tokio::time::timeout_at(bound.into(), intent.withdraw(name)).await;
-                    Err(err)
-                }
-            }
-        }
-        .instrument(span)
-        .await
+        let span = tracing::debug_span!(
+            "fencelock.write_lock",
+            lock = name,
+            kind = KIND,
+            slot = Empty
+        );
+        self.rw_hold(span, name, options, true, take_write).await
     }
 }

@@ -1,8 +1,5 @@
 //! The guard of permits held: a thin wrapper around [`Held`].
 
-use std::time::{Duration, Instant};
-
-use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Kind};
 use crate::script::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE, SEMAPHORE_RENEW};
@@ -82,49 +79,10 @@ impl PermitGuard {
         self.held.fence()
     }
 
-    crate::held::held_accessors!("permits");
-
-    /// Resolves when the permits can no longer be relied on, with the reason, as
-    /// [`LockGuard::lost`](crate::LockGuard::lost).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only watches.
-    pub async fn lost(&self) -> Error {
-        self.held.lost().await
-    }
-
-    /// Resets the lease of every permit of this guard to `ttl` if they are still held, and
-    /// returns the new [`valid_until`](Self::valid_until).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Expired`] when the permits had expired; [`Error::ForceUnlocked`] when a
-    /// [`force_unlock`](crate::Client::force_unlock) freed them; [`Error::InvalidOptions`] for a
-    /// bad TTL; [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`LockGuard::extend`](crate::LockGuard::extend).
-    pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
-        self.held.extend(ttl).await
-    }
-
-    /// Releases every permit of this guard and wakes waiters; stops the watchdog for them.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Expired`] when the permits had expired (nothing changed),
-    /// [`Error::ForceUnlocked`] when a [`force_unlock`](crate::Client::force_unlock) freed them,
-    /// [`Error::NotOwner`] when another owner holds one of their numbers now (left alone);
-    /// [`Error::Timeout`] or [`Error::Redis`] when Redis does not answer (the permits then come
-    /// back when their lease ends).
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: if the call is dropped before Redis answers, the guard's drop releases the
-    /// permits in the background.
-    pub async fn release(self) -> Result<()> {
-        self.held.release().await
+    crate::guard::guard_surface! {
+        what: "permits",
+        take: "client.semaphore(\"exports\", 3)?.acquire(&LockOptions::new().watchdog(true))",
+        extend: "All permits of the guard share the lease.",
+        release: "Releases every permit of this guard and wakes waiters.",
     }
 }

@@ -11,14 +11,14 @@ mod guard;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::acquire::{self, replicas, Attempt, InFlight, Request};
+use crate::acquire::{self, Attempt, GrantReply, Granting, InFlight, Request};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::held::{Grant, Held};
+use crate::held::Held;
 use crate::keys::{LockKeys, Placement};
 use crate::options::LockOptions;
 use crate::script::{
@@ -468,10 +468,6 @@ impl Request for Acquire<'_> {
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<PermitGuard>> {
         let (keys, options, name) = (self.keys, self.options, self.keys.name());
         let owner = uuid::Uuid::new_v4().simple().to_string();
-        let started = Instant::now();
-        let lease = options.first_lease();
-        let ttl_ms = ttl_millis(lease);
-        let floor = core.floor(options).to_string();
         let requested = self.limit.load(Ordering::Relaxed);
         if self.count > requested {
             // `set_limit` of this handle (or a clone) lowered the limit below the count while
@@ -483,6 +479,11 @@ impl Request for Acquire<'_> {
                 limit: requested,
             });
         }
+        // Without permit numbers the release reads every entry.
+        let granting = Granting::new(core, &SEMAPHORE, keys, "acquire", &owner, options)
+            .undo_weighted(weight(requested));
+        let ttl_ms = ttl_millis(granting.lease());
+        let floor = core.floor(options).to_string();
         let (count, limit) = (self.count.to_string(), requested.to_string());
         let call = ScriptCall::new(
             &SEMAPHORE_ACQUIRE,
@@ -499,54 +500,47 @@ impl Request for Acquire<'_> {
             ],
         )
         .weighted(weight(requested));
-        // Without permit numbers the release reads every entry.
-        let undo = SEMAPHORE
-            .release_call(core, keys.lock_key(), &owner, "")
-            .weighted(weight(requested));
-        let in_flight = InFlight::arm(&core.transport, undo.clone());
-        let (reply, acks) =
-            replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
-        let reply = parse_reply::<Vec<i64>>(name, "acquire", reply)?;
-        in_flight.disarm();
-        let unexpected = || Error::UnexpectedReply {
+        let unexpected = |reply: &[i64]| Error::UnexpectedReply {
             name: name.to_owned(),
             operation: "acquire",
             detail: format!("{reply:?}"),
         };
-        match reply.as_slice() {
-            [1 | 2, behind, _, numbered @ ..] if numbered.len() == 2 * self.count as usize => {
-                if *behind > 0 {
-                    core.clock_behind("semaphore", name, *behind);
-                }
+        match granting.send(&call).await? {
+            (
+                GrantReply::Granted {
+                    fence,
+                    behind,
+                    rest: numbered,
+                    ..
+                },
+                acks,
+            ) if numbered.len() == 2 * self.count as usize => {
                 let mut permits = Vec::with_capacity(numbered.len() / 2);
                 for pair in numbered.chunks_exact(2) {
                     permits.push(Permit {
-                        number: u32::try_from(pair[0]).map_err(|_| unexpected())?,
+                        number: u32::try_from(pair[0]).map_err(|_| unexpected(&numbered))?,
                         fence: parse_fence(name, "acquire", "fence", pair[1])?,
                     });
                 }
-                let replicas_acked =
-                    replicas::confirm(core, "semaphore", name, acks, || undo).await?;
                 let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
+                let grant = granting
+                    .finish(
+                        fence,
+                        behind,
+                        acks,
+                        numbers.join(" "),
+                        weight(self.count),
+                        None,
+                    )
+                    .await?;
                 tracing::debug!(semaphore = name, ?permits, "acquired");
-                let grant = Grant {
-                    keys: keys.clone(),
-                    owner,
-                    hold: numbers.join(" "),
-                    fence: permits[0].fence,
-                    sent: started,
-                    ttl: lease,
-                    replicas_acked,
-                    weight: weight(self.count),
-                };
                 let held = Held::new(core, &SEMAPHORE, grant, options);
                 Ok(Attempt::Granted(PermitGuard::new(held, permits)))
             }
-            [0, retry_after, _] => Ok(Attempt::Busy {
-                retry_after: Duration::from_millis(u64::try_from(*retry_after).unwrap_or(0)),
-            }),
-            [-1, stored] => {
-                let stored = u32::try_from(*stored).map_err(|_| unexpected())?;
+            (GrantReply::Busy { retry_after, .. }, _) => Ok(granting.busy(retry_after)),
+            (GrantReply::Own { status: -1, rest }, _) if rest.len() == 1 => {
+                granting.disarm();
+                let stored = u32::try_from(rest[0]).map_err(|_| unexpected(&rest))?;
                 let current = self.limit.load(Ordering::Relaxed);
                 let setting = self.setting.load(Ordering::Relaxed);
                 if stored != requested && (stored == current || stored == setting) {
@@ -564,7 +558,11 @@ impl Request for Acquire<'_> {
                     requested,
                 })
             }
-            _ => Err(unexpected()),
+            (other, _) => Err(Error::UnexpectedReply {
+                name: name.to_owned(),
+                operation: "acquire",
+                detail: format!("{other:?}"),
+            }),
         }
     }
 }

@@ -18,9 +18,10 @@
 -- The client keeps count <= limit <= MAX_PERMITS (src/semaphore/mod.rs).
 --
 -- Replies:
--- - {1, behind, lease ms, n1, fence1, n2, fence2, ...} granted (behind as for acquire);
--- - {2, 0, remaining lease ms, n1, fence1, ...} this owner already holds permits (a resent
---   script): the permits granted then, nothing changed;
+-- - {1, fence1, behind, n1, fence1, n2, fence2, ...} granted (the first permit's fence, then
+--   behind as for acquire: the layout every granting script shares, src/acquire/grant.rs);
+-- - {2, fence1, 0, n1, fence1, ...} this owner already holds permits (a resent script): the
+--   permits granted then, nothing changed;
 -- - {0, retry after ms, available} not enough free permits (or they are reserved);
 -- - {-1, stored limit} the semaphore has another limit (no write);
 -- - an error reply (no write) as for acquire's fence rule.
@@ -43,7 +44,7 @@ for _, p in ipairs(s.permits) do
 end
 if #mine > 0 then
   table.sort(mine, function(a, b) return a.n < b.n end)
-  local reply = {2, 0, mine[1].ends - now_ms}
+  local reply = {2, tonumber(mine[1].fence), 0}
   for _, p in ipairs(mine) do
     reply[#reply + 1] = p.n
     reply[#reply + 1] = tonumber(p.fence)
@@ -68,7 +69,7 @@ if free >= need then
   if not fence then return behind end
   local ends = now_ms + ttl
   local last = fence + count - 1
-  local reply = {1, behind, ttl}
+  local reply = {1, fence, behind}
   local fields = {'limit', limit, 'fence', string.format('%.0f', last)}
   local reused = {}
   local n = 0
