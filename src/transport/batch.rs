@@ -30,15 +30,15 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{RedisError, RedisResult, Value};
+use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Result};
 use crate::keys::slot_of;
 use crate::script::{LuaScript, ScriptCall};
 
-use super::{classify, Connection, Topology, Transport};
+use super::eval::eval_raw;
+use super::{classify, Topology, Transport};
 
 /// The most calls one batch carries, by weight (a batch runs as one script: this bounds how
 /// long it blocks the server, ≈ 10 µs per mutex call; a semaphore call weighs more, see
@@ -449,21 +449,6 @@ async fn send(transport: Arc<Transport>, mut entries: Vec<Entry>) {
 fn is_misrouted(error: &RedisError) -> bool {
     matches!(error.code(), Some("MOVED" | "ASK" | "TRYAGAIN"))
         || error.to_string().contains("non local key")
-}
-
-/// Runs a batch call by SHA (falling back to the source on `NOSCRIPT`) and returns its reply
-/// as it came: the per-call error replies inside it stay values.
-async fn eval_raw(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
-    let raw = |reply: RedisResult<Value>| match reply {
-        Ok(Value::ServerError(error)) => Err(RedisError::from(error)),
-        other => other,
-    };
-    match raw(conn.req_packed_command(call.evalsha()).await) {
-        Err(err) if err.code() == Some("NOSCRIPT") => {
-            raw(conn.req_packed_command(&call.eval()).await)
-        }
-        other => other,
-    }
 }
 
 /// Which node serves each slot, as an index per node (from 1), from `CLUSTER SLOTS`; empty

@@ -1,0 +1,59 @@
+//! The `EVALSHA` calls with their fallback: a script is sent by SHA and, on `NOSCRIPT` (a
+//! freshly promoted master, a flushed script cache), once more with its full source; alone,
+//! followed by `WAIT` in one pipeline, or as a batch whose per-call errors stay values.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisError, RedisResult, Value};
+
+use crate::script::ScriptCall;
+
+use super::connection::Connection;
+
+/// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.
+pub(super) async fn eval(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+    match call.evalsha().query_async(conn).await {
+        Err(err) if is_noscript(&err) => call.eval().query_async(conn).await,
+        other => other,
+    }
+}
+
+/// Runs `script` and then `WAIT replicas timeout` in one pipeline on one node connection, so
+/// WAIT counts acknowledgements of exactly the script's writes. Returns the script's reply and
+/// the number of replicas that acknowledged.
+pub(super) async fn eval_then_wait(
+    conn: &mut Connection,
+    call: &ScriptCall,
+    replicas: u32,
+    wait: Duration,
+) -> RedisResult<(Value, i64)> {
+    let wait_ms = wait.as_millis().max(1).to_string();
+    let pipe = |invocation: Cmd| {
+        let mut pipe = redis::pipe();
+        pipe.add_command(invocation)
+            .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
+        pipe
+    };
+    match pipe(call.evalsha().clone()).query_async(conn).await {
+        Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
+        other => other,
+    }
+}
+
+/// Runs a batch call by SHA (falling back to the source on `NOSCRIPT`) and returns its reply
+/// as it came: the per-call error replies inside it stay values.
+pub(super) async fn eval_raw(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+    let raw = |reply: RedisResult<Value>| match reply {
+        Ok(Value::ServerError(error)) => Err(RedisError::from(error)),
+        other => other,
+    };
+    match raw(conn.req_packed_command(call.evalsha()).await) {
+        Err(err) if is_noscript(&err) => raw(conn.req_packed_command(&call.eval()).await),
+        other => other,
+    }
+}
+
+fn is_noscript(err: &RedisError) -> bool {
+    err.code() == Some("NOSCRIPT")
+}

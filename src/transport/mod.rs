@@ -1,0 +1,372 @@
+//! The transport: every Redis call of a client, its guards and its background tasks goes
+//! through [`Transport`], which runs, queues and bounds the calls, maps their failures to
+//! [`Error`], and rebuilds the main connection after repeated failures.
+//!
+//! Its parts, each in its own file:
+//! - `connection.rs`: the connection handle, the deployment's [`Topology`], the timeouts;
+//! - `endpoint.rs`: the seeds and the deployment found there, which opens every connection;
+//! - `probe.rs`: probing the seeds, and why a connection failed;
+//! - `subscriber.rs`: the waiters' subscriber connection;
+//! - `eval.rs`: `EVALSHA` with the `NOSCRIPT` fallback;
+//! - `batch.rs`: the per-node drivers that batch one-key calls;
+//! - `lanes.rs`: the WAIT lanes;
+//! - `detached.rs`: undos and background calls, which finish after their caller;
+//! - `tls.rs`: crypto provider, TLS files, TLS failures.
+
+mod batch;
+mod connection;
+mod detached;
+mod endpoint;
+mod eval;
+mod lanes;
+mod probe;
+mod subscriber;
+mod tls;
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::{Cmd, RedisResult, Value};
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+use crate::script::ScriptCall;
+
+pub(crate) use batch::SlotMap;
+pub(crate) use connection::Timeouts;
+pub use connection::Topology;
+pub(crate) use endpoint::{Endpoint, Seeds};
+pub(crate) use subscriber::Subscriber;
+pub(crate) use tls::TlsFiles;
+
+use batch::{Batcher, Entry};
+use connection::Connection;
+use eval::eval;
+use lanes::Lanes;
+
+/// Where the reply of a queued call arrives ([`Transport::queue`]).
+pub(crate) type Reply = tokio::sync::oneshot::Receiver<Result<Value>>;
+
+/// After this many consecutive timeouts or connection errors the main connection is rebuilt.
+const REBUILD_AFTER: u32 = 2;
+
+/// The connections of one client and their health: every Redis call of the client, its guards
+/// and its background tasks goes through here, bounded by the request timeout.
+pub(crate) struct Transport {
+    /// The main connection; replaced when it keeps timing out (see [`Transport::observe`]).
+    conn: RwLock<Connection>,
+    /// Consecutive transient failures on the main connection.
+    failures: AtomicU32,
+    /// A rebuild is under way.
+    rebuilding: AtomicBool,
+    /// Rebuilds done, for [`crate::Stats::connection_rebuilds`].
+    rebuilds: AtomicU64,
+    lanes: Lanes,
+    request_timeout: Duration,
+    /// Background calls ([`Transport::run_detached`]) not yet finished, for
+    /// [`Transport::settle`].
+    detached: AtomicUsize,
+    /// Signalled whenever a background call finishes.
+    detached_done: Notify,
+    /// Sends concurrent calls of one script for keys of one node as one call.
+    batcher: Batcher,
+}
+
+impl Transport {
+    /// The transport over `conn`, the main connection [`Endpoint::discover`] opened.
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        conn: Connection,
+        wait_lanes: usize,
+        request_timeout: Duration,
+        batching: bool,
+    ) -> Self {
+        Self {
+            batcher: Batcher::new(batching, endpoint.topology),
+            conn: RwLock::new(conn),
+            failures: AtomicU32::new(0),
+            rebuilding: AtomicBool::new(false),
+            rebuilds: AtomicU64::new(0),
+            lanes: Lanes::new(endpoint, wait_lanes),
+            request_timeout,
+            detached: AtomicUsize::new(0),
+            detached_done: Notify::new(),
+        }
+    }
+
+    pub(crate) fn endpoint(&self) -> &Endpoint {
+        self.lanes.endpoint()
+    }
+
+    pub(crate) fn topology(&self) -> Topology {
+        self.endpoint().topology
+    }
+
+    /// The deadline of one call.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How release scripts announce a freed lock: `s` SPUBLISH, `p` PUBLISH.
+    pub(crate) fn announce(&self) -> &'static str {
+        match self.topology() {
+            Topology::Cluster => "s",
+            Topology::Standalone => "p",
+        }
+    }
+
+    /// How often the main connection was rebuilt.
+    pub(crate) fn rebuilds(&self) -> u64 {
+        self.rebuilds.load(Ordering::Relaxed)
+    }
+
+    /// `CLUSTER SLOTS` from any node, within the request timeout.
+    pub(crate) async fn cluster_slots(&self) -> Result<Value> {
+        let mut conn = self.connection();
+        let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        bounded(
+            "*",
+            "cluster slots",
+            self.request_timeout,
+            cmd.query_async(&mut conn),
+        )
+        .await
+    }
+
+    /// Runs `cmd` on the master serving `slot` (a cluster; the client's slot map routes it) or
+    /// on the server (standalone), within the request timeout: for commands that belong to
+    /// one node, such as `SCAN`.
+    pub(crate) async fn run_on_master(
+        &self,
+        slot: u16,
+        cmd: Cmd,
+        operation: &'static str,
+    ) -> Result<Value> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let mut conn = self.connection();
+        let call = async move {
+            match &mut conn {
+                Connection::Cluster(c) => {
+                    let route = Route::new(slot, SlotAddr::Master);
+                    c.route_command(
+                        cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                }
+                other => cmd.query_async(other).await,
+            }
+        };
+        bounded("*", operation, self.request_timeout, call).await
+    }
+
+    fn connection(&self) -> Connection {
+        self.conn
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many batch calls were sent (each carrying two or more calls), and how many calls
+    /// they carried.
+    pub(crate) fn batches(&self) -> (u64, u64) {
+        let batcher = &self.batcher;
+        (
+            batcher.batches.load(Ordering::Relaxed),
+            batcher.batched_calls.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Runs `call` on the main connection within the request timeout; errors name `name` and
+    /// `operation`. Calls of a batchable script are queued for their node and sent together
+    /// with the calls of the same script that other tasks make meanwhile (see `batch.rs`).
+    ///
+    /// # Cancel safety
+    ///
+    /// A call dropped before it was sent is not sent; one dropped after may still run (the
+    /// callers arm an undo).
+    ///
+    /// A call given by value is queued as it is; one given by reference is copied when queued.
+    pub(crate) async fn run<'c>(
+        self: &Arc<Self>,
+        call: impl Into<Cow<'c, ScriptCall>>,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        match self.queue(call, name, operation) {
+            Ok(reply) => self.reply(reply, name, operation).await,
+            Err(call) => self.run_alone(&call, name, operation).await,
+        }
+    }
+
+    /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
+    /// then it is sent after every call queued before it for that node, and the reply arrives
+    /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
+    /// its own (with [`run`](Self::run)).
+    pub(crate) fn queue<'c>(
+        self: &Arc<Self>,
+        call: impl Into<Cow<'c, ScriptCall>>,
+        name: &str,
+        operation: &'static str,
+    ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
+        self.enqueue(call.into(), name, operation, false)
+    }
+
+    fn enqueue<'c>(
+        self: &Arc<Self>,
+        call: Cow<'c, ScriptCall>,
+        name: &str,
+        operation: &'static str,
+        after_in_flight: bool,
+    ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
+        let Some(node) = self.batcher.node(self, &call) else {
+            return Err(call);
+        };
+        let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight);
+        match self.batcher.queue(self, node, entry) {
+            Ok(()) => Ok(reply),
+            Err(entry) => Err(Cow::Owned(entry.into_call())),
+        }
+    }
+
+    /// The reply of a queued call, within the request timeout.
+    pub(crate) async fn reply(
+        &self,
+        reply: Reply,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        match tokio::time::timeout(self.request_timeout, reply).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) | Err(_) => Err(Error::Timeout {
+                name: name.to_owned(),
+                operation,
+                after: self.request_timeout,
+            }),
+        }
+    }
+
+    /// Runs `call` on its own on the main connection within the request timeout, past the
+    /// node's driver: for a call that no call queued before it can conflict with (a handoff:
+    /// its releasing owner has nothing else in flight, its new owner's token is fresh), which
+    /// saves the driver's task hop on a path where every grant waits for the one before.
+    pub(crate) async fn run_direct(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        self.run_alone(call, name, operation).await
+    }
+
+    /// Runs `call` on its own on the main connection within the request timeout.
+    async fn run_alone(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+    ) -> Result<Value> {
+        let mut conn = self.connection();
+        let call = eval(&mut conn, call);
+        let outcome = bounded(name, operation, self.request_timeout, call).await;
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Runs `call` and then `WAIT replicas wait` in one pipeline on a WAIT lane, within the
+    /// request timeout plus `wait`. Returns the script's reply and how many replicas
+    /// acknowledged.
+    pub(crate) async fn run_then_wait(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: &'static str,
+        replicas: u32,
+        wait: Duration,
+    ) -> Result<(Value, i64)> {
+        let limit = self.request_timeout + wait;
+        let call = self.lanes.eval_then_wait(call, replicas, wait);
+        let outcome = bounded(name, operation, limit, call).await;
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Counts consecutive transient failures and rebuilds the main connection after
+    /// [`REBUILD_AFTER`] of them. redis-rs keeps routing a slot to a master that stopped
+    /// answering with its socket open (SIGSTOP) even after a replica was promoted; a new
+    /// connection reads a fresh slot map and routes to the new master.
+    fn observe<T>(self: &Arc<Self>, outcome: &Result<T>) {
+        match outcome {
+            Err(err) if err.is_transient() => {
+                if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= REBUILD_AFTER {
+                    self.rebuild();
+                }
+            }
+            _ => self.failures.store(0, Ordering::Release),
+        }
+    }
+
+    fn rebuild(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let transport = Arc::clone(self);
+        runtime.spawn(async move {
+            match transport.endpoint().main_connection().await {
+                Ok(conn) => {
+                    *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
+                    transport.failures.store(0, Ordering::Release);
+                    transport.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    #[cfg(feature = "metrics")]
+                    metrics::counter!(
+                        crate::stats::names::CONNECTION_REBUILDS,
+                        "kind" => crate::stats::CLIENT_KIND
+                    )
+                    .increment(1);
+                    tracing::info!(nodes = %transport.endpoint().nodes, "rebuilt the connection after repeated timeouts");
+                }
+                Err(err) => tracing::warn!(error = %err, "could not rebuild the connection"),
+            }
+            transport.rebuilding.store(false, Ordering::Release);
+        });
+    }
+}
+
+/// A Redis call's outcome as this crate's result, naming the lock in the error.
+fn classify<T>(name: &str, operation: &'static str, outcome: RedisResult<T>) -> Result<T> {
+    match outcome {
+        Ok(value) => Ok(value),
+        Err(source) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+        Err(source) => Err(Error::Redis {
+            name: name.to_owned(),
+            operation,
+            source,
+        }),
+    }
+}
+
+/// Bounds a Redis call by `limit`, naming the lock in the error.
+async fn bounded<T>(
+    name: &str,
+    operation: &'static str,
+    limit: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(outcome) => classify(name, operation, outcome),
+        Err(_) => Err(Error::Timeout {
+            name: name.to_owned(),
+            operation,
+            after: limit,
+        }),
+    }
+}

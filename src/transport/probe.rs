@@ -1,0 +1,188 @@
+//! Probing the seeds: which of them answer and whether they run in cluster mode, and telling
+//! why a connection failed (a DNS failure, a refused connection, a TLS mismatch, refused
+//! credentials) apart for [`Error::Connect`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::{AsyncConnectionConfig, ConnectionInfo, RedisError};
+
+use crate::error::{Error, Result};
+use crate::human::HumanDuration;
+
+use super::connection::{Timeouts, Topology};
+use super::tls;
+
+/// After the first seed answers, how long the others get to answer too.
+const PROBE_GRACE: Duration = Duration::from_millis(25);
+
+/// Probes every seed at once. Returns the topology and the seeds that answered (the first, and
+/// any others within [`PROBE_GRACE`] of it), or, when none did, the most telling failure: a
+/// refusal such as a wrong password is returned at once, as no other seed will fare better.
+pub(super) async fn probe_all(
+    seeds: &[ConnectionInfo],
+    timeouts: Timeouts,
+    nodes: &str,
+) -> Result<(Topology, Vec<ConnectionInfo>)> {
+    let mut probes = tokio::task::JoinSet::new();
+    for seed in seeds {
+        let seed = seed.clone();
+        probes.spawn(async move {
+            let outcome = probe(&seed, timeouts).await;
+            (seed, outcome)
+        });
+    }
+    let (mut topology, mut live, mut failure) = (None, Vec::new(), None);
+    let mut grace_end = None;
+    loop {
+        let joined = match grace_end {
+            Some(end) => match tokio::time::timeout_at(end, probes.join_next()).await {
+                Ok(joined) => joined,
+                Err(_) => break,
+            },
+            None => probes.join_next().await,
+        };
+        let Some(joined) = joined else { break };
+        let Ok((seed, outcome)) = joined else {
+            continue;
+        };
+        match outcome {
+            Ok(found) => {
+                topology.get_or_insert(found);
+                live.push(seed);
+                grace_end.get_or_insert(tokio::time::Instant::now() + PROBE_GRACE);
+            }
+            Err(err) if live.is_empty() && is_refusal(&err) => return Err(err),
+            Err(err) => {
+                failure.get_or_insert(err);
+            }
+        }
+    }
+    match topology {
+        Some(topology) => Ok((topology, live)),
+        None => Err(failure.unwrap_or_else(|| Error::Connect {
+            target: nodes.to_owned(),
+            reason: "no node answered".into(),
+            source: None,
+        })),
+    }
+}
+
+/// Asks one node whether it runs in cluster mode.
+async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
+    let target = info.addr().to_string();
+    let attempt = async {
+        let client = redis::Client::open(info.clone())?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("INFO")
+            .arg("cluster")
+            .query_async::<String>(&mut conn)
+            .await
+    };
+    let deadline = timeouts.connect + timeouts.response;
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(Ok(info)) if info.contains("cluster_enabled:1") => Ok(Topology::Cluster),
+        Ok(Ok(_)) => Ok(Topology::Standalone),
+        Ok(Err(source)) => Err(connect_error(&target, source, is_tls(info))),
+        Err(_) => Err(Error::Connect {
+            target,
+            reason: format!(
+                "no answer within {}: is Redis running there?",
+                HumanDuration(deadline)
+            ),
+            source: None,
+        }),
+    }
+}
+
+fn is_auth_failure(source: &RedisError) -> bool {
+    source.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(source.code(), Some("NOAUTH" | "WRONGPASS"))
+}
+
+pub(super) fn is_tls(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+}
+
+/// The [`Error::Connect`] for a failed connection to `target` (`tls`: over `rediss://`): the
+/// reason tells a DNS failure, a refused connection, a TLS mismatch (a plain URL for a TLS
+/// port, `rediss://` for a plain one), a failed handshake and refused credentials apart and
+/// does not repeat `source`'s text, which the error's `source()` carries.
+pub(super) fn connect_error(target: &str, source: RedisError, tls: bool) -> Error {
+    Error::Connect {
+        target: target.to_owned(),
+        reason: connect_reason(&source, tls).to_owned(),
+        source: Some(source),
+    }
+}
+
+fn connect_reason(source: &RedisError, tls: bool) -> &'static str {
+    use std::io::ErrorKind;
+    if let Some(reason) = tls::failure(source) {
+        return reason;
+    }
+    if is_auth_failure(source) {
+        return "authentication failed: check the user name and password";
+    }
+    let io = io_error(source);
+    // std's resolver errors say so on every platform; redis-rs keeps only the text of some.
+    let text = source.to_string();
+    if text.contains("lookup address information") || text.contains("no address") {
+        return "the host name could not be resolved (DNS): check the host name in the URL";
+    }
+    match io.map(std::io::Error::kind) {
+        Some(ErrorKind::ConnectionRefused) => {
+            "connection refused: nothing listens on that port; is Redis running there?"
+        }
+        // A TLS port closes a connection that does not start a TLS handshake.
+        Some(ErrorKind::ConnectionReset | ErrorKind::UnexpectedEof | ErrorKind::BrokenPipe)
+            if !tls =>
+        {
+            "the server closed the connection at once: if that port speaks TLS, use a rediss:// \
+             URL"
+        }
+        // A plain port reads the TLS handshake as a command and waits for the rest of it.
+        Some(ErrorKind::TimedOut | ErrorKind::WouldBlock) if tls => {
+            "no answer to the TLS handshake: if that port speaks plain Redis (no TLS), use a \
+             redis:// URL; else is Redis running there?"
+        }
+        Some(ErrorKind::TimedOut | ErrorKind::WouldBlock) => "no answer: is Redis running there?",
+        Some(_) if tls => "the TLS connection failed: is it a TLS port, and Redis running there?",
+        Some(_) => "the connection failed: is Redis running there?",
+        None if source.is_timeout() => "no answer: is Redis running there?",
+        None if source.is_io_error() || source.is_connection_refusal() => {
+            "the connection failed: is Redis running there?"
+        }
+        None => "the server refused the connection",
+    }
+}
+
+/// The I/O error `source` is or wraps.
+fn io_error(source: &RedisError) -> Option<&std::io::Error> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        if let Some(shared) = err.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+            next = Some(shared.as_ref());
+            continue;
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// A node answered and said no (bad password, failed TLS handshake), as opposed to not
+/// answering.
+fn is_refusal(err: &Error) -> bool {
+    matches!(err, Error::Connect { source: Some(s), .. }
+        if is_auth_failure(s)
+            || tls::failure(s).is_some()
+            || !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
+}
