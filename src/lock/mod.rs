@@ -323,7 +323,13 @@ impl Client {
         Fut: std::future::Future<Output = std::result::Result<T, E>>,
         E: From<Error>,
     {
-        let (guard, span) = self.lock_for_work(name, options).await?;
+        let guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
         let outcome = async {
             let work = work(guard.fence());
             if options.watchdog {
@@ -385,7 +391,13 @@ impl Client {
         F: AsyncFnOnce(&mut LockGuard) -> std::result::Result<T, E>,
         E: From<Error>,
     {
-        let (mut guard, span) = self.lock_for_work(name, options).await?;
+        let mut guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
         let lost = guard.held().lost_watcher();
         let outcome = async {
             let work = work(&mut guard);
@@ -401,24 +413,6 @@ impl Client {
         .instrument(span.clone())
         .await;
         finish_with_lock(guard, outcome, span, name).await
-    }
-
-    /// The start of [`with_lock`](Self::with_lock) and
-    /// [`with_lock_guard`](Self::with_lock_guard): acquires lock `name` as
-    /// [`lock`](Self::lock) does and opens the span the work and the release run in.
-    async fn lock_for_work(
-        &self,
-        name: &str,
-        options: &LockOptions,
-    ) -> Result<(LockGuard, tracing::Span)> {
-        let guard = self.lock(name, options).await?;
-        let span = tracing::debug_span!(
-            "fencelock.with_lock",
-            lock = name,
-            kind = "lock",
-            fence = guard.fence().get()
-        );
-        Ok((guard, span))
     }
 }
 
