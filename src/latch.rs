@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::acquire::{self, Attempt, Request};
+use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::human::HumanDuration;
-use crate::keys::{LockKeys, MAX_NAME_LEN};
+use crate::keys::{LockKeys, Placement, MAX_NAME_LEN};
 use crate::script::{
     parse_fence, parse_reply, ttl_millis, ScriptCall, LATCH_COUNT_DOWN, LATCH_SET, LATCH_STATE,
 };
@@ -514,5 +515,30 @@ fn unexpected(name: &str, operation: &'static str, status: i64) -> Error {
         name: name.to_owned(),
         operation,
         detail: format!("status {status}"),
+    }
+}
+
+impl Client {
+    /// The countdown latch `name` (key `<prefix>:{name}:latch`): a handle, no call to Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty name or one longer than 4096 bytes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let latch = client.latch("batch:7")?;
+    /// latch.set(1).await?;
+    /// latch.count_down("only-worker").await?;
+    /// latch.wait(Duration::from_secs(5)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn latch(&self, name: &str) -> Result<Latch> {
+        let keys = LockKeys::of_kind(&self.core().prefix, name, &Placement::ByName, "latch")?;
+        Ok(Latch::new(self.core(), keys))
     }
 }

@@ -11,12 +11,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::acquire::{Attempt, GrantReply, Granting, Request};
+use tracing::Instrument;
+
+use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
+use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
 use crate::keys::LockKeys;
-use crate::options::LockOptions;
+use crate::options::{instant_after, LockOptions};
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
@@ -262,5 +265,133 @@ fn unexpected(keys: &LockKeys, reply: &[i64]) -> Error {
         name: keys.name().to_owned(),
         operation: "fair acquire",
         detail: format!("{reply:?}"),
+    }
+}
+
+impl Client {
+    /// The Redis key and slot of the fair lock `name` with `options`' placement:
+    /// `<prefix>:{<name>}:fair`, a different key from the mutex `name` (same slot).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
+    pub fn fair_keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
+        LockKeys::of_kind(&self.core().prefix, name, &options.placement, KIND)
+    }
+
+    /// Makes one attempt to acquire the fair lock `name`: granted only when it is free and no
+    /// live caller waits in its queue. Never takes a place in the queue.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// match client.try_fair_lock("printer", &fencelock::LockOptions::new()).await {
+    ///     Ok(guard) => guard.release().await?,
+    ///     Err(fencelock::Error::Busy { .. }) => println!("held, or others are queued"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when another owner holds it or others wait for it; otherwise as
+    /// [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, a background task
+    /// releases whatever the request may have acquired.
+    pub async fn try_fair_lock(&self, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        let keys = self.fair_keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.try_fair_lock",
+            lock = name,
+            kind = KIND,
+            slot = keys.slot()
+        );
+        let request = Acquire::new(self.core(), &keys, options, false);
+        let outcome = acquire::once(self.core(), &request)
+            .instrument(span.clone())
+            .await;
+        if outcome.is_err() {
+            request.withdraw().instrument(span).await;
+        }
+        outcome
+    }
+
+    /// Acquires the fair lock `name` in arrival order, waiting for up to `options.timeout`.
+    ///
+    /// The first request that finds the lock held (or others queued) takes a place in the
+    /// lock's queue: its arrival is the moment that request reached Redis, and the lock is
+    /// granted to the live place that arrived first. While the call waits, the client's
+    /// watchdog renews its place (in the same per-node batch as held locks; a place's lease is
+    /// the lock's TTL, at most 3 s), so a crashed waiter drops out of the queue when its place's
+    /// lease ends and a live one is never evicted. A release wakes only the head of the queue,
+    /// on the head's own channel; the others sleep on. A fair lock is a different key from the
+    /// mutex of the same name (`<prefix>:{<name>}:fair`). There is no re-entry: a second call of
+    /// the same task queues behind the first.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().timeout(Duration::from_secs(60));
+    /// let guard = client.fair_lock("printer", &options).await?; // first come, first served
+    /// println!("printing under fence {}", guard.fence());
+    /// guard.release().await?; // wakes the next in line
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the lock was not granted before the timeout; otherwise as
+    /// [`lock`](Self::lock). Before an error is returned the place is given up (one more
+    /// request, bounded by the request timeout; if that fails too, in the background).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds no lock and leaves no place: its place (and a grant
+    /// whose reply it did not read) is withdrawn at once in the background, waking the next
+    /// waiter if it was the head; its watch and its subscription end with it. No task is left
+    /// behind for it.
+    pub async fn fair_lock(&self, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        let keys = self.fair_keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.fair_lock",
+            lock = name,
+            kind = KIND,
+            slot = keys.slot()
+        );
+        let request = Acquire::new(self.core(), &keys, options, true);
+        // The whole call, withdrawal included, keeps the waiting calls' bound: the timeout plus
+        // one request timeout (measured: over a lossy 50 ms link an awaited withdrawal after a
+        // timed-out wait ended 4.0 s into a 3.5 s bound). A withdrawal that would pass it is
+        // left to the request's drop, which sends it in the background.
+        let bound = instant_after(
+            Instant::now(),
+            options
+                .timeout
+                .saturating_add(self.core().transport.request_timeout()),
+        );
+        let outcome = acquire::wait_observed(
+            self.core(),
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span.clone())
+        .await;
+        if outcome.is_err() {
+            let withdraw = request.withdraw().instrument(span);
+            let _ = tokio::time::timeout_at(bound.into(), withdraw).await;
+        }
+        outcome
     }
 }

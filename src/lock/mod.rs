@@ -8,9 +8,13 @@ mod reentry;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::acquire::{Attempt, GrantReply, Granting, Local, Request};
+use tracing::Instrument;
+
+use crate::acquire::{self, Attempt, GrantReply, Granting, Local, Request};
+use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
+use crate::fence::FenceToken;
 use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
@@ -101,6 +105,316 @@ pub(crate) fn new_owner_token(tag: &str) -> String {
     owner.push_str(&tag[..tag.len().min(8)]);
     owner.push_str(&token[owner.len()..]);
     owner
+}
+
+impl Client {
+    /// The Redis keys and slot lock `name` uses with `options`' placement.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
+    pub fn keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
+        LockKeys::new(&self.core().prefix, name, &options.placement)
+    }
+
+    /// Makes one attempt to acquire lock `name`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::{Error, LockOptions};
+    ///
+    /// match client.try_lock("reports:daily", &LockOptions::new()).await {
+    ///     Ok(guard) => {
+    ///         // the work, presenting guard.fence() to storage
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(Error::Busy { retry_after, .. }) => println!("busy, frees within {retry_after:?}"),
+    ///     Err(other) => return Err(other),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when another owner holds it; [`Error::ReplicasNotConfirmed`] when
+    /// `wait_replicas` was not met (the lock was released again); [`Error::InvalidName`] /
+    /// [`Error::InvalidOptions`] for bad input; [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// does not answer in time or fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: if the call is dropped after the request was sent, a background task
+    /// releases whatever the request may have acquired.
+    pub async fn try_lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        let keys = self.keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.try_lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
+        acquire::once(
+            self.core(),
+            &Acquire {
+                keys: &keys,
+                options,
+            },
+        )
+        .instrument(span)
+        .await
+    }
+
+    /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly
+    /// unavailable, for up to `options.timeout`.
+    ///
+    /// While the lock is held by another owner the call subscribes to the lock's channel
+    /// (sharded pub/sub on a cluster, in the lock's slot) and tries again as soon as the holder
+    /// releases; all waiting calls of one client share one subscription per lock. It also tries
+    /// again when the holder's lease ends and at least every 250 ms (a release can be announced
+    /// where the subscription does not hear it, as while the lock's slot migrates), and polls
+    /// with jittered backoff when the server cannot publish or the subscription cannot be made.
+    ///
+    /// While another task of this client holds the lock the call queues behind it, in arrival
+    /// order, and is handed the lock by that task's release: in the release's own script call,
+    /// or, when that call reserved fences for the tasks queued behind (up to 16), with no call:
+    /// the task then holds the lock under the same Redis hold (owner token, lease, watchdog) with
+    /// the next fence, while the lease has at least 90% of its TTL left (half under the
+    /// watchdog), no call releasing or extending that hold failed, and the call asked for the
+    /// same TTL and renewal, without `max_hold`, a floor at
+    /// or above that fence, or `wait_replicas` (those always ask Redis). Fences still rise with
+    /// every grant, and every later grant by Redis is above the reserved ones. Another client
+    /// waiting gets in at the next handoff that goes through Redis.
+    ///
+    /// Returns within the timeout plus one request timeout (plus the WAIT timeout if set).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new()
+    ///     .ttl(Duration::from_secs(10))
+    ///     .timeout(Duration::from_secs(30));
+    /// let guard = client.lock("orders:42", &options).await?;
+    /// let fence = guard.fence(); // present it with every write to the protected storage
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Busy`] when the lock stayed held until the timeout; [`Error::Timeout`] or
+    /// [`Error::Redis`] when Redis kept failing; otherwise as [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call holds no lock (an acquire request in flight is released in
+    /// the background, as in [`try_lock`](Self::try_lock)), and its registration on the lock's
+    /// channel is dropped with it; the subscription ends when no other call of this client waits
+    /// on that lock. No task is left behind for it.
+    pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        let keys = self.keys(name, options)?;
+        options.validate(name)?;
+        let span = tracing::debug_span!(
+            "fencelock.lock",
+            lock = name,
+            kind = "lock",
+            slot = keys.slot()
+        );
+        let request = Acquire {
+            keys: &keys,
+            options,
+        };
+        acquire::wait_observed(
+            self.core(),
+            &request,
+            options.timeout,
+            options.on_wait.as_ref(),
+        )
+        .instrument(span)
+        .await
+    }
+
+    /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it
+    /// as [`lock`](Self::lock) does, calls `work` with the hold's fence token, and releases the
+    /// lock when `work` returns `Ok` or `Err`. To give `work` the guard itself (to extend the
+    /// lease), use [`with_lock_guard`](Self::with_lock_guard). If `work` panics or the returned future is
+    /// dropped, the guard's drop releases the lock in the background (see
+    /// [`shutdown`](Self::shutdown) to wait for it).
+    ///
+    /// With the watchdog on ([`LockOptions::watchdog`]) `work` is raced against
+    /// [`LockGuard::lost`]: when the hold is lost, `work`'s future is dropped at once (at its
+    /// next `.await`) and the loss is returned. Without the watchdog `work` runs to its end; if
+    /// the lease ran out meanwhile, the release finds the lock lost and that loss is returned
+    /// instead of `work`'s value (its writes may have been rejected by fence). A release that
+    /// fails for another reason (Redis did not answer) is logged, and `work`'s outcome is
+    /// returned: the lock then expires after its TTL.
+    ///
+    /// `work`'s error type only needs `From<fencelock::Error>` (as `anyhow::Error` and
+    /// `fencelock::Error` have), so acquisition errors and losses come back through it.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().watchdog(true);
+    /// let written = client
+    ///     .with_lock("orders:42", &options, |fence| async move {
+    ///         // write the order, passing `fence` to the storage
+    ///         Ok::<_, fencelock::Error>(fence.get())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Self::lock) when the lock is not acquired (`work` is then not called);
+    /// `work`'s own error; with the watchdog, the loss [`LockGuard::lost`] reports
+    /// ([`Error::is_lock_lost`]); [`Error::Expired`], [`Error::ForceUnlocked`] or
+    /// [`Error::NotOwner`] when the release found the lock lost after `work` succeeded.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call drops `work` and releases the lock (or the acquisition in
+    /// flight) in the background.
+    pub async fn with_lock<T, E, F, Fut>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: FnOnce(FenceToken) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, E>>,
+        E: From<Error>,
+    {
+        let guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
+        let outcome = async {
+            let work = work(guard.fence());
+            if options.watchdog {
+                tokio::select! {
+                    biased;
+                    lost = guard.lost() => return Err(lost),
+                    outcome = work => return Ok(outcome),
+                }
+            }
+            Ok(work.await)
+        }
+        .instrument(span.clone())
+        .await;
+        finish_with_lock(guard, outcome, span, name).await
+    }
+
+    /// Runs `work` while holding lock `name`, as [`with_lock`](Self::with_lock) does, but lends
+    /// `work` the guard itself (`&mut LockGuard`) instead of its fence, so the work can
+    /// [`extend`](LockGuard::extend) the lease, read [`valid_until`](LockGuard::valid_until) or
+    /// take a [`reentry`](LockGuard::reentry) handle; the release stays with this call. A
+    /// sibling rather than a change of `with_lock`'s signature, which would break its callers.
+    ///
+    /// `work` is an async closure (`async |guard| { ... }`). With the watchdog on it is raced
+    /// against the loss of the hold as in `with_lock`; without it, it runs to its end and the
+    /// release reports a loss.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::LockOptions;
+    ///
+    /// let options = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let fence = client
+    ///     .with_lock_guard("orders:42", &options, async |guard| {
+    ///         // first half of the work, then more time for the second half
+    ///         guard.extend(Duration::from_secs(10)).await?;
+    ///         Ok::<_, fencelock::Error>(guard.fence())
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`with_lock`](Self::with_lock).
+    pub async fn with_lock_guard<T, E, F>(
+        &self,
+        name: &str,
+        options: &LockOptions,
+        work: F,
+    ) -> std::result::Result<T, E>
+    where
+        F: AsyncFnOnce(&mut LockGuard) -> std::result::Result<T, E>,
+        E: From<Error>,
+    {
+        let mut guard = self.lock(name, options).await?;
+        let span = tracing::debug_span!(
+            "fencelock.with_lock",
+            lock = name,
+            kind = "lock",
+            fence = guard.fence().get()
+        );
+        let lost = guard.held().lost_watcher();
+        let outcome = async {
+            let work = work(&mut guard);
+            match lost {
+                Some(lost) => tokio::select! {
+                    biased;
+                    lost = lost => Err(lost),
+                    outcome = work => Ok(outcome),
+                },
+                None => Ok(work.await),
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        finish_with_lock(guard, outcome, span, name).await
+    }
+}
+
+/// The end of [`Client::with_lock`] and [`Client::with_lock_guard`]: `outcome` is `Err(loss)`
+/// when the work was stopped by the loss of the hold, else the work's result; releases the
+/// guard and returns what the caller gets.
+async fn finish_with_lock<T, E: From<Error>>(
+    guard: LockGuard,
+    outcome: std::result::Result<std::result::Result<T, E>, Error>,
+    span: tracing::Span,
+    name: &str,
+) -> std::result::Result<T, E> {
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(lost) => {
+            tracing::warn!(parent: &span, lock = name, error = %lost, "with_lock: the hold was lost; the work was stopped");
+            // The release of a lost hold only tidies up; its answer adds nothing.
+            let _ = guard.release().instrument(span).await;
+            return Err(E::from(lost));
+        }
+    };
+    match guard.release().instrument(span.clone()).await {
+        Ok(()) => outcome,
+        Err(lost) if lost.is_lock_lost() && outcome.is_ok() => Err(E::from(lost)),
+        Err(err) => {
+            tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
+            outcome
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::acquire::{self, Attempt, GrantReply, Granting, InFlight, Request};
+use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
@@ -564,5 +565,28 @@ impl Request for Acquire<'_> {
                 detail: format!("{other:?}"),
             }),
         }
+    }
+}
+
+impl Client {
+    /// A handle on semaphore `name` with `limit` numbered permits, each granted with its own
+    /// fence and lease (see [`Semaphore`]). Makes no request: the first acquisition stores the
+    /// limit, and every user must give the same one.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run(client: fencelock::Client) -> fencelock::Result<()> {
+    /// let pool = client.semaphore("renderers", 8)?;
+    /// println!("{} of {} permits free", pool.available().await?, pool.limit());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a bad name; [`Error::InvalidOptions`] for a limit of 0 or
+    /// above [`MAX_PERMITS`](crate::MAX_PERMITS).
+    pub fn semaphore(&self, name: &str, limit: u32) -> Result<Semaphore> {
+        Semaphore::new(self.core(), name, limit)
     }
 }
