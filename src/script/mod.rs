@@ -574,18 +574,18 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// fence, ends)` to set the key's expiry after a write and `clear(KEYS[1], lock)` to remove
 /// every field but `fence`. The last `ARGV` of every lock script is the key's expiry grace in
 /// ms, or empty to keep the key for good. See the file's header.
-const PROLOGUE: &str = include_str!("script/lua/prologue.lua");
+const PROLOGUE: &str = include_str!("lua/prologue.lua");
 
 /// The wrapper of a batchable script (`script/lua/batch.lua`): the script's code becomes a
 /// function run once per key of one node, each under `pcall`. See the file's header.
-const BATCH: &str = include_str!("script/lua/batch.lua");
+const BATCH: &str = include_str!("lua/batch.lua");
 
 /// The fence rule every granting script shares, inserted after the [`PROLOGUE`]:
 /// `next_fence(stored, floor, mode, count)` returns the first of `count` (default 1)
 /// consecutive fences, the highest of `stored + 1`, `floor + 1`, `TIME µs + 1` in clock mode
 /// and `epoch × 2^32 + 1` in epoch mode, and `behind`; or `nil` and an error reply when the
 /// last would pass 2^53 − 1. See the file's header.
-const FENCE_RULE: &str = include_str!("script/lua/fence.lua");
+const FENCE_RULE: &str = include_str!("lua/fence.lua");
 
 /// Acquire (`script/lua/acquire.lua`): grant the lock to an owner and advance its fence.
 ///
@@ -610,7 +610,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "acquire",
         &[FENCE_RULE],
-        include_str!("script/lua/acquire.lua"),
+        include_str!("lua/acquire.lua"),
     )
 });
 
@@ -627,7 +627,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_fence_rule("lock_all", include_str!("script/lua/lock_all.lua"))
+    LuaScript::with_fence_rule("lock_all", include_str!("lua/lock_all.lua"))
 });
 
 /// Release (`script/lua/release.lua`): end one hold of this owner; the last hold frees the lock
@@ -652,7 +652,7 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Flagged `allow-oom`: it only removes fields, so it runs at
 /// `maxmemory` too.
 pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("script/lua/release.lua")));
+    LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("lua/release.lua")));
 
 /// Handoff (`script/lua/handoff.lua`): release one hold of owner A and, when that frees the
 /// lock and no other client waits, grant it in the same call to owner B, a task of the same
@@ -677,7 +677,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> =
 /// Sent on its own, past the node's driver (see `Transport::run_direct`), so it has no batch
 /// twin.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::with_fence_rule("handoff", include_str!("script/lua/handoff.lua")));
+    LazyLock::new(|| LuaScript::with_fence_rule("handoff", include_str!("lua/handoff.lua")));
 
 /// Re-enter (`script/lua/reenter.lua`): add a hold to a lock this owner holds, returning the
 /// same fence.
@@ -691,7 +691,7 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 /// Replies: `{1, fence, remaining lease ms}` entered; `{0, 0, 0}` no live lease; `{-1, 0, 0}`
 /// held by another owner; `{-2, 0, 0}` freed by a forced unlock (see [`FORCE_UNLOCK`]).
 pub(crate) static REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("script/lua/reenter.lua")));
+    LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("lua/reenter.lua")));
 
 /// Extend (`script/lua/extend.lua`): move this owner's lease end to now + TTL. While the lock
 /// has several holds (re-entry) the lease ends at the latest end any hold asked for: an
@@ -706,7 +706,7 @@ pub(crate) static REENTER: LazyLock<LuaScript> =
 /// Flagged `allow-oom`: it rewrites one existing field, so a held lock can be kept (and then
 /// released) at `maxmemory`.
 pub(crate) static EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("extend", &[], include_str!("script/lua/extend.lua")));
+    LazyLock::new(|| LuaScript::batchable("extend", &[], include_str!("lua/extend.lua")));
 
 /// Renew (`script/lua/renew.lua`): extend many leases on one node in one call (the watchdog's
 /// batch).
@@ -725,7 +725,7 @@ pub(crate) static EXTEND: LazyLock<LuaScript> =
 ///
 /// Flagged `allow-oom`, as [`EXTEND`].
 pub(crate) static RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("renew", include_str!("script/lua/renew.lua")));
+    LazyLock::new(|| LuaScript::new("renew", include_str!("lua/renew.lua")));
 
 /// Fenced write (`script/lua/fenced_set.lua`), for storage kept in Redis: store a value only
 /// under a fence token no lower than any accepted before for that resource.
@@ -735,7 +735,7 @@ pub(crate) static RENEW: LazyLock<LuaScript> =
 ///
 /// Replies: `{1, fence}` written; `{0, highest}` rejected, with the highest fence accepted so far.
 pub(crate) static FENCED_SET: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("fenced_set", include_str!("script/lua/fenced_set.lua")));
+    LazyLock::new(|| LuaScript::new("fenced_set", include_str!("lua/fenced_set.lua")));
 
 /// Latch set (`script/lua/latch_set.lua`): start a new generation of a countdown latch, whose
 /// fence (the generation) follows the fence rule.
@@ -753,7 +753,7 @@ pub(crate) static FENCED_SET: LazyLock<LuaScript> =
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static LATCH_SET: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_fence_rule("latch_set", include_str!("script/lua/latch_set.lua"))
+    LuaScript::with_fence_rule("latch_set", include_str!("lua/latch_set.lua"))
 });
 
 /// Latch count-down (`script/lua/latch_count_down.lua`): count an id down once per generation;
@@ -770,7 +770,7 @@ pub(crate) static LATCH_SET: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_prologue(
         "latch_count_down",
-        include_str!("script/lua/latch_count_down.lua"),
+        include_str!("lua/latch_count_down.lua"),
     )
 });
 
@@ -779,10 +779,10 @@ pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
 ///
 /// - `KEYS[1]` the latch key.
 pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("latch_state", include_str!("script/lua/latch_state.lua")));
+    LazyLock::new(|| LuaScript::new("latch_state", include_str!("lua/latch_state.lua")));
 
 /// The read-write lock's prologue (`script/lua/rw_prologue.lua`): its fields and helpers.
-const RW_PROLOGUE: &str = include_str!("script/lua/rw_prologue.lua");
+const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
 
 /// A read-write lock script: the lock prologue, the fence rule, the rw prologue, then `file`.
 fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
@@ -807,7 +807,7 @@ fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
 /// (read, with the dead ones deleted, only once the hash has `ARGV[5]` fields), `ms` until the
 /// first ends, at most TTL / 3; an error reply per the fence rule. Not `allow-oom`.
 pub(crate) static RW_READ: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_read", include_str!("script/lua/rw_read.lua")));
+    LazyLock::new(|| rw_batchable("rw_read", include_str!("lua/rw_read.lua")));
 
 /// Write acquire of the read-write lock (`script/lua/rw_write.lua`).
 ///
@@ -820,48 +820,48 @@ pub(crate) static RW_READ: LazyLock<LuaScript> =
 /// hash's field count, what the call read), the intent set or refreshed unless another call's
 /// is first, `ms` capped at TTL / 3 while this call keeps the intent; an error reply per the fence rule. Not `allow-oom`.
 pub(crate) static RW_WRITE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_write", include_str!("script/lua/rw_write.lua")));
+    LazyLock::new(|| rw_batchable("rw_write", include_str!("lua/rw_write.lua")));
 
 /// Release of a read or write hold (`script/lua/rw_release.lua`), the [`Kind`](crate::held::Kind)
 /// contract: `ARGV` owner, hold id, announce, expiry grace; replies an [`Outcome`] code. Only
 /// the owner's fields change. `allow-oom`.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_release", include_str!("script/lua/rw_release.lua")));
+    LazyLock::new(|| rw_batchable("rw_release", include_str!("lua/rw_release.lua")));
 
 /// Extend of a read or write hold (`script/lua/rw_extend.lua`): `ARGV` owner, TTL ms, expiry
 /// grace; replies `{code, remaining ms}`. `allow-oom`.
 pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_extend", include_str!("script/lua/rw_extend.lua")));
+    LazyLock::new(|| rw_batchable("rw_extend", include_str!("lua/rw_extend.lua")));
 
 /// The watchdog's batch renewal of read-write holds (`script/lua/rw_renew.lua`): `ARGV` triples
 /// key, owner, TTL ms, then the expiry grace; one [`Outcome`] code per triple. Each triple moves
 /// only its owner's entry (`w`/`wu` or `r:<owner>`). `allow-oom`, `allow-cross-slot-keys`.
 pub(crate) static RW_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("rw_renew", include_str!("script/lua/rw_renew.lua")));
+    LazyLock::new(|| LuaScript::new("rw_renew", include_str!("lua/rw_renew.lua")));
 
 /// Re-entry of a read or write hold (`script/lua/rw_reenter.lua`): `ARGV` owner, hold id, TTL
 /// ms, `r`|`w`, expiry grace. Replies `{1, fence, remaining ms}`, `{0, 0, 0}` no live entry,
 /// `{-1, 0, 0}` another owner writes, `{-2, 0, 0}` a reader asked to write (upgrade refused),
 /// `{-3, 0, 0}` freed by a forced unlock (see [`RW_FORCE_UNLOCK`]).
 pub(crate) static RW_REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_reenter", include_str!("script/lua/rw_reenter.lua")));
+    LazyLock::new(|| rw_script("rw_reenter", include_str!("lua/rw_reenter.lua")));
 
 /// Write → read downgrade (`script/lua/rw_downgrade.lua`): `ARGV` owner, announce, expiry
 /// grace. Replies `{1, remaining ms}`, `{0, 0}` expired, `{-1, 0}` another owner writes,
 /// `{-2, 0}` the owner has re-entered holds, `{-3, 0}` freed by a forced unlock (see
 /// [`RW_FORCE_UNLOCK`]). `allow-oom`.
 pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_downgrade", include_str!("script/lua/rw_downgrade.lua")));
+    LazyLock::new(|| rw_script("rw_downgrade", include_str!("lua/rw_downgrade.lua")));
 
 /// Withdraws a waiting writer's intent (`script/lua/rw_withdraw.lua`): `ARGV` intent id,
 /// announce, expiry grace. Replies `1` withdrawn, `0` not this call's. `allow-oom`.
 pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_withdraw", include_str!("script/lua/rw_withdraw.lua")));
+    LazyLock::new(|| rw_script("rw_withdraw", include_str!("lua/rw_withdraw.lua")));
 /// The fair lock's queue snippet (`script/lua/fair.lua`), inserted after the prologue and the
 /// fence snippet: `scan(me)` (the live places, the head, dead places deleted), `raise(fence,
 /// ends)` (an expiry that is only ever raised) and `wake(owner, how)` (announce on one waiter's
 /// own channel `<key>:w:<owner>`). See the file's header.
-const FAIR: &str = include_str!("script/lua/fair.lua");
+const FAIR: &str = include_str!("lua/fair.lua");
 
 /// A fair lock script: prologue, fence snippet and fair snippet, then `file`.
 fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
@@ -900,7 +900,7 @@ fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
 ///
 /// Not flagged `allow-oom`.
 pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("script/lua/fair_acquire.lua")));
+    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("lua/fair_acquire.lua")));
 
 /// Fair release (`script/lua/fair_release.lua`): free the fair lock and wake only the head of
 /// its queue, on the head's own channel (`<key>:w:<owner>`).
@@ -912,7 +912,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
 /// cleared and the head woken); `-1` held by another owner (left alone); `-2` freed by a forced
 /// unlock (see [`FAIR_FORCE_UNLOCK`]). Flagged `allow-oom`.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_batchable("fair_release", include_str!("script/lua/fair_release.lua")));
+    LazyLock::new(|| fair_batchable("fair_release", include_str!("lua/fair_release.lua")));
 
 /// Fair withdraw (`script/lua/fair_withdraw.lua`): a waiting call that ends without the lock
 /// gives up its place at once, and frees the lock if its last request was granted unseen.
@@ -926,7 +926,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
 pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
     fair_script(
         "fair_withdraw",
-        include_str!("script/lua/fair_withdraw.lua"),
+        include_str!("lua/fair_withdraw.lua"),
     )
 });
 
@@ -934,13 +934,13 @@ pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
 /// the key's expiry is only raised, since it may cover a waiting place. Replies `{code,
 /// remaining lease ms}`. Flagged `allow-oom`.
 pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_batchable("fair_extend", include_str!("script/lua/fair_extend.lua")));
+    LazyLock::new(|| fair_batchable("fair_extend", include_str!("lua/fair_extend.lua")));
 
 /// Fair renew (`script/lua/fair_renew.lua`): the watchdog's batch for held fair locks, as
 /// [`RENEW`] (triples key, owner, TTL ms, then the grace; one [`Outcome`] code per triple), with
 /// the key's expiry only raised. Flagged `allow-oom`.
 pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("fair_renew", include_str!("script/lua/fair_renew.lua")));
+    LazyLock::new(|| LuaScript::new("fair_renew", include_str!("lua/fair_renew.lua")));
 
 /// Fair place renew (`script/lua/fair_renew_place.lua`): the watchdog's batch for waiting
 /// places. Touches only `q:<owner>` of each triple (key, owner, place lease ms; then the grace):
@@ -950,7 +950,7 @@ pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
 pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::new(
         "fair_renew_place",
-        include_str!("script/lua/fair_renew_place.lua"),
+        include_str!("lua/fair_renew_place.lua"),
     )
 });
 
@@ -959,7 +959,7 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// end a live entry needs, `sem_mine(key, holder)` reads one hold's permits, `sem_raise` raises
 /// the expiry, `sem_permit(owner, ends, fence)` formats a permit entry, `sem_call` sends a
 /// command's arguments in chunks of 512.
-const SEMAPHORE: &str = include_str!("script/lua/semaphore.lua");
+const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
 
 /// A semaphore script: prologue, fence rule, [`SEMAPHORE`] state, then `file`.
 fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
@@ -990,7 +990,7 @@ fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_acquire",
-        include_str!("script/lua/semaphore_acquire.lua"),
+        include_str!("lua/semaphore_acquire.lua"),
     )
 });
 
@@ -1011,7 +1011,7 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_release",
-        include_str!("script/lua/semaphore_release.lua"),
+        include_str!("lua/semaphore_release.lua"),
     )
 });
 
@@ -1029,7 +1029,7 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_extend",
-        include_str!("script/lua/semaphore_extend.lua"),
+        include_str!("lua/semaphore_extend.lua"),
     )
 });
 
@@ -1044,7 +1044,7 @@ pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_renew",
-        include_str!("script/lua/semaphore_renew.lua"),
+        include_str!("lua/semaphore_renew.lua"),
     )
 });
 
@@ -1056,7 +1056,7 @@ pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_available",
-        include_str!("script/lua/semaphore_available.lua"),
+        include_str!("lua/semaphore_available.lua"),
     )
 });
 
@@ -1073,13 +1073,13 @@ pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_set_limit",
-        include_str!("script/lua/semaphore_set_limit.lua"),
+        include_str!("lua/semaphore_set_limit.lua"),
     )
 });
 
 /// The inspection snippet (`script/lua/inspect.lua`): `inspect(kind)` reads one key of any
 /// primitive kind without writing and returns the inspection array. See the file's header.
-const INSPECT_SNIPPET: &str = include_str!("script/lua/inspect.lua");
+const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
 
 /// Inspect (`script/lua/inspect_read.lua`, `no-writes`): the state of one key of any kind.
 ///
@@ -1092,7 +1092,7 @@ pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "inspect",
         &[INSPECT_SNIPPET],
-        include_str!("script/lua/inspect_read.lua"),
+        include_str!("lua/inspect_read.lua"),
     )
 });
 
@@ -1112,7 +1112,7 @@ pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "force_unlock",
         &[INSPECT_SNIPPET],
-        include_str!("script/lua/force_unlock.lua"),
+        include_str!("lua/force_unlock.lua"),
     )
 });
 
@@ -1125,7 +1125,7 @@ pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "rw_force_unlock",
         &[FENCE_RULE, RW_PROLOGUE, INSPECT_SNIPPET],
-        include_str!("script/lua/rw_force_unlock.lua"),
+        include_str!("lua/rw_force_unlock.lua"),
     )
 });
 
@@ -1137,7 +1137,7 @@ pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "fair_force_unlock",
         &[FENCE_RULE, FAIR, INSPECT_SNIPPET],
-        include_str!("script/lua/fair_force_unlock.lua"),
+        include_str!("lua/fair_force_unlock.lua"),
     )
 });
 
@@ -1149,7 +1149,7 @@ pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(||
     LuaScript::with_snippets(
         "semaphore_force_unlock",
         &[FENCE_RULE, SEMAPHORE, INSPECT_SNIPPET],
-        include_str!("script/lua/semaphore_force_unlock.lua"),
+        include_str!("lua/semaphore_force_unlock.lua"),
     )
 });
 
@@ -1160,7 +1160,7 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "latch_force_unlock",
         &[INSPECT_SNIPPET],
-        include_str!("script/lua/latch_force_unlock.lua"),
+        include_str!("lua/latch_force_unlock.lua"),
     )
 });
 
@@ -1181,6 +1181,6 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static QUORUM_COMMIT: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_prologue(
         "quorum_commit",
-        include_str!("script/lua/quorum_commit.lua"),
+        include_str!("lua/quorum_commit.lua"),
     )
 });
