@@ -22,6 +22,15 @@ impl LuaScript {
         Self::from_source(name, without_header(file).trim_end_matches('\n').to_owned())
     }
 
+    /// A script with a shared head in place of the lock prologue (the watchdog's renew scripts,
+    /// which loop over many keys): the `#!lua` line of `file`, then `head` (its header
+    /// dropped), then the rest of `file`.
+    pub(super) fn with_head(name: &'static str, head: &'static str, file: &'static str) -> Self {
+        let (shebang, body) = split_shebang(file);
+        let source = format!("{shebang}\n{}{body}", without_header(head));
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
     /// A lock script: the `#!lua` line of `file`, then the shared [`PROLOGUE`], then the rest.
     pub(super) fn with_prologue(name: &'static str, file: &'static str) -> Self {
         Self::with_snippets(name, &[], file)
@@ -29,8 +38,8 @@ impl LuaScript {
 
     /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, then the
     /// once-per-call parts of the shared [`PROLOGUE`] and of `snippets` (the primitive's own
-    /// prologue, shared rules such as the fence rule `script/lua/fence.lua`), then their once-per-key parts, headers
-    /// dropped (see [`op_source`]), then the rest of `file`.
+    /// prologue, shared rules such as the fence rule `script/lua/fence.lua`), then their
+    /// once-per-key parts, headers dropped (see [`op_source`]), then the rest of `file`.
     pub(super) fn with_snippets(
         name: &'static str,
         snippets: &[&'static str],

@@ -108,6 +108,19 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// The fence rule every granting script shares (`next_fence`). Contract: `script/lua/fence.lua`.
 const FENCE_RULE: &str = include_str!("lua/fence.lua");
 
+/// The expiry that is only ever raised (`raise`), for keys holding other callers' entries.
+/// Contract: `script/lua/raise.lua`.
+const RAISE: &str = include_str!("lua/raise.lua");
+
+/// The head of the watchdog's renew scripts (`now_ms`, `grace`, `codes`).
+/// Contract: `script/lua/renew_head.lua`.
+const RENEW_HEAD: &str = include_str!("lua/renew_head.lua");
+
+/// A watchdog renew script: [`RENEW_HEAD`], then `file`.
+fn renew_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_head(name, RENEW_HEAD, file)
+}
+
 /// The read-write lock's fields and helpers. Contract: `script/lua/rw_prologue.lua`.
 const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
 
@@ -125,24 +138,25 @@ fn fenced(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE], file)
 }
 
-/// A read-write lock script: the prologue, the fence rule, the [`RW_PROLOGUE`], then `file`.
+/// A read-write lock script: the prologue, the fence rule, [`RAISE`], the [`RW_PROLOGUE`],
+/// then `file`.
 fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, RW_PROLOGUE], file)
+    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
 }
 
 /// [`rw_script`], with a batch twin (the calls on the hot path).
 fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, RW_PROLOGUE], file)
+    LuaScript::batchable(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
 }
 
-/// A fair lock script: the prologue, the fence rule, the [`FAIR`] queue, then `file`.
+/// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
 fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, FAIR], file)
+    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
 /// [`fair_script`], with a batch twin (the calls on the hot path).
 fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, FAIR], file)
+    LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
 /// A semaphore script: the prologue, the fence rule, the [`SEMAPHORE`] state, then `file`.
@@ -188,7 +202,7 @@ pub(crate) static REENTER: LazyLock<LuaScript> =
 /// The watchdog's batch: extend many leases on one node in one call.
 /// Contract: `script/lua/renew.lua`.
 pub(crate) static RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("renew", include_str!("lua/renew.lua")));
+    LazyLock::new(|| renew_script("renew", include_str!("lua/renew.lua")));
 
 // Storage kept in Redis.
 
@@ -234,7 +248,7 @@ pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
 
 /// The watchdog's batch for read and write holds. Contract: `script/lua/rw_renew.lua`.
 pub(crate) static RW_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("rw_renew", include_str!("lua/rw_renew.lua")));
+    LazyLock::new(|| renew_script("rw_renew", include_str!("lua/rw_renew.lua")));
 
 /// Add a hold to this owner's read entry or write hold. Contract: `script/lua/rw_reenter.lua`.
 pub(crate) static RW_REENTER: LazyLock<LuaScript> =
@@ -270,11 +284,11 @@ pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
 
 /// The watchdog's batch for held fair locks. Contract: `script/lua/fair_renew.lua`.
 pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("fair_renew", include_str!("lua/fair_renew.lua")));
+    LazyLock::new(|| renew_script("fair_renew", include_str!("lua/fair_renew.lua")));
 
 /// The watchdog's batch for waiting places. Contract: `script/lua/fair_renew_place.lua`.
 pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new("fair_renew_place", include_str!("lua/fair_renew_place.lua")));
+    LazyLock::new(|| renew_script("fair_renew_place", include_str!("lua/fair_renew_place.lua")));
 
 // The semaphore.
 
@@ -349,7 +363,7 @@ pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "rw_force_unlock",
-        &[FENCE_RULE, RW_PROLOGUE, INSPECT_SNIPPET],
+        &[FENCE_RULE, RAISE, RW_PROLOGUE, INSPECT_SNIPPET],
         include_str!("lua/rw_force_unlock.lua"),
     )
 });
@@ -359,7 +373,7 @@ pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "fair_force_unlock",
-        &[FENCE_RULE, FAIR, INSPECT_SNIPPET],
+        &[FENCE_RULE, RAISE, FAIR, INSPECT_SNIPPET],
         include_str!("lua/fair_force_unlock.lua"),
     )
 });
