@@ -3,8 +3,9 @@
 --
 -- KEYS[1] the lock key (hash).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: the token granted is above it
---   (decimal, 0 for none, below 2^53), ARGV[4] `clock` (raise the floor to TIME in µs),
---   `epoch` (to cluster_my_epoch × 2^32, cluster only) or `counter`; ARGV[5] expiry grace.
+--   (decimal, 0 for none, below 2^53), ARGV[4] fence mode: `clock` (raise the floor to TIME in
+--   µs), `epoch` (to cluster_my_epoch × 2^32, cluster only), `hybrid` (both, cluster only) or
+--   `counter` (a plain counter), see fence.lua; ARGV[5] expiry grace (see prologue.lua).
 --
 -- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
 -- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, no write);

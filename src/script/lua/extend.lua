@@ -1,11 +1,13 @@
--- extend: move this owner's lease end to now + TTL, never shortening it while the lock has
--- several holds (lock prologue first).
+-- extend: move this owner's lease end to now + TTL (lock prologue first). While the lock has
+-- several holds (re-entry) the lease ends at the latest end any hold asked for: an extension
+-- never shortens it then, so no hold's guard overstates its validity.
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] new TTL in ms, ARGV[3] expiry grace.
 --
 -- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
 -- another owner (left alone); {-2, 0} this owner's hold was freed by a forced unlock (`forced`,
--- see force_unlock.lua). allow-oom.
+-- see force_unlock.lua). allow-oom: it rewrites one existing field, so a held lock can be kept
+-- (and then released) at maxmemory.
 #!lua flags=allow-oom
 if not live or owner ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return {-2, 0} end

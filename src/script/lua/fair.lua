@@ -7,10 +7,8 @@
 -- `latest` (the latest lease end of the live places other than `me`'s, 0 if none), `mine`
 -- (`me`'s seq, or nil), `mine_end`, `ahead` (live places with a lower seq than `me`'s),
 -- `count` (live places, `me`'s included).
--- `raise(fence, ends)` sets the key to expire at max(ends, fence as ms) + grace unless it
--- expires later already (PEXPIRETIME), so an expiry a live place needs is never shortened
--- (the fence counts only in a call that granted, as in the prologue's `keep`);
--- without a grace (counter/epoch modes) it removes any expiry.
+-- `raise(fence, ends)` (raise.lua, inserted before this snippet) is the expiry a live place
+-- needs, never shortened.
 -- `wake(owner, how)` announces on `owner`'s own channel, `<key>:w:<owner>` (same hash tag):
 -- `s` SPUBLISH, `p` PUBLISH, anything else not at all.
 local function scan(me)
@@ -46,18 +44,6 @@ local function scan(me)
     end
   end
   return q
-end
-local function raise(fence, ends)
-  if not grace then return redis.call('PERSIST', KEYS[1]) end
-  if memo.shift then
-    local fence_ms = math.ceil(((tonumber(fence) or 0) - memo.shift) / 1000)
-    if fence_ms > ends then ends = fence_ms end
-  end
-  local at = ends + grace
-  local current = redis.call('PEXPIRETIME', KEYS[1])
-  if current < 0 or current < at then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', at))
-  end
 end
 local function wake(who, how)
   local channel = KEYS[1] .. ':w:' .. who

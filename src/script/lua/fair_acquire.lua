@@ -2,15 +2,15 @@
 -- (lock prologue, fence snippet and fair snippet first).
 --
 -- KEYS[1] the fair lock key (hash). ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor
--- (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter` (as acquire), ARGV[5] place
+-- (decimal, 0 for none), ARGV[4] fence mode (as acquire), ARGV[5] place
 -- lease in ms (0: do not queue, a one-shot try), ARGV[6] the most live places the queue may
 -- hold (`MAX_FAIR_WAITERS`), ARGV[7] expiry grace.
 --
--- Granted when the lock is free and no live place is queued, or the caller's place is the
--- head (its place is removed). Otherwise the caller is queued if it was not (seq = ++qseq:
--- the arrival moment) and its place's lease is moved to now + ARGV[5]. A caller without a
--- place finding ARGV[6] live places gets none (the queue's size bounds every call that reads
--- it): it is told to try again within a third of ARGV[5].
+-- Granted when the lock is free and no live place is queued, or the caller's place is the head (its
+-- place is removed; the fence by acquire's rule). Dead places are deleted when seen. Otherwise the
+-- caller is queued if it was not (seq = ++qseq: the arrival moment) and its place's lease is moved
+-- to now + ARGV[5]. A caller without a place finding ARGV[6] live places gets none (the queue's
+-- size bounds every call that reads it): it is told to try again within a third of ARGV[5].
 --
 -- Replies: {1, fence, behind, 0} granted; {2, fence, 0, 0} this owner holds it already (a
 -- resent script, no write); {0, wait ms, places ahead, queued} busy: wait ms is when the

@@ -1,5 +1,5 @@
--- fair_extend: move this owner's lease end on the fair lock to now + TTL (lock prologue,
--- fence snippet and fair snippet first).
+-- fair_extend: move this owner's lease end on the fair lock to now + TTL, as extend.lua for the
+-- mutex but with no re-entry (lock prologue, fence snippet and fair snippet first).
 --
 -- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] new TTL in ms, ARGV[3] expiry grace.
 --

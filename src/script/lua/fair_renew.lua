@@ -1,4 +1,5 @@
--- fair_renew: extend many fair-lock leases on one node in one call (the watchdog's batch).
+-- fair_renew: extend many fair-lock leases on one node in one call (the watchdog's batch;
+-- renew_head.lua first).
 --
 -- KEYS[1] one of the fair lock keys (routes the call to the node serving its slot).
 -- ARGV triples: fair lock key, owner token, TTL in ms (keys of any slots this node serves,
@@ -8,10 +9,6 @@
 -- Replies: one code per triple: 1 extended, 0 expired, -1 other owner, -2 freed by a forced
 -- unlock (`forced`, see fair_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
-local now = redis.call('TIME')
-local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
-local grace = tonumber(ARGV[#ARGV])
-local codes = {}
 for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
   local lock = redis.call('HMGET', key, 'owner', 'until', 'fence')

@@ -1,5 +1,6 @@
--- fair_renew_place: keep waiting places alive, many on one node in one call (the watchdog's
--- batch, for waiting fair-lock calls). Touches only the `q:<owner>` field of each place.
+-- fair_renew_place: keep waiting places alive, many on one node in one call (the watchdog's batch,
+-- for waiting fair-lock calls; renew_head.lua first). Touches only the `q:<owner>` field of each
+-- place.
 --
 -- KEYS[1] one of the fair lock keys (routes the call). ARGV triples: fair lock key, owner
 -- token, place lease in ms (keys of any slots this node serves, allow-cross-slot-keys), then
@@ -12,10 +13,6 @@
 -- Replies: one code per triple: 1 renewed (or granted meanwhile), 0 the place is gone (its
 -- lease ended, or it was withdrawn). allow-oom: it never adds a field.
 #!lua flags=allow-oom,allow-cross-slot-keys
-local now = redis.call('TIME')
-local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
-local grace = tonumber(ARGV[#ARGV])
-local codes = {}
 for i = 1, #ARGV - 1, 3 do
   local key, who = ARGV[i], ARGV[i + 1]
   local place = redis.call('HGET', key, 'q:' .. who)

@@ -1,7 +1,8 @@
--- The fence rule every granting script shares (inserted after the prologue's once-per-call
--- part, which defines `now_us`): `next_fence(stored, floor, mode)` is the next fence above `stored`, the last fence
--- granted (0 for none); `count` (default 1) fences are taken from it at once (a semaphore's
--- many permits: `fence` .. `fence + count - 1`), all of which must stay below 2^53.
+-- The fence rule every granting script shares (inserted after the prologue's once-per-call part,
+-- which defines `now_us`): `next_fence(stored, floor, mode, count)` is the next fence above
+-- `stored`, the last fence granted (0 for none); `count` (default 1) fences are taken from it at
+-- once (a semaphore's many permits: `fence` .. `fence + count - 1`), all of which must stay below
+-- 2^53.
 --
 -- The fence is max(stored + 1, floor + 1, TIME µs + 1 in mode `clock`, cluster_my_epoch ×
 -- 2^32 + 1 in mode `epoch` (cluster only), TIME µs + cluster_my_epoch × 2^34 + 1 in mode

@@ -4,6 +4,7 @@
 -- ARGV[1] the writer's fence token (decimal), ARGV[2] the value.
 --
 -- Replies: {1, fence} written; {0, highest} rejected, with the highest fence accepted so far.
+-- Not allow-oom.
 #!lua
 local highest = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local fence = tonumber(ARGV[1])

@@ -7,12 +7,14 @@
 -- from an expiry.
 --
 -- KEYS[1] the lock key. ARGV[1] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[2]
--- open TTL ms (unused), ARGV[3] expiry grace.
+-- open TTL ms (unused), ARGV[3] expiry grace. Every kind's force-unlock script takes the same
+-- ARGV.
 --
 -- Replies: the inspection (`inspect.lua`) of the state it found, before freeing it. The old
 -- holder's next `release`, `extend`, `renew` or `reenter` then answers -2 (freed by a forced
 -- unlock); a release that hands the lock on within the holder's client makes no call, so the
--- task it hands to learns it at its own next call. allow-oom: it only frees.
+-- task it hands to learns it at its own next call. Those scripts read `forced` (one HGET) on
+-- their failure paths only. allow-oom: it only frees.
 #!lua flags=allow-oom
 local before = inspect('lock')
 if owner then

@@ -20,6 +20,7 @@
 -- fences taken (`behind` as
 -- acquire's); 0: not freed (A's other holds remain) or held by another owner; 2: freed and not
 -- handed (another client waits, or the fence rule refused: B then attempts and sees why).
+-- Not allow-oom: it may grant. No batch twin: the client sends it on its own.
 #!lua
 local code = 1
 if owner ~= ARGV[1] then

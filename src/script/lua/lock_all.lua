@@ -4,7 +4,7 @@
 --
 -- KEYS[1..n] the lock keys (hashes, all in one slot, no duplicates).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: every token granted is above it
---   (decimal, 0 for none, below 2^53), ARGV[4] `clock`, `epoch` or `counter` (as `acquire`),
+--   (decimal, 0 for none, below 2^53), ARGV[4] fence mode (as `acquire`),
 --   ARGV[5] expiry grace.
 --
 -- Replies: {1, behind, fence_1, ..., fence_n} granted (behind: the largest µs a stored fence

@@ -4,8 +4,9 @@
 -- The part above the `--@key` line runs once per script call (a batch's keys share it, see
 -- batch.lua), the part below once per key. `now_us` is `TIME` in microseconds, `now_ms` in
 -- milliseconds (read once per script call: the keys of a batch share it, so a lease may start
--- up to one batch's run time early, which only shortens it); `live` is true when `owner` holds
--- an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one hold);
+-- up to one batch's run time early, which only shortens it); `lock` is `HMGET KEYS[1] owner
+-- until fence holds waiters`, `owner` and `expires` its first two; `live` is true when `owner`
+-- holds an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one hold);
 -- `lock[5]` is set when an acquire found the lock busy since it was last freed (a waiter may
 -- listen: the release announces). `clear(KEYS[1], lock)` removes every field but `fence` and
 -- `forced` (the owner token a forced unlock freed, see force_unlock.lua).

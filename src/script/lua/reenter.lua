@@ -3,11 +3,12 @@
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] a fresh hold id (hex), ARGV[3] TTL in ms: the
 -- lease is moved to now + TTL unless it already ends later; ARGV[4] expiry grace.
--- Holds: field `holds` (count) and one field `h:<id>` per hold (`h:` for the first).
+-- Holds: field `holds` (count) and one field `h:<id>` per hold (`h:` for the first), so a
+-- resent script adds no second hold and a released hold is not released twice.
 --
 -- Replies: {1, fence, remaining lease ms} entered; {0, 0, 0} no live lease; {-1, 0, 0} held by
 -- another owner; {-2, 0, 0} this owner's hold was freed by a forced unlock (`forced`, see
--- force_unlock.lua).
+-- force_unlock.lua; before -1/0). Not allow-oom (it adds fields).
 #!lua
 if not live or owner ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return {-2, 0, 0} end

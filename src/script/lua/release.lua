@@ -5,11 +5,16 @@
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the acquire
 -- granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the
--- lock key); ARGV[4] expiry grace (unused: a release leaves the key's expiry alone).
+-- lock key); ARGV[4] expiry grace (unused: a release leaves the key's expiry as the grant or
+-- the last extension set it, lease end or fence plus the grace, which already covers what the
+-- key must outlive).
 --
--- Replies: 1 released (or one hold of several; again 1 for a hold released twice or never
--- added); 0 no live lease (expired); -1 held by another owner (left alone); -2 this owner's
--- hold was freed by a forced unlock (`forced`, see force_unlock.lua). allow-oom.
+-- Replies: 1 released (or one hold of several; a hold released twice answers 1 both times and
+-- counts once; a hold never added, a re-entry cut before it reached Redis, answers 1 and
+-- changes nothing); 0 no live lease (expired; this owner's leftovers are cleared); -1 held by
+-- another owner (left alone); -2 (before -1/0) this owner's hold was freed by a forced unlock
+-- (`forced`, see force_unlock.lua). allow-oom: it only removes fields, so it runs at
+-- maxmemory too.
 #!lua flags=allow-oom
 if owner ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return -2 end

@@ -1,20 +1,20 @@
--- renew: extend many leases on one node in one call (the watchdog's batch).
+-- renew: extend many leases on one node in one call (the watchdog's batch; renew_head.lua
+-- first).
 --
 -- KEYS[1] one of the lock keys (routes the call to the node serving its slot).
 -- ARGV triples: lock key, owner token, TTL in ms (keys of any slots this node serves,
--- allow-cross-slot-keys), then the expiry grace as the last ARGV. A key of a slot this node
--- does not serve fails the whole call after the keys before it were renewed.
+-- allow-cross-slot-keys: undeclared keys are reached through ARGV, which Redis 7 permits for
+-- keys of local slots), then the expiry grace as the last ARGV. A key of a slot this node does
+-- not serve fails the whole call with an error after the keys before it were renewed; the
+-- caller then renews slot by slot.
 --
+-- Each lease is set as extend.lua sets it (never shortened while the lock has several holds).
 -- Each extended key's expiry is raised (never lowered) to its lease end + grace: the grant's
 -- expiry already covers the fence.
 --
--- Replies: one code per triple: 1 extended, 0 expired, -1 other owner, -2 this owner's hold
--- was freed by a forced unlock (`forced`, see force_unlock.lua). allow-oom.
+-- Replies: one code per triple: 1 extended, 0 expired, -1 other owner, -2 (before -1/0) this
+-- owner's hold was freed by a forced unlock (`forced`, see force_unlock.lua). allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
-local now = redis.call('TIME')
-local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
-local grace = tonumber(ARGV[#ARGV])
-local codes = {}
 for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
   local lock = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds')

@@ -10,9 +10,8 @@
 --
 -- `writer_live`, `intent_live`; `role_of(owner)` → `'w'|'r'|nil, lease end, reader value`;
 -- `set_until(owner, role, ends, value)`; `forget(owner, role)` removes an entry and its holds (a reader's also `rs`);
--- `raise(fence, ends)` sets the key's expiry to `max(ends, fence as ms) + grace` unless it
--- already ends later (a live entry may need it; the fence counts only in a call that granted,
--- as in the prologue's `keep`); `settle()` after a release: when no writer or
+-- `raise(fence, ends)` (raise.lua, inserted before this snippet) the key's expiry, never
+-- shortened (a live entry may need it); `settle()` after a release: when no writer or
 -- reader entry is left, the key expires `grace` after now (or after a live intent's end).
 -- `until_of(value)` and `fence_of(value)` read a reader entry; `was_forced(key, owner)` is
 -- true when `forced` names the owner (one `HGET`, for failure paths only); they run once per
@@ -50,18 +49,6 @@ local function forget(owner, role)
     for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
       if string.sub(field, 1, #prefix) == prefix then redis.call('HDEL', KEYS[1], field) end
     end
-  end
-end
-local function raise(fence, ends)
-  if not grace then return redis.call('PERSIST', KEYS[1]) end
-  if memo.shift then
-    local fence_ms = math.ceil(((tonumber(fence) or 0) - memo.shift) / 1000)
-    if fence_ms > ends then ends = fence_ms end
-  end
-  local target = ends + grace
-  local current = redis.call('PEXPIRETIME', KEYS[1])
-  if current < target then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', target))
   end
 end
 local function settle()

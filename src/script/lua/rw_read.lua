@@ -1,7 +1,7 @@
 -- rw_read: grant a read hold of a read-write lock (lock prologue, fence rule, rw prologue first).
 --
 -- KEYS[1] the lock's hash (`fencelock:{NAME}:rw`). ARGV[1] owner token, ARGV[2] TTL in ms,
--- ARGV[3] floor (decimal, 0 for none), ARGV[4] `clock` | `epoch` | `counter`, ARGV[5] the most
+-- ARGV[3] floor (decimal, 0 for none), ARGV[4] fence mode (as acquire), ARGV[5] the most
 -- live reader entries the lock may hold (`MAX_READERS`), ARGV[6] expiry grace.
 --
 -- While the hash has fewer fields than ARGV[5] nothing more is read. At or past it, every field

@@ -1,4 +1,5 @@
--- rw_renew: renew many read-write lock holds on one node in one call (the watchdog's batch).
+-- rw_renew: renew many read-write lock holds on one node in one call (the watchdog's batch;
+-- renew_head.lua first).
 -- Each triple touches only its owner's own entry: `w`/`wu` when the owner writes, else
 -- `r:<owner>`; no other reader's lease moves.
 --
@@ -9,10 +10,6 @@
 -- owner writes, -2 (before -1/0) the hash's `forced` names the owner: a forced unlock freed it
 -- (see rw_force_unlock.lua; the `HGET` runs only for a triple that is not renewed). allow-oom.
 #!lua flags=allow-oom,allow-cross-slot-keys
-local now = redis.call('TIME')
-local now_ms = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / 1000)
-local grace = tonumber(ARGV[#ARGV])
-local codes = {}
 for n = 1, #ARGV - 1, 3 do
   local key, owner = ARGV[n], ARGV[n + 1]
   local state = redis.call('HMGET', key, 'w', 'wu', 'r:' .. owner, 'c:' .. owner, 'fence')

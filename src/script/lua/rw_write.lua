@@ -2,7 +2,7 @@
 -- (lock prologue, fence rule, rw prologue first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor, ARGV[4]
--- `clock` | `epoch` | `counter`, ARGV[5] the waiting call's intent id (empty: a single attempt,
+-- fence mode (as acquire), ARGV[5] the waiting call's intent id (empty: a single attempt,
 -- which records no intent), ARGV[6] expiry grace.
 --
 -- Granted when no live writer, no live reader and no live intent of another waiting call:

@@ -3,11 +3,12 @@
 --
 -- KEYS[1] the semaphore key (hash). ARGV[1] owner token, ARGV[2] count, ARGV[3] limit (the
 -- caller's; the first use stores it), ARGV[4] TTL in ms, ARGV[5] floor (decimal, 0 for none),
--- ARGV[6] fence mode (`clock`, `epoch`, `counter`), ARGV[7] waiter id: a waiting call's id that
+-- ARGV[6] fence mode (as acquire), ARGV[7] waiter id: a waiting call's id that
 -- may reserve the permits it waits for (empty: no reservation), ARGV[8] expiry grace.
 --
 -- Takes the `count` lowest numbers below the limit that are free (absent, expired or released)
--- and grants each its own fence, consecutive from the `fence` counter. While another waiter's
+-- and grants each its own fence, consecutive from the `fence` counter (the first by the fence
+-- rule, as acquire's). While another waiter's
 -- live reservation exists, a request is granted only if the reservation can still be met
 -- after it; a reservation for more permits than the limit can never be met and blocks no one.
 -- A refused request of a waiter for more than one permit reserves them (`r`) unless another

@@ -1,9 +1,10 @@
 -- semaphore_release: release this owner's permits, or withdraw this waiter's reservation
 -- (prologue, fence rule and semaphore state first).
 --
--- KEYS[1] the semaphore key. ARGV[1] owner token (or waiter id), ARGV[2] the permit numbers,
--- space separated (empty: every permit this owner holds), ARGV[3] announce: `s` SPUBLISH, `p`
--- PUBLISH, empty for none (the channel is the semaphore key), ARGV[4] expiry grace.
+-- KEYS[1] the semaphore key. ARGV[1] owner token (or waiter id), ARGV[2] the permit numbers, space
+-- separated: the hold id of the held contract (empty: every permit this owner holds), ARGV[3]
+-- announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the semaphore key), ARGV[4]
+-- expiry grace.
 --
 -- A released permit's entry keeps its owner and fence with lease end 0, so a resent release
 -- answers 1 again (until an acquire deletes the dead entry, or grants the number again: then

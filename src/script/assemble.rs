@@ -1,0 +1,169 @@
+//! Assembling a script's text: [`LuaScript`] (name, source, SHA1, batch twin), built from a
+//! `script/lua/*.lua` file alone or from the shared prologue, then snippets, then the script's
+//! body, with the `--@key` split between what runs once per call and once per key.
+
+/// One Lua script and its SHA1.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    name: &'static str,
+    source: String,
+    sha: String,
+    /// The script that runs this one for many keys of one node in one call (`batch.lua`
+    /// around it), for the scripts the client batches.
+    batch: Option<Box<LuaScript>>,
+}
+
+impl LuaScript {
+    /// The script in `file` (a `script/lua/*.lua` text): its leading `--` comment header is
+    /// not sent, and trailing newlines are dropped before hashing, so the text
+    /// `$(fencelock script NAME)` yields in a shell (which strips them) has the SHA1 the client
+    /// sends.
+    pub(super) fn new(name: &'static str, file: &'static str) -> Self {
+        Self::from_source(name, without_header(file).trim_end_matches('\n').to_owned())
+    }
+
+    /// A script with a shared head in place of the lock prologue (the watchdog's renew scripts,
+    /// which loop over many keys): the `#!lua` line of `file`, then `head` (its header
+    /// dropped), then the rest of `file`.
+    pub(super) fn with_head(name: &'static str, head: &'static str, file: &'static str) -> Self {
+        let (shebang, body) = split_shebang(file);
+        let source = format!("{shebang}\n{}{body}", without_header(head));
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
+    /// A lock script: the `#!lua` line of `file`, then the shared [`PROLOGUE`], then the rest.
+    pub(super) fn with_prologue(name: &'static str, file: &'static str) -> Self {
+        Self::with_snippets(name, &[], file)
+    }
+
+    /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, then the
+    /// once-per-call parts of the shared [`PROLOGUE`] and of `snippets` (the primitive's own
+    /// prologue, shared rules such as the fence rule `script/lua/fence.lua`), then their
+    /// once-per-key parts, headers dropped (see [`op_source`]), then the rest of `file`.
+    pub(super) fn with_snippets(
+        name: &'static str,
+        snippets: &[&'static str],
+        file: &'static str,
+    ) -> Self {
+        let (shebang, body) = split_shebang(file);
+        let (call, key) = op_source(snippets, body);
+        let source = format!("{shebang}\nlocal memo = {{}}\n{call}{key}");
+        Self::from_source(name, source.trim_end_matches('\n').to_owned())
+    }
+
+    /// As [`with_snippets`](Self::with_snippets), with the twin that runs the script for many
+    /// keys of one node in one call: `batch.lua` around the same prologue, snippets and body,
+    /// flagged as the script plus `allow-cross-slot-keys`, named `<name>_batch`.
+    pub(super) fn batchable(
+        name: &'static str,
+        snippets: &[&'static str],
+        file: &'static str,
+    ) -> Self {
+        let mut script = Self::with_snippets(name, snippets, file);
+        let (shebang, body) = split_shebang(file);
+        let shebang = match shebang.split_once("flags=") {
+            Some((head, flags)) => format!("{head}flags={flags},allow-cross-slot-keys"),
+            None => format!("{} flags=allow-cross-slot-keys", shebang.trim_end()),
+        };
+        let (head, tail) = without_header(BATCH)
+            .split_once("--@body\n")
+            .expect("batch.lua has a --@body line");
+        let (before, after) = head
+            .split_once("--@call\n")
+            .expect("batch.lua has a --@call line");
+        let (call, key) = op_source(snippets, body);
+        let source = format!(
+            "{shebang}\nlocal memo = {{}}\n{before}{call}{after}{}\n{tail}",
+            key.trim_end_matches('\n')
+        );
+        let batch_name: &'static str = Box::leak(format!("{name}_batch").into_boxed_str());
+        script.batch = Some(Box::new(Self::from_source(
+            batch_name,
+            source.trim_end_matches('\n').to_owned(),
+        )));
+        script
+    }
+
+    fn from_source(name: &'static str, source: String) -> Self {
+        let sha = redis::Script::new(&source).get_hash().to_owned();
+        Self {
+            name,
+            source,
+            sha,
+            batch: None,
+        }
+    }
+
+    /// The twin that runs this script for many keys of one node in one call, if it has one.
+    pub(crate) fn batch(&'static self) -> Option<&'static LuaScript> {
+        self.batch.as_deref()
+    }
+
+    /// The script's name, as [`ScriptSource::name`].
+    ///
+    /// [`ScriptSource::name`]: super::ScriptSource::name
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The SHA1 Redis caches the script under (`EVALSHA`).
+    pub(super) fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// The text sent (`EVAL`, `SCRIPT LOAD`): the `#!lua` line first, no trailing newline.
+    pub(super) fn source(&self) -> &str {
+        &self.source
+    }
+}
+
+/// The `#!lua` line of `file` (header skipped) and the rest.
+fn split_shebang(file: &str) -> (&str, &str) {
+    let file = without_header(file);
+    file.split_once('\n').unwrap_or((file, ""))
+}
+
+/// The code of a script built on the shared [`PROLOGUE`] and `snippets` (headers dropped), as
+/// what runs once per script call and what runs once per key: the part of the prologue and of
+/// each snippet above its `--@key` line (if it has one), then the rest of them and `body`. In a
+/// batch the keys share the first part (the time, helper functions that read no key).
+fn op_source(snippets: &[&str], body: &str) -> (String, String) {
+    let (mut call, mut key) = (String::new(), String::new());
+    for part in std::iter::once(&PROLOGUE).chain(snippets) {
+        let text = without_header(part);
+        let marker = if text.starts_with(KEY_MARKER) {
+            Some(0)
+        } else {
+            text.find(&format!("\n{KEY_MARKER}")).map(|at| at + 1)
+        };
+        match marker {
+            Some(at) => {
+                call.push_str(&text[..at]);
+                key.push_str(&text[at + KEY_MARKER.len()..]);
+            }
+            None => key.push_str(text),
+        }
+    }
+    key.push_str(body);
+    (call, key)
+}
+
+/// The line that ends a snippet's once-per-call part (see [`op_source`]).
+const KEY_MARKER: &str = "--@key\n";
+
+/// `file` without its leading `--` comment lines (a `--@` marker line is not one of them).
+fn without_header(file: &str) -> &str {
+    let mut rest = file;
+    while rest.starts_with("--") && !rest.starts_with("--@") {
+        rest = rest.split_once('\n').map_or("", |(_, next)| next);
+    }
+    rest
+}
+
+/// The prologue every script built here starts with (time, the lock's state, `keep`, `clear`).
+/// Contract: `script/lua/prologue.lua`.
+const PROLOGUE: &str = include_str!("lua/prologue.lua");
+
+/// The wrapper that runs a batchable script once per key of one node.
+/// Contract: `script/lua/batch.lua`.
+const BATCH: &str = include_str!("lua/batch.lua");

@@ -1,0 +1,249 @@
+//! The call: [`ScriptCall`], one script invocation owned with its keys and arguments (the
+//! `EVALSHA` command built once, its `EVAL` fallback, its batch of calls), what it weighs in a
+//! per-node batch ([`EntriesSeen`], [`SCAN_WEIGHT`]) and the milliseconds arguments
+//! ([`ttl_millis`], [`ttl_ms`]).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use redis::Cmd;
+
+use super::assemble::LuaScript;
+
+impl From<ScriptCall> for std::borrow::Cow<'_, ScriptCall> {
+    fn from(call: ScriptCall) -> Self {
+        std::borrow::Cow::Owned(call)
+    }
+}
+
+impl<'a> From<&'a ScriptCall> for std::borrow::Cow<'a, ScriptCall> {
+    fn from(call: &'a ScriptCall) -> Self {
+        std::borrow::Cow::Borrowed(call)
+    }
+}
+
+/// What a call that reads `entries` entries of a hash that grows with its callers (a fair lock's
+/// waiting places, a read-write lock's readers) weighs in a batch, in mutex calls: each entry
+/// costs about a quarter of one, so a call on a full queue ([`MAX_FAIR_WAITERS`]) goes alone.
+///
+/// [`MAX_FAIR_WAITERS`]: crate::MAX_FAIR_WAITERS
+pub(crate) fn entries_weight(entries: u32) -> u32 {
+    1 + entries / 4
+}
+
+/// The least weight of a call that may read every entry of such a hash whatever its last
+/// reply said (a fair acquire, withdrawal or release, a write acquire): at most `MAX_BATCH /
+/// 32` = 2 of them share a batch, so a batch reads at most 2 × 256 entries (two full queues or
+/// read-write locks) even when the counts seen are stale (other clients filled the queue since).
+pub(crate) const SCAN_WEIGHT: u32 = 32;
+
+/// Buckets of [`SEEN`]: slots share one by `slot % SEEN_BUCKETS`.
+const SEEN_BUCKETS: usize = 1024;
+
+/// The entry count the last reply of a fair or read-write call reported, per slot bucket: the
+/// first call of an acquisition weighs by what an earlier call on that slot saw.
+static SEEN: [AtomicU32; SEEN_BUCKETS] = [const { AtomicU32::new(0) }; SEEN_BUCKETS];
+
+/// How many queue places or reader entries the calls of one acquisition read, as the replies
+/// report them: the weight of its next calls ([`entries_weight`]).
+#[derive(Debug)]
+pub(crate) struct EntriesSeen {
+    bucket: usize,
+    /// The least weight of this acquisition's calls.
+    floor: u32,
+    /// The most this acquisition saw.
+    most: AtomicU32,
+}
+
+impl EntriesSeen {
+    /// Nothing seen yet by this acquisition on `slot`; its calls weigh at least `floor`.
+    pub(crate) fn new(slot: u16, floor: u32) -> Self {
+        Self {
+            bucket: usize::from(slot) % SEEN_BUCKETS,
+            floor,
+            most: AtomicU32::new(0),
+        }
+    }
+
+    /// A reply reported `entries`.
+    pub(crate) fn note(&self, entries: i64) {
+        let entries = u32::try_from(entries.max(0)).unwrap_or(u32::MAX);
+        self.most.fetch_max(entries, Ordering::Relaxed);
+        SEEN[self.bucket].store(entries, Ordering::Relaxed);
+    }
+
+    /// The most this acquisition saw, or what the last reply on its slot bucket reported if
+    /// that is more.
+    pub(crate) fn entries(&self) -> u32 {
+        let most = self.most.load(Ordering::Relaxed);
+        most.max(SEEN[self.bucket].load(Ordering::Relaxed))
+    }
+
+    /// The weight of the next call: [`entries_weight`] of [`entries`](Self::entries), at least
+    /// the floor.
+    pub(crate) fn weight(&self) -> u32 {
+        entries_weight(self.entries()).max(self.floor)
+    }
+}
+
+/// One script call with everything it needs, owned: it can be kept, cloned and run later (a
+/// background release, a compensating release after WAIT).
+///
+/// It holds the `EVALSHA sha numkeys keys.. args..` command itself, built once into buffers
+/// sized up front: sending it copies nothing, and a batch reads its calls' arguments from it.
+#[derive(Debug, Clone)]
+pub(crate) struct ScriptCall {
+    script: &'static LuaScript,
+    /// How many of the arguments after `numkeys` are keys.
+    keys: usize,
+    /// What the call may cost the server, in units of one mutex call (1 unless set with
+    /// [`weighted`](Self::weighted)): a batch carries calls up to a total weight.
+    weight: u32,
+    cmd: Cmd,
+}
+
+/// Arguments of `EVALSHA` before the keys: the verb, the SHA and the number of keys.
+const HEAD: usize = 3;
+
+impl ScriptCall {
+    /// `script` with `KEYS` `keys` and `ARGV` `args`.
+    pub(crate) fn new(script: &'static LuaScript, keys: &[&str], args: &[&str]) -> Self {
+        let bytes = keys
+            .iter()
+            .chain(args)
+            .map(|part| part.len())
+            .sum::<usize>();
+        let mut call = Self::start(script, keys, args.len(), bytes);
+        for arg in args {
+            call.cmd.arg(*arg);
+        }
+        call
+    }
+
+    /// `script` with `KEYS` `keys`, and room for `args` more arguments of about `bytes` bytes
+    /// in all (keys included), given with [`arg`](Self::arg).
+    pub(crate) fn start(
+        script: &'static LuaScript,
+        keys: &[&str],
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        let mut cmd = Cmd::with_capacity(HEAD + keys.len() + args, 8 + 40 + 4 + bytes);
+        cmd.arg("EVALSHA").arg(script.sha()).arg(keys.len());
+        for key in keys {
+            cmd.arg(*key);
+        }
+        Self {
+            script,
+            keys: keys.len(),
+            weight: 1,
+            cmd,
+        }
+    }
+
+    /// The same call, weighing `weight` mutex calls (at least 1) in a batch: a semaphore call
+    /// reads every permit entry of its semaphore (`docs/design.md`, "Bounded script work").
+    pub(crate) fn weighted(mut self, weight: u32) -> Self {
+        self.weight = weight.max(1);
+        self
+    }
+
+    /// The call's weight in a batch, in mutex calls.
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Appends one `ARGV` argument (a string, or a number written in decimal).
+    pub(crate) fn arg(mut self, arg: impl redis::ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The arguments after `numkeys`: the keys, then the `ARGV` arguments.
+    fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.cmd.args_iter().skip(HEAD).filter_map(|arg| match arg {
+            redis::Arg::Simple(bytes) => Some(bytes),
+            _ => None,
+        })
+    }
+
+    /// `KEYS[1]`: what the call is routed by, and named after in the errors of a detached call.
+    pub(crate) fn first_key(&self) -> &str {
+        self.parts()
+            .next()
+            .filter(|_| self.keys > 0)
+            .and_then(|key| std::str::from_utf8(key).ok())
+            .unwrap_or("")
+    }
+
+    /// The script that runs this call together with others of the same script for keys of one
+    /// node, if the script has one and the call has one key.
+    pub(crate) fn batch_script(&self) -> Option<&'static LuaScript> {
+        self.script.batch().filter(|_| self.keys == 1)
+    }
+
+    /// Whether the call has exactly one key (`KEYS[1]`).
+    pub(crate) fn has_one_key(&self) -> bool {
+        self.keys == 1
+    }
+
+    /// One call of `batch` (the batch twin of the calls' script) running every call of `calls`
+    /// (one key each), in order: `KEYS[1]` the first call's key, `ARGV` each call's key,
+    /// number of arguments and arguments.
+    pub(crate) fn batch_of<'a>(
+        batch: &'static LuaScript,
+        calls: impl IntoIterator<Item = &'a ScriptCall> + Clone,
+    ) -> ScriptCall {
+        let (mut args, mut bytes, mut first) = (0, 0, None);
+        for call in calls.clone() {
+            let parts = call.cmd.args_iter().len() - HEAD;
+            args += parts + 1;
+            bytes += call.cmd_bytes() + 4;
+            first = first.or(Some(call.first_key()));
+        }
+        let first = first.unwrap_or("");
+        let mut batch_call = ScriptCall::start(batch, &[first], args, bytes + first.len());
+        for call in calls {
+            let mut parts = call.parts();
+            let key = parts.next().unwrap_or_default();
+            batch_call
+                .cmd
+                .arg(key)
+                .arg(call.cmd.args_iter().len() - HEAD - 1);
+            for arg in parts {
+                batch_call.cmd.arg(arg);
+            }
+        }
+        batch_call
+    }
+
+    /// The bytes of the call's keys and arguments.
+    fn cmd_bytes(&self) -> usize {
+        self.parts().map(<[u8]>::len).sum()
+    }
+
+    /// `EVALSHA sha numkeys keys.. args..`.
+    pub(crate) fn evalsha(&self) -> &Cmd {
+        &self.cmd
+    }
+
+    /// `EVAL source numkeys keys.. args..`, the fallback after `NOSCRIPT`.
+    pub(crate) fn eval(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.script.source()).arg(self.keys);
+        for part in self.parts() {
+            cmd.arg(part);
+        }
+        cmd
+    }
+}
+
+/// A duration as the scripts' milliseconds argument (at least 1).
+pub(crate) fn ttl_millis(ttl: Duration) -> String {
+    ttl_ms(ttl).to_string()
+}
+
+/// A duration as the scripts' milliseconds argument (at least 1), as a number.
+pub(crate) fn ttl_ms(ttl: Duration) -> u128 {
+    ttl.as_millis().max(1)
+}

@@ -1,0 +1,407 @@
+//! The catalog: one static per script fencelock runs, grouped by primitive, the snippets they
+//! are built from, and the public list of them all ([`lua_scripts`], [`ScriptSource`]).
+//!
+//! Each script's KEYS/ARGV/replies contract is written once, in the comment header of its file
+//! in `script/lua/` (not sent to the server); the doc comment of a static names that file.
+
+use std::sync::LazyLock;
+
+use super::assemble::LuaScript;
+
+/// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
+///
+/// # Examples
+///
+/// ```
+/// let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
+/// assert_eq!(
+///     names,
+///     [
+///         "acquire", "acquire_batch", "lock_all", "release", "release_batch", "handoff",
+///         "extend", "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
+///         "latch_set", "latch_count_down", "latch_state",
+///         "rw_read", "rw_read_batch", "rw_write", "rw_write_batch", "rw_release",
+///         "rw_release_batch", "rw_extend", "rw_extend_batch", "rw_renew", "rw_reenter",
+///         "rw_downgrade", "rw_withdraw",
+///         "fair_acquire", "fair_acquire_batch", "fair_release", "fair_release_batch",
+///         "fair_withdraw", "fair_extend", "fair_extend_batch", "fair_renew", "fair_renew_place",
+///         "semaphore_acquire", "semaphore_acquire_batch", "semaphore_release",
+///         "semaphore_release_batch", "semaphore_extend", "semaphore_extend_batch",
+///         "semaphore_renew", "semaphore_available", "semaphore_set_limit",
+///         "inspect", "force_unlock", "rw_force_unlock", "fair_force_unlock",
+///         "semaphore_force_unlock", "latch_force_unlock", "quorum_commit",
+///     ]
+/// );
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ScriptSource {
+    /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
+    /// `inspect`, `force_unlock`, `quorum_commit` (the quorum lock's second round), or a
+    /// primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock), `fair_*`,
+    /// `semaphore_*`, `latch_*`. `<name>_batch` runs script `<name>` for many keys of one node
+    /// in one call (the client's per-node batching).
+    pub name: &'static str,
+    /// The SHA1 Redis caches it under (`EVALSHA`).
+    pub sha1: &'static str,
+    /// The Lua source, `#!lua` first line included, without a trailing newline (the SHA1 is
+    /// computed over exactly this text).
+    pub source: &'static str,
+}
+
+/// Every Lua script fencelock runs, batch twins after their script. Each script's KEYS, ARGV
+/// and replies are documented in the comment header of its file in `src/script/lua/` (the
+/// header is not part of [`ScriptSource::source`]).
+pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
+    [
+        &*ACQUIRE,
+        &*LOCK_ALL,
+        &*RELEASE,
+        &*HANDOFF,
+        &*EXTEND,
+        &*REENTER,
+        &*RENEW,
+        &*FENCED_SET,
+        &*LATCH_SET,
+        &*LATCH_COUNT_DOWN,
+        &*LATCH_STATE,
+        &*RW_READ,
+        &*RW_WRITE,
+        &*RW_RELEASE,
+        &*RW_EXTEND,
+        &*RW_RENEW,
+        &*RW_REENTER,
+        &*RW_DOWNGRADE,
+        &*RW_WITHDRAW,
+        &*FAIR_ACQUIRE,
+        &*FAIR_RELEASE,
+        &*FAIR_WITHDRAW,
+        &*FAIR_EXTEND,
+        &*FAIR_RENEW,
+        &*FAIR_RENEW_PLACE,
+        &*SEMAPHORE_ACQUIRE,
+        &*SEMAPHORE_RELEASE,
+        &*SEMAPHORE_EXTEND,
+        &*SEMAPHORE_RENEW,
+        &*SEMAPHORE_AVAILABLE,
+        &*SEMAPHORE_SET_LIMIT,
+        &*INSPECT,
+        &*FORCE_UNLOCK,
+        &*RW_FORCE_UNLOCK,
+        &*FAIR_FORCE_UNLOCK,
+        &*SEMAPHORE_FORCE_UNLOCK,
+        &*LATCH_FORCE_UNLOCK,
+        &*QUORUM_COMMIT,
+    ]
+    .into_iter()
+    .flat_map(|script| std::iter::once(script).chain(script.batch()))
+    .map(|script| ScriptSource {
+        name: script.name(),
+        sha1: script.sha(),
+        source: script.source(),
+    })
+}
+
+// Snippets: inserted after the prologue (see `LuaScript::with_snippets`), each documented in
+// its file's header.
+
+/// The fence rule every granting script shares (`next_fence`). Contract: `script/lua/fence.lua`.
+const FENCE_RULE: &str = include_str!("lua/fence.lua");
+
+/// The expiry that is only ever raised (`raise`), for keys holding other callers' entries.
+/// Contract: `script/lua/raise.lua`.
+const RAISE: &str = include_str!("lua/raise.lua");
+
+/// The head of the watchdog's renew scripts (`now_ms`, `grace`, `codes`).
+/// Contract: `script/lua/renew_head.lua`.
+const RENEW_HEAD: &str = include_str!("lua/renew_head.lua");
+
+/// A watchdog renew script: [`RENEW_HEAD`], then `file`.
+fn renew_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_head(name, RENEW_HEAD, file)
+}
+
+/// The read-write lock's fields and helpers. Contract: `script/lua/rw_prologue.lua`.
+const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
+
+/// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
+const FAIR: &str = include_str!("lua/fair.lua");
+
+/// The semaphore's state (`sem_read`, `sem_mine`, ...). Contract: `script/lua/semaphore.lua`.
+const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
+
+/// `inspect(kind)`, the state of one key of any kind. Contract: `script/lua/inspect.lua`.
+const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
+
+/// A granting script: the prologue and the [`FENCE_RULE`], then `file`.
+fn fenced(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE], file)
+}
+
+/// A read-write lock script: the prologue, the fence rule, [`RAISE`], the [`RW_PROLOGUE`],
+/// then `file`.
+fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+}
+
+/// [`rw_script`], with a batch twin (the calls on the hot path).
+fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+}
+
+/// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
+fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, FAIR], file)
+}
+
+/// [`fair_script`], with a batch twin (the calls on the hot path).
+fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
+}
+
+/// A semaphore script: the prologue, the fence rule, the [`SEMAPHORE`] state, then `file`.
+fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::with_snippets(name, &[FENCE_RULE, SEMAPHORE], file)
+}
+
+/// [`semaphore_script`], with a batch twin (the calls on the hot path).
+fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
+    LuaScript::batchable(name, &[FENCE_RULE, SEMAPHORE], file)
+}
+
+// The mutex.
+
+/// Grant the lock to an owner and advance its fence. Contract: `script/lua/acquire.lua`.
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable("acquire", &[FENCE_RULE], include_str!("lua/acquire.lua"))
+});
+
+/// Grant several locks of one slot to one owner, all or none (the multi-lock).
+/// Contract: `script/lua/lock_all.lua`.
+pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
+    LazyLock::new(|| fenced("lock_all", include_str!("lua/lock_all.lua")));
+
+/// End one hold; the last frees the lock. Replies an [`Outcome`](super::Outcome) code.
+/// Contract: `script/lua/release.lua`.
+pub(crate) static RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::batchable("release", &[], include_str!("lua/release.lua")));
+
+/// Release A's hold and grant B of the same client in one call. No batch twin: it
+/// is sent on its own (`Transport::run_direct`). Contract: `script/lua/handoff.lua`.
+pub(crate) static HANDOFF: LazyLock<LuaScript> =
+    LazyLock::new(|| fenced("handoff", include_str!("lua/handoff.lua")));
+
+/// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
+pub(crate) static EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::batchable("extend", &[], include_str!("lua/extend.lua")));
+
+/// Add a hold to a lock this owner holds, with the same fence. Contract: `script/lua/reenter.lua`.
+pub(crate) static REENTER: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("lua/reenter.lua")));
+
+/// The watchdog's batch: extend many leases on one node in one call.
+/// Contract: `script/lua/renew.lua`.
+pub(crate) static RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| renew_script("renew", include_str!("lua/renew.lua")));
+
+// Storage kept in Redis.
+
+/// Store a value only under a fence no lower than any accepted before.
+/// Contract: `script/lua/fenced_set.lua`.
+pub(crate) static FENCED_SET: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("fenced_set", include_str!("lua/fenced_set.lua")));
+
+// The countdown latch.
+
+/// Start a new generation of a latch (its fence). Contract: `script/lua/latch_set.lua`.
+pub(crate) static LATCH_SET: LazyLock<LuaScript> =
+    LazyLock::new(|| fenced("latch_set", include_str!("lua/latch_set.lua")));
+
+/// Count one id down in a latch's generation. Contract: `script/lua/latch_count_down.lua`.
+pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_prologue("latch_count_down", include_str!("lua/latch_count_down.lua"))
+});
+
+/// A latch's state (`no-writes`). Contract: `script/lua/latch_state.lua`.
+pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new("latch_state", include_str!("lua/latch_state.lua")));
+
+// The read-write lock.
+
+/// Grant a read hold. Contract: `script/lua/rw_read.lua`.
+pub(crate) static RW_READ: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_batchable("rw_read", include_str!("lua/rw_read.lua")));
+
+/// Grant the write hold, or record the waiting writer's intent.
+/// Contract: `script/lua/rw_write.lua`.
+pub(crate) static RW_WRITE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_batchable("rw_write", include_str!("lua/rw_write.lua")));
+
+/// End a read or write hold (the release of its [`Kind`](crate::held::Kind)).
+/// Contract: `script/lua/rw_release.lua`.
+pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_batchable("rw_release", include_str!("lua/rw_release.lua")));
+
+/// Move a read or write hold's lease end to now + TTL. Contract: `script/lua/rw_extend.lua`.
+pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_batchable("rw_extend", include_str!("lua/rw_extend.lua")));
+
+/// The watchdog's batch for read and write holds. Contract: `script/lua/rw_renew.lua`.
+pub(crate) static RW_RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| renew_script("rw_renew", include_str!("lua/rw_renew.lua")));
+
+/// Add a hold to this owner's read entry or write hold. Contract: `script/lua/rw_reenter.lua`.
+pub(crate) static RW_REENTER: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_reenter", include_str!("lua/rw_reenter.lua")));
+
+/// Turn a write hold into a read hold. Contract: `script/lua/rw_downgrade.lua`.
+pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_downgrade", include_str!("lua/rw_downgrade.lua")));
+
+/// Withdraw a waiting writer's intent. Contract: `script/lua/rw_withdraw.lua`.
+pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
+    LazyLock::new(|| rw_script("rw_withdraw", include_str!("lua/rw_withdraw.lua")));
+
+// The fair lock.
+
+/// Grant the fair lock in arrival order, or keep the caller's place.
+/// Contract: `script/lua/fair_acquire.lua`.
+pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("lua/fair_acquire.lua")));
+
+/// Free the fair lock and wake the head of its queue. Contract: `script/lua/fair_release.lua`.
+pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_batchable("fair_release", include_str!("lua/fair_release.lua")));
+
+/// Give up a waiting call's place (and a grant it never read).
+/// Contract: `script/lua/fair_withdraw.lua`.
+pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_script("fair_withdraw", include_str!("lua/fair_withdraw.lua")));
+
+/// Move the fair lock's lease end to now + TTL. Contract: `script/lua/fair_extend.lua`.
+pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
+    LazyLock::new(|| fair_batchable("fair_extend", include_str!("lua/fair_extend.lua")));
+
+/// The watchdog's batch for held fair locks. Contract: `script/lua/fair_renew.lua`.
+pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| renew_script("fair_renew", include_str!("lua/fair_renew.lua")));
+
+/// The watchdog's batch for waiting places. Contract: `script/lua/fair_renew_place.lua`.
+pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> =
+    LazyLock::new(|| renew_script("fair_renew_place", include_str!("lua/fair_renew_place.lua")));
+
+// The semaphore.
+
+/// Take `count` permits for one owner, all or none. Contract: `script/lua/semaphore_acquire.lua`.
+pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_batchable(
+        "semaphore_acquire",
+        include_str!("lua/semaphore_acquire.lua"),
+    )
+});
+
+/// Release an owner's permits, or withdraw a waiter's reservation.
+/// Contract: `script/lua/semaphore_release.lua`.
+pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_batchable(
+        "semaphore_release",
+        include_str!("lua/semaphore_release.lua"),
+    )
+});
+
+/// Move the lease end of an owner's permits to now + TTL.
+/// Contract: `script/lua/semaphore_extend.lua`.
+pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_batchable("semaphore_extend", include_str!("lua/semaphore_extend.lua"))
+});
+
+/// The watchdog's batch for semaphore holds. Contract: `script/lua/semaphore_renew.lua`.
+pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> =
+    LazyLock::new(|| semaphore_script("semaphore_renew", include_str!("lua/semaphore_renew.lua")));
+
+/// The stored limit and the live permits (`no-writes`).
+/// Contract: `script/lua/semaphore_available.lua`.
+pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_available",
+        include_str!("lua/semaphore_available.lua"),
+    )
+});
+
+/// Store a new limit. Contract: `script/lua/semaphore_set_limit.lua`.
+pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_set_limit",
+        include_str!("lua/semaphore_set_limit.lua"),
+    )
+});
+
+// Operators: inspection and forced unlocks (one per kind, the same ARGV).
+
+/// The state of one key of any kind (`no-writes`).
+/// Contract: `script/lua/inspect_read.lua`.
+pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "inspect",
+        &[INSPECT_SNIPPET],
+        include_str!("lua/inspect_read.lua"),
+    )
+});
+
+/// Free a mutex whoever holds it.
+/// Contract: `script/lua/force_unlock.lua`.
+pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "force_unlock",
+        &[INSPECT_SNIPPET],
+        include_str!("lua/force_unlock.lua"),
+    )
+});
+
+/// Free a read-write lock's writer and readers.
+/// Contract: `script/lua/rw_force_unlock.lua`.
+pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "rw_force_unlock",
+        &[FENCE_RULE, RAISE, RW_PROLOGUE, INSPECT_SNIPPET],
+        include_str!("lua/rw_force_unlock.lua"),
+    )
+});
+
+/// Free a fair lock's holder (its queue stays).
+/// Contract: `script/lua/fair_force_unlock.lua`.
+pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "fair_force_unlock",
+        &[FENCE_RULE, RAISE, FAIR, INSPECT_SNIPPET],
+        include_str!("lua/fair_force_unlock.lua"),
+    )
+});
+
+/// Free every live permit of a semaphore.
+/// Contract: `script/lua/semaphore_force_unlock.lua`.
+pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "semaphore_force_unlock",
+        &[FENCE_RULE, SEMAPHORE, INSPECT_SNIPPET],
+        include_str!("lua/semaphore_force_unlock.lua"),
+    )
+});
+
+/// Open an armed latch.
+/// Contract: `script/lua/latch_force_unlock.lua`.
+pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "latch_force_unlock",
+        &[INSPECT_SNIPPET],
+        include_str!("lua/latch_force_unlock.lua"),
+    )
+});
+
+// The quorum lock.
+
+/// The quorum lock's second round: raise a node's fence to the chosen token.
+/// Contract: `script/lua/quorum_commit.lua`.
+pub(crate) static QUORUM_COMMIT: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_prologue("quorum_commit", include_str!("lua/quorum_commit.lua"))
+});
