@@ -19,7 +19,7 @@ use crate::options::{validate_ttl, LockOptions};
 use crate::runtime::lease::{lease_end, Ended, SharedLease};
 use crate::runtime::watchdog::Watch;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
-use crate::stats::{kind_of, Counter, Counters};
+use crate::stats::{Counter, Counters};
 
 /// The accessors every guard shares, written once: a guard is a struct with a `held: Held`
 /// field, and `$what` names what it holds in the docs ("lock", "read hold", "permits"). Each
@@ -93,14 +93,16 @@ pub(crate) use held_wrapper;
 ///
 /// With `holder_names_hold`, the owner argument of `extend` and `renew` is `"<owner> <hold
 /// id>"` (the semaphore's: its permit numbers, so those scripts read only the hold's entries).
-pub(crate) struct Kind {
+pub(crate) struct Scripts {
+    /// The primitive whose holds these are: its name in spans and metrics.
+    pub(crate) kind: crate::Kind,
     pub(crate) release: &'static LazyLock<LuaScript>,
     pub(crate) extend: &'static LazyLock<LuaScript>,
     pub(crate) renew: &'static LazyLock<LuaScript>,
     pub(crate) holder_names_hold: bool,
 }
 
-impl Kind {
+impl Scripts {
     /// The owner argument of the `extend` and `renew` calls of `owner`'s hold `hold`.
     fn holder(&self, owner: &str, hold: &str) -> String {
         if self.holder_names_hold {
@@ -187,7 +189,7 @@ impl Clone for Watched {
 /// One hold: what every guard wraps. Dropping an unreleased one releases it in the background.
 pub(crate) struct Held {
     core: Arc<Core>,
-    kind: &'static Kind,
+    kind: &'static Scripts,
     keys: LockKeys,
     owner: Box<str>,
     /// Empty for the hold an acquire granted; the hold's id for a re-entry.
@@ -221,7 +223,7 @@ impl Held {
     /// ([`Core::granted`]).
     pub(crate) fn new(
         core: &Arc<Core>,
-        kind: &'static Kind,
+        kind: &'static Scripts,
         grant: Grant,
         options: &LockOptions,
     ) -> Self {
@@ -241,7 +243,7 @@ impl Held {
     /// The hold `grant` made, following `watched` (another hold's watch) if any.
     pub(crate) fn following(
         core: &Arc<Core>,
-        kind: &'static Kind,
+        kind: &'static Scripts,
         grant: Grant,
         watched: Option<Watched>,
     ) -> Self {
@@ -288,7 +290,7 @@ impl Held {
     /// Registers `grant` with the watchdog; `None` without a Tokio runtime.
     fn watch(
         core: &Arc<Core>,
-        kind: &'static Kind,
+        kind: &'static Scripts,
         grant: &Grant,
         options: &LockOptions,
     ) -> Option<Watched> {
@@ -460,13 +462,10 @@ impl Held {
         self.release_unspanned().instrument(span).await
     }
 
-    /// The span of a call on this hold: the lock's name, kind (`lock`, `rw`, `fair`,
-    /// `semaphore`, as the acquiring calls' spans name them) and fence.
+    /// The span of a call on this hold: the lock's name, kind ([`Kind::as_str`](crate::Kind::as_str),
+    /// as the acquiring calls' spans name it) and fence.
     fn span(&self, call: &'static str) -> tracing::Span {
-        let kind = match self.keys.lock_key().rsplit(':').next().unwrap_or_default() {
-            "sem" => "semaphore",
-            other => other,
-        };
+        let kind = self.kind.kind.as_str();
         tracing::debug_span!(
             "fencelock.hold",
             call,
@@ -641,7 +640,7 @@ impl Held {
 
     /// The `kind` label of this hold's metrics.
     fn metric_kind(&self) -> &'static str {
-        kind_of(self.keys.lock_key())
+        self.kind.kind.as_str()
     }
 
     /// Stops the watchdog for this hold.

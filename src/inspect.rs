@@ -71,7 +71,7 @@ impl Kind {
 
     /// The kind's name: `mutex`, `rwlock`, `fair`, `semaphore`, `latch` (what the CLI prints
     /// and [`FromStr`](std::str::FromStr) reads).
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Kind::Mutex => "mutex",
             Kind::ReadWrite => "rwlock",
@@ -82,7 +82,7 @@ impl Kind {
     }
 
     /// The last part of the kind's keys (`lock`, `rw`, `fair`, `sem`, `latch`).
-    pub fn key_suffix(self) -> &'static str {
+    pub const fn key_suffix(self) -> &'static str {
         match self {
             Kind::Mutex => "lock",
             Kind::ReadWrite => "rw",

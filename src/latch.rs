@@ -182,7 +182,7 @@ impl Latch {
         let span = self.span("set");
         async {
             let core = &self.core;
-            let set_id = uuid::Uuid::new_v4().simple().to_string();
+            let set_id = crate::owner::id();
             let sent = Instant::now();
             let call = ScriptCall::new(
                 &LATCH_SET,
@@ -432,7 +432,7 @@ impl Latch {
     fn span(&self, operation: &'static str) -> tracing::Span {
         tracing::debug_span!(
             "fencelock.latch",
-            kind = "latch",
+            kind = crate::Kind::Latch.as_str(),
             latch = self.name(),
             operation,
             slot = self.slot()

@@ -83,6 +83,7 @@ mod multi;
 mod options;
 #[cfg(feature = "serde")]
 mod options_serde;
+mod owner;
 mod quorum;
 mod reentry;
 mod runtime;

@@ -594,7 +594,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.lock_all",
             lock = names.join(" "),
-            kind = "lock",
+            kind = crate::Kind::Mutex.as_str(),
             one_slot
         );
         async {
@@ -874,7 +874,7 @@ impl Client {
             "fencelock.rw_lock_all",
             call,
             lock = names.join(" "),
-            kind = "rw"
+            kind = crate::Kind::ReadWrite.as_str()
         );
         let members = collect(self.core(), &keys, options, deadline)
             .instrument(span)

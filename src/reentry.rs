@@ -12,7 +12,7 @@ use crate::acquire::InFlight;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::held::{Grant, Held, Kind, Watched};
+use crate::held::{Grant, Held, Scripts, Watched};
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
@@ -46,10 +46,8 @@ const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 /// How a primitive's re-entry script is called and read.
 pub(crate) struct Entry {
-    /// The metrics' and spans' name of the primitive's kind.
-    pub(crate) kind: &'static str,
     /// The scripts its holds are released, extended and renewed with.
-    pub(crate) scripts: &'static Kind,
+    pub(crate) scripts: &'static Scripts,
     /// `KEYS[1]` the key; `ARGV` owner, hold id, TTL ms, then `mode` when set, then the expiry
     /// grace; replies `{code, stored fence, remaining lease ms}`, code 1 for a hold added.
     pub(crate) script: &'static LazyLock<LuaScript>,
@@ -127,7 +125,7 @@ impl Reentrant {
         let span = tracing::debug_span!(
             "fencelock.reenter",
             lock = self.keys.name(),
-            kind = entry.kind,
+            kind = entry.scripts.kind.as_str(),
             mode = tracing::field::Empty
         );
         if let Some(mode) = mode {
@@ -139,7 +137,7 @@ impl Reentrant {
     async fn enter_unspanned(&self, entry: &Entry, mode: Option<&str>) -> Result<Held> {
         let (name, key) = (self.keys.name(), self.keys.lock_key());
         validate_ttl(name, self.ttl)?;
-        let hold = uuid::Uuid::new_v4().simple().to_string();
+        let hold = crate::owner::id();
         let sent = Instant::now();
         let ttl_ms = ttl_millis(self.ttl);
         let in_flight = InFlight::release(&self.core, entry.scripts, key, &self.owner, &hold);
@@ -153,7 +151,7 @@ impl Reentrant {
         let own = self.fence.get();
         match code {
             1 if u64::try_from(fence).is_ok_and(|stored| (entry.fence_is_own)(stored, own)) => {
-                tracing::debug!(lock = name, kind = entry.kind, fence = %self.fence, "re-entered");
+                tracing::debug!(lock = name, kind = entry.scripts.kind.as_str(), fence = %self.fence, "re-entered");
                 let grant = Grant {
                     weight: 1,
                     keys: self.keys.clone(),

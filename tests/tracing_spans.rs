@@ -89,20 +89,20 @@ async fn public_calls_run_in_spans_with_the_lock_name_and_kind() {
 
     assert!(spans.has("fencelock.connect", &[]), "{:?}", spans.seen);
     for (name, fields) in [
-        ("fencelock.try_lock", &["lock=orders:42", "kind=lock"][..]),
+        ("fencelock.try_lock", &["lock=orders:42", "kind=mutex"][..]),
         (
             "fencelock.hold",
-            &["call=fencelock.extend", "lock=orders:42", "kind=lock"],
+            &["call=fencelock.extend", "lock=orders:42", "kind=mutex"],
         ),
         (
             "fencelock.hold",
-            &["call=fencelock.release", "lock=orders:42", "kind=lock"],
+            &["call=fencelock.release", "lock=orders:42", "kind=mutex"],
         ),
         ("fencelock.fenced_set", &["key=stock:1"]),
-        ("fencelock.read_lock", &["lock=catalog", "kind=rw"]),
+        ("fencelock.read_lock", &["lock=catalog", "kind=rwlock"]),
         (
             "fencelock.hold",
-            &["call=fencelock.release", "lock=catalog", "kind=rw"],
+            &["call=fencelock.release", "lock=catalog", "kind=rwlock"],
         ),
         ("fencelock.semaphore", &["name=pool", "kind=semaphore"]),
         (

@@ -18,11 +18,10 @@ use crate::acquire::replicas::{self, Acks};
 use crate::acquire::{Attempt, InFlight};
 use crate::core::Core;
 use crate::error::{Error, Result};
-use crate::held::{Grant, Kind};
+use crate::held::{Grant, Scripts};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 use crate::script::{parse_fence, parse_reply, ScriptCall};
-use crate::stats::kind_of;
 
 /// A granting script's reply in the shared layout (see the module docs).
 #[derive(Debug, PartialEq, Eq)]
@@ -82,7 +81,7 @@ impl GrantReply {
 /// releases what the request may have been granted, in the background.
 pub(crate) struct Granting<'a> {
     core: &'a Arc<Core>,
-    scripts: &'static Kind,
+    scripts: &'static Scripts,
     keys: &'a LockKeys,
     operation: &'static str,
     owner: &'a str,
@@ -99,7 +98,7 @@ impl<'a> Granting<'a> {
     /// is armed (see [`without_undo`](Self::without_undo)).
     pub(crate) fn new(
         core: &'a Arc<Core>,
-        scripts: &'static Kind,
+        scripts: &'static Scripts,
         keys: &'a LockKeys,
         operation: &'static str,
         owner: &'a str,
@@ -198,7 +197,7 @@ impl<'a> Granting<'a> {
         undo: Option<ScriptCall>,
     ) -> Result<Grant> {
         let name = self.keys.name();
-        let kind = kind_of(self.keys.lock_key());
+        let kind = self.scripts.kind.as_str();
         if behind > 0 {
             self.core.clock_behind(kind, name, behind);
         }

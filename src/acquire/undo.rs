@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::core::Core;
-use crate::held::Kind;
+use crate::held::Scripts;
 use crate::script::ScriptCall;
 use crate::transport::Transport;
 
@@ -26,7 +26,7 @@ enum Undo<'a> {
     /// call is built only if the undo fires.
     Release {
         core: &'a Core,
-        kind: &'static Kind,
+        kind: &'static Scripts,
         key: &'a str,
         owner: &'a str,
         hold: &'a str,
@@ -47,7 +47,7 @@ impl<'a> InFlight<'a> {
     /// release script until [`disarm`](Self::disarm); the call is built only if it fires.
     pub(crate) fn release(
         core: &'a Arc<Core>,
-        kind: &'static Kind,
+        kind: &'static Scripts,
         key: &'a str,
         owner: &'a str,
         hold: &'a str,

@@ -1,11 +1,12 @@
 //! The guard of a held fair lock: a thin wrapper around [`Held`].
 
 use crate::fence::FenceToken;
-use crate::held::{Held, Kind};
+use crate::held::{Held, Scripts};
 use crate::script::{FAIR_EXTEND, FAIR_RELEASE, FAIR_RENEW};
 
 /// The fair lock's release, extend and renew scripts.
-pub(crate) static FAIR: Kind = Kind {
+pub(crate) static FAIR: Scripts = Scripts {
+    kind: crate::Kind::Fair,
     release: &FAIR_RELEASE,
     extend: &FAIR_EXTEND,
     renew: &FAIR_RENEW,

@@ -30,7 +30,7 @@ pub use guard::FairLockGuard;
 use guard::FAIR;
 
 /// The key kind of a fair lock: `<prefix>:{<name>}:fair`.
-pub(crate) const KIND: &str = "fair";
+pub(crate) const KIND: &str = crate::Kind::Fair.key_suffix();
 
 /// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
 /// long once it is at the head. Shorter when the lock's TTL is shorter.
@@ -81,7 +81,7 @@ impl<'a> Acquire<'a> {
         options: &'a LockOptions,
         queue: bool,
     ) -> Self {
-        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let owner = crate::owner::token(core.tag());
         let place_lease = options.get_ttl().min(PLACE_LEASE);
         Self {
             core: Arc::clone(core),
@@ -240,12 +240,17 @@ impl Request for Acquire<'_> {
                 if self.place == "0" {
                     self.dirty.store(false, Ordering::Relaxed);
                 } else if queued == 1 {
-                    tracing::debug!(lock = keys.name(), kind = KIND, ahead, "queued");
+                    tracing::debug!(
+                        lock = keys.name(),
+                        kind = crate::Kind::Fair.as_str(),
+                        ahead,
+                        "queued"
+                    );
                     self.watch_place(granting.started());
                 } else if queued == -1 {
                     tracing::debug!(
                         lock = keys.name(),
-                        kind = KIND,
+                        kind = crate::Kind::Fair.as_str(),
                         places = ahead,
                         "queue full ({MAX_FAIR_WAITERS} places): trying again without a place"
                     );
@@ -309,7 +314,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_fair_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, false);
@@ -366,7 +371,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.fair_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, true);

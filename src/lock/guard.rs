@@ -1,11 +1,12 @@
 //! The guard of a held lock: a thin wrapper around [`Held`].
 
 use crate::fence::FenceToken;
-use crate::held::{Held, Kind};
+use crate::held::{Held, Scripts};
 use crate::script::{EXTEND, RELEASE, RENEW};
 
 /// The mutex's release, extend and renew scripts.
-pub(crate) static MUTEX: Kind = Kind {
+pub(crate) static MUTEX: Scripts = Scripts {
+    kind: crate::Kind::Mutex,
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,

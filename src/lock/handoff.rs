@@ -80,7 +80,7 @@ pub(crate) async fn wait(
     if options.wait.is_some() {
         return Local::NotHeld;
     }
-    let owner = || super::new_owner_token(core.tag());
+    let owner = || crate::owner::token(core.tag());
     let from = match core.handoffs.enter(keys, options, owner) {
         Entered::Turn(turn) => return Local::Ask(Some(turn)),
         Entered::Queued(from) => from,

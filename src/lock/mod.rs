@@ -18,6 +18,9 @@ use crate::fence::FenceToken;
 use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
+use crate::owner;
+#[allow(unused_imports)] // multi.rs still names it so
+pub(crate) use crate::owner::token as new_owner_token;
 use crate::script::{ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;
@@ -54,8 +57,8 @@ impl Request for Acquire<'_> {
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<LockGuard>> {
         let (keys, options) = (self.keys, self.options);
         let owner = match options.wait {
-            None => new_owner_token(core.tag()),
-            Some(_) => new_owner_token(&format!("{:08x}", rand::random::<u32>())),
+            None => owner::token(core.tag()),
+            Some(_) => owner::id(),
         };
         let key = keys.lock_key();
         let (mode, expiry) = (core.fence_arg(), core.expiry());
@@ -88,23 +91,6 @@ impl Request for Acquire<'_> {
             }),
         }
     }
-}
-
-/// A fresh owner token, hex encoded (32 lowercase digits): `tag` (the client's 8 hex digits,
-/// which the acquire script records for a waiter) then 96 random bits.
-///
-/// The bits come from rand's thread-local CSPRNG (ChaCha12, seeded from the OS and reseeded
-/// by rand), not from a `getrandom` call per token; encoded on the stack, one allocation.
-pub(crate) fn new_owner_token(tag: &str) -> String {
-    let mut buffer = uuid::Uuid::encode_buffer();
-    let bits: u128 = rand::random();
-    let token: &str = uuid::Uuid::from_u128(bits)
-        .simple()
-        .encode_lower(&mut buffer);
-    let mut owner = String::with_capacity(32);
-    owner.push_str(&tag[..tag.len().min(8)]);
-    owner.push_str(&token[owner.len()..]);
-    owner
 }
 
 impl Client {
@@ -153,7 +139,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_lock",
             lock = name,
-            kind = "lock",
+            kind = crate::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
         acquire::once(
@@ -223,7 +209,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.lock",
             lock = name,
-            kind = "lock",
+            kind = crate::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
         let request = Acquire {
@@ -300,7 +286,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.with_lock",
             lock = name,
-            kind = "lock",
+            kind = crate::Kind::Mutex.as_str(),
             fence = guard.fence().get()
         );
         let outcome = async {
@@ -368,7 +354,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.with_lock",
             lock = name,
-            kind = "lock",
+            kind = crate::Kind::Mutex.as_str(),
             fence = guard.fence().get()
         );
         let lost = guard.held().lost_watcher();
@@ -414,33 +400,5 @@ async fn finish_with_lock<T, E: From<Error>>(
             tracing::warn!(parent: &span, lock = name, error = %err, "with_lock: the release failed; the lock expires after its TTL");
             outcome
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owner_tokens_are_a_tag_and_96_random_bits_in_hex() {
-        let tag = "0a1b2c3d";
-        let token = new_owner_token(tag);
-        assert_eq!(token.len(), 32);
-        assert_eq!(token.capacity(), 32);
-        assert!(token.starts_with(tag));
-        assert!(token
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-        assert_ne!(token, new_owner_token(tag));
-        // Every bit after the tag varies: over 64 tokens each of the 96 bits was seen both set
-        // and clear (chance of a false failure ≈ 2^-57).
-        let (mut ones, mut zeros) = (0u128, 0u128);
-        for _ in 0..64 {
-            let bits = u128::from_str_radix(&new_owner_token(tag), 16).unwrap();
-            ones |= bits;
-            zeros |= !bits;
-        }
-        let random = (1u128 << 96) - 1;
-        assert_eq!((ones & random, zeros & random), (random, random));
     }
 }

@@ -10,7 +10,6 @@ use super::guard::{LockGuard, MUTEX};
 /// The mutex's re-entry: the stored fence may be above the owner's by the fences its grant
 /// reserved for handing the lock on within the client under the same token.
 static ENTRY: Entry = Entry {
-    kind: "lock",
     scripts: &MUTEX,
     script: &REENTER,
     fence_is_own: |stored, own| stored >= own,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::held::{Held, Kind};
+use crate::held::{Held, Scripts};
 use crate::keys::LockKeys;
 use crate::options::validate_ttl;
 use crate::script::{ScriptCall, EXTEND, RELEASE, RENEW};
@@ -24,7 +24,8 @@ use super::Shared;
 
 /// The scripts a quorum lock's node holds are released, extended and renewed with: the
 /// mutex's.
-pub(super) static QUORUM: Kind = Kind {
+pub(super) static QUORUM: Scripts = Scripts {
+    kind: crate::Kind::Mutex,
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,

@@ -4,14 +4,15 @@ use std::sync::LazyLock;
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
-use crate::held::{Held, Kind};
+use crate::held::{Held, Scripts};
 use crate::script::{
     parse_reply, Outcome, ScriptCall, RW_DOWNGRADE, RW_EXTEND, RW_RELEASE, RW_RENEW,
 };
 
 /// The read-write lock's release, extend and renew scripts: each finds the caller's own entry
 /// (`w` when it writes, else `r:<owner>`) and touches nothing else.
-pub(crate) static RW: Kind = Kind {
+pub(crate) static RW: Scripts = Scripts {
+    kind: crate::Kind::ReadWrite,
     release: &RW_RELEASE,
     extend: &RW_EXTEND,
     renew: &RW_RENEW,
@@ -144,7 +145,7 @@ impl WriteGuard {
             &[held.keys().lock_key()],
             &[held.owner(), core.transport.announce(), core.expiry()],
         );
-        let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = "rw");
+        let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = crate::Kind::ReadWrite.as_str());
         let reply =
             tracing::Instrument::instrument(core.transport.run(&call, &name, "downgrade"), span)
                 .await?;

@@ -1,6 +1,6 @@
 //! The read-write lock: many readers or one writer, every hold fenced from one counter. This file
 //! is its two acquire [`Request`]s, the waiting writer's intent and the constructors on
-//! [`Client`]; `guard.rs` its guards over [`Held`] and its [`Kind`](crate::held::Kind);
+//! [`Client`]; `guard.rs` its guards over [`Held`] and its [`Kind`](crate::held::Scripts);
 //! `reentry.rs` the re-entry handle.
 //!
 //! One hash per lock, `<prefix>:{NAME}:rw` (see `script/lua/rw_prologue.lua` for its fields).
@@ -19,6 +19,7 @@ use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
+use crate::inspect::Kind;
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
 use crate::script::{
@@ -28,9 +29,6 @@ use crate::script::{
 use guard::RW;
 pub use guard::{ReadGuard, WriteGuard};
 pub use reentry::RwReentry;
-
-/// The key kind of a read-write lock: `<prefix>:{NAME}:rw`.
-const KIND: &str = "rw";
 
 /// The most live read holds (reader entries, one per read guard that is not a re-entry) one
 /// read-write lock has, across all clients. A writer's acquire, a forced unlock and an
@@ -86,7 +84,7 @@ impl Request for Acquire<'_> {
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Held>> {
         let (keys, options) = (self.keys, self.options);
         let operation = self.mode.operation();
-        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let owner = crate::owner::token(core.tag());
         let granting = Granting::new(core, &RW, keys, operation, &owner, options);
         let ttl_ms = ttl_millis(granting.lease());
         let floor = core.floor(options).to_string();
@@ -238,7 +236,7 @@ pub(crate) async fn take_write(
         return acquire::once(core, &request).await.map(WriteGuard::new);
     };
     let bound = instant_after(deadline, core.transport.request_timeout());
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    let id = crate::owner::id();
     let intent = Intent::new(core, keys, &id);
     let request = Acquire {
         keys,
@@ -274,7 +272,12 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as for [`LockKeys::new`].
     pub fn rwlock_keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
-        LockKeys::of_kind(&self.core().prefix, name, &options.placement, KIND)
+        LockKeys::of_kind(
+            &self.core().prefix,
+            name,
+            &options.placement,
+            Kind::ReadWrite.key_suffix(),
+        )
     }
 
     /// One of the four calls: its keys, the options checked, then `take` (one attempt, or a
@@ -330,7 +333,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_read_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, false, take_read).await
@@ -366,7 +369,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.read_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, true, take_read).await
@@ -402,7 +405,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_write_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, false, take_write).await
@@ -444,7 +447,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.write_lock",
             lock = name,
-            kind = KIND,
+            kind = crate::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, true, take_write).await

@@ -10,7 +10,6 @@ use super::guard::{ReadGuard, WriteGuard, RW};
 /// The read-write lock's re-entry: its own refusals are a forced unlock (`-3`) and an upgrade
 /// of a reader (`-2`).
 static ENTRY: Entry = Entry {
-    kind: "rw",
     scripts: &RW,
     script: &RW_REENTER,
     fence_is_own: |stored, own| stored == own,

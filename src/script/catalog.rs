@@ -237,7 +237,7 @@ pub(crate) static RW_READ: LazyLock<LuaScript> =
 pub(crate) static RW_WRITE: LazyLock<LuaScript> =
     LazyLock::new(|| rw_batchable("rw_write", include_str!("lua/rw_write.lua")));
 
-/// End a read or write hold (the release of its [`Kind`](crate::held::Kind)).
+/// End a read or write hold (the release of its [`Kind`](crate::held::Scripts)).
 /// Contract: `script/lua/rw_release.lua`.
 pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
     LazyLock::new(|| rw_batchable("rw_release", include_str!("lua/rw_release.lua")));

@@ -1,13 +1,14 @@
 //! The guard of permits held: a thin wrapper around [`Held`].
 
 use crate::fence::FenceToken;
-use crate::held::{Held, Kind};
+use crate::held::{Held, Scripts};
 use crate::script::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE, SEMAPHORE_RENEW};
 
 /// The semaphore's release, extend and renew scripts. The hold id of its holds is the list of
 /// permit numbers (space separated), which the release script checks one by one, and which
 /// extend and renew get after the owner token, so they read only those permits' entries.
-pub(crate) static SEMAPHORE: Kind = Kind {
+pub(crate) static SEMAPHORE: Scripts = Scripts {
+    kind: crate::Kind::Semaphore,
     release: &SEMAPHORE_RELEASE,
     extend: &SEMAPHORE_EXTEND,
     renew: &SEMAPHORE_RENEW,

@@ -20,6 +20,7 @@ use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
+use crate::inspect::Kind;
 use crate::keys::{LockKeys, Placement};
 use crate::options::LockOptions;
 use crate::script::{
@@ -29,9 +30,6 @@ use crate::script::{
 
 use guard::SEMAPHORE;
 pub use guard::{Permit, PermitGuard};
-
-/// The kind part of a semaphore's key: `<prefix>:{NAME}:sem`.
-const KIND: &str = "sem";
 
 /// The most permits a semaphore can have: the highest limit [`Client::semaphore`] and
 /// [`Semaphore::set_limit`] accept.
@@ -113,7 +111,12 @@ impl std::fmt::Debug for Semaphore {
 impl Semaphore {
     /// The handle for `name` with `limit` permits, its key placed by the name.
     pub(crate) fn new(core: &Arc<Core>, name: &str, limit: u32) -> Result<Self> {
-        let keys = LockKeys::of_kind(&core.prefix, name, &Placement::ByName, KIND)?;
+        let keys = LockKeys::of_kind(
+            &core.prefix,
+            name,
+            &Placement::ByName,
+            Kind::Semaphore.key_suffix(),
+        )?;
         validate_limit(name, limit)?;
         Ok(Self {
             core: Arc::clone(core),
@@ -131,7 +134,12 @@ impl Semaphore {
     ///
     /// [`Error::InvalidOptions`] for a slot beyond 16383 or an empty tag.
     pub fn with_placement(self, placement: &Placement) -> Result<Self> {
-        let keys = LockKeys::of_kind(&self.core.prefix, self.keys.name(), placement, KIND)?;
+        let keys = LockKeys::of_kind(
+            &self.core.prefix,
+            self.keys.name(),
+            placement,
+            Kind::Semaphore.key_suffix(),
+        )?;
         Ok(Self { keys, ..self })
     }
 
@@ -254,7 +262,7 @@ impl Semaphore {
     /// the semaphore's channel is dropped with it. No task is left behind for it.
     pub async fn acquire_many(&self, count: u32, options: &LockOptions) -> Result<PermitGuard> {
         let waiter = if count > 1 {
-            uuid::Uuid::new_v4().simple().to_string()
+            crate::owner::id()
         } else {
             String::new()
         };
@@ -413,7 +421,7 @@ impl Semaphore {
             "fencelock.semaphore",
             call,
             name = self.name(),
-            kind = "semaphore",
+            kind = crate::Kind::Semaphore.as_str(),
             slot = self.keys.slot(),
             count
         )
@@ -468,7 +476,7 @@ impl Request for Acquire<'_> {
     /// One acquire request under a fresh owner token, as the mutex's.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<PermitGuard>> {
         let (keys, options, name) = (self.keys, self.options, self.keys.name());
-        let owner = uuid::Uuid::new_v4().simple().to_string();
+        let owner = crate::owner::token(core.tag());
         let requested = self.limit.load(Ordering::Relaxed);
         if self.count > requested {
             // `set_limit` of this handle (or a clone) lowered the limit below the count while
