@@ -2,6 +2,7 @@
 //! `sealed::Member` behind it (a member's held state and how one member is taken), implemented
 //! by the mutex's, the fair lock's and the read-write lock's guards.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,11 +24,6 @@ use crate::rwlock::{self, ReadGuard, WriteGuard};
 /// [`Client::write_lock_all`](crate::Client::write_lock_all)). Sealed: implemented by those
 /// four guards only.
 pub trait MultiMember: sealed::Member {}
-
-impl MultiMember for LockGuard {}
-impl MultiMember for FairLockGuard {}
-impl MultiMember for ReadGuard {}
-impl MultiMember for WriteGuard {}
 
 pub(crate) mod sealed {
     use std::future::Future;
@@ -77,87 +73,71 @@ pub(super) async fn take_one<R: Request>(
     }
 }
 
-/// A member's held state, through its guard's own accessors (`held::held_wrapper`).
-macro_rules! member_held {
-    ($guard:ident) => {
-        fn held(&self) -> &Held {
-            $guard::held(self)
-        }
+/// `$guard` as a member: its held state through its own accessors (`held::held_wrapper`), one
+/// member taken by `$take`.
+macro_rules! member {
+    ($guard:ident, $take:path) => {
+        impl MultiMember for $guard {}
 
-        fn held_mut(&mut self) -> &mut Held {
-            $guard::held_mut(self)
-        }
+        // The sealed trait's methods name crate-private types on purpose: nothing outside the
+        // crate can name or call them.
+        #[allow(private_interfaces)]
+        impl sealed::Member for $guard {
+            fn held(&self) -> &Held {
+                $guard::held(self)
+            }
 
-        fn into_held(self) -> Held {
-            $guard::into_held(self)
+            fn held_mut(&mut self) -> &mut Held {
+                $guard::held_mut(self)
+            }
+
+            fn into_held(self) -> Held {
+                $guard::into_held(self)
+            }
+
+            fn take<'a>(
+                core: &'a Arc<Core>,
+                keys: &'a LockKeys,
+                options: &'a LockOptions,
+                deadline: Option<Instant>,
+            ) -> impl Future<Output = Result<Self>> + Send + 'a {
+                $take(core, keys, options, deadline)
+            }
         }
     };
 }
 
-// The sealed trait's methods name crate-private types on purpose: nothing outside the crate
-// can name or call them.
-#[allow(private_interfaces)]
-impl sealed::Member for LockGuard {
-    member_held!(LockGuard);
+member!(LockGuard, take_mutex);
+member!(FairLockGuard, take_fair);
+member!(ReadGuard, rwlock::take_read);
+member!(WriteGuard, rwlock::take_write);
 
-    async fn take<'a>(
-        core: &'a Arc<Core>,
-        keys: &'a LockKeys,
-        options: &'a LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Self> {
-        take_one(core, &Acquire { keys, options }, options, deadline).await
-    }
+/// Takes one mutex member.
+async fn take_mutex(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<LockGuard> {
+    take_one(core, &Acquire { keys, options }, options, deadline).await
 }
 
-#[allow(private_interfaces)]
-impl sealed::Member for FairLockGuard {
-    member_held!(FairLockGuard);
-
-    async fn take<'a>(
-        core: &'a Arc<Core>,
-        keys: &'a LockKeys,
-        options: &'a LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Self> {
-        let request = fair::Acquire::new(core, keys, options, deadline.is_some());
-        let bound = instant_after(
-            deadline.unwrap_or_else(Instant::now),
-            core.transport.request_timeout(),
-        );
-        let outcome = take_one(core, &request, options, deadline).await;
-        if outcome.is_err() {
-            // Within the call's bound; past it the request's drop withdraws in the background.
-            let _ = tokio::time::timeout_at(bound.into(), request.withdraw()).await;
-        }
-        outcome
+/// Takes one fair-lock member; on failure its place in the queue is withdrawn.
+async fn take_fair(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    deadline: Option<Instant>,
+) -> Result<FairLockGuard> {
+    let request = fair::Acquire::new(core, keys, options, deadline.is_some());
+    let bound = instant_after(
+        deadline.unwrap_or_else(Instant::now),
+        core.transport.request_timeout(),
+    );
+    let outcome = take_one(core, &request, options, deadline).await;
+    if outcome.is_err() {
+        // Within the call's bound; past it the request's drop withdraws in the background.
+        let _ = tokio::time::timeout_at(bound.into(), request.withdraw()).await;
     }
-}
-
-#[allow(private_interfaces)]
-impl sealed::Member for ReadGuard {
-    member_held!(ReadGuard);
-
-    async fn take<'a>(
-        core: &'a Arc<Core>,
-        keys: &'a LockKeys,
-        options: &'a LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Self> {
-        rwlock::take_read(core, keys, options, deadline).await
-    }
-}
-
-#[allow(private_interfaces)]
-impl sealed::Member for WriteGuard {
-    member_held!(WriteGuard);
-
-    async fn take<'a>(
-        core: &'a Arc<Core>,
-        keys: &'a LockKeys,
-        options: &'a LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Self> {
-        rwlock::take_write(core, keys, options, deadline).await
-    }
+    outcome
 }

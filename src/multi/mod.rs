@@ -1,40 +1,35 @@
-//! The multi-lock: several mutexes, or several fair locks, taken as one guard, all or nothing,
-//! under one deadline.
+//! The multi-lock: several mutexes, fair locks, or read or write holds of read-write locks,
+//! taken as one guard, all or nothing, under one deadline. This file holds the public `Client`
+//! methods, each its docs and one call into `take.rs`; `take.rs` how a multi-lock of each
+//! member type is taken (names checked, span, members); `member.rs` what a member is (the
+//! sealed [`MultiMember`]) and how one is taken; `one_slot.rs` the mutex's one-slot request;
+//! `collect.rs` the canonical-order collection across slots; `guard.rs` [`MultiGuard`].
 //!
 //! Mutex keys of one slot are granted by one script (`lock_all.lua`). Otherwise (keys across
-//! slots, and fair locks always) the members are taken one by one in one canonical order (by
-//! slot, then key), whatever order the caller gave, so two callers never wait on each other in
-//! a cycle; each member is first taken with a short provisional lease (kept alive while later
-//! members are awaited), and extended to the full lease once all are held. On failure or
-//! cancellation what was taken is released (and a fair member's place in its queue withdrawn).
+//! slots, and fair locks and read-write locks always) the members are taken one by one in one
+//! canonical order (by slot, then key), whatever order the caller gave, so two callers never
+//! wait on each other in a cycle; each member is first taken with a short provisional lease
+//! (kept alive while later members are awaited), and extended to the full lease once all are
+//! held. On failure or cancellation what was taken is released (and a fair member's place in
+//! its queue withdrawn).
 
 mod collect;
 mod guard;
 mod member;
 mod one_slot;
+mod take;
 
-use std::time::Instant;
-
-use tracing::Instrument;
-
-use crate::acquire;
 use crate::client::Client;
-use crate::error::{Error, Result};
-use crate::fair::{self, FairLockGuard};
-use crate::keys::LockKeys;
-use crate::options::{instant_after, LockOptions};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
+use crate::fair::FairLockGuard;
+use crate::options::LockOptions;
 use crate::rwlock::{ReadGuard, WriteGuard};
 
-use collect::collect;
 pub use guard::MultiGuard;
 pub use member::MultiMember;
-use one_slot::AcquireAll;
-
-/// The most locks one multi-lock takes. When every member shares a slot they are taken by one
-/// `lock_all` call, which reads and writes each: this bounds how long that call blocks the
-/// server (about a millisecond at this count on a loaded test machine, `docs/design.md`,
-/// "Bounded script work").
-pub const MAX_MULTI_LOCKS: usize = 256;
+pub use take::MAX_MULTI_LOCKS;
 
 impl Client {
     /// Acquires every lock in `names` as one guard, all or nothing, waiting while any is held
@@ -68,16 +63,16 @@ impl Client {
     /// # Errors
     ///
     /// [`Error::InvalidOptions`] for no names, more than [`MAX_MULTI_LOCKS`], a name given
-    /// twice or bad options; [`Error::InvalidName`] for a bad name; [`Error::Busy`] naming the member still held at the
-    /// timeout; the errors of [`lock`](Self::lock) otherwise.
+    /// twice or bad options; [`Error::InvalidName`] for a bad name; [`Error::Busy`] naming the
+    /// member still held at the timeout; the errors of [`lock`](Self::lock) otherwise.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped call holds nothing (members taken are released in the
     /// background).
     pub async fn lock_all(&self, names: &[&str], options: &LockOptions) -> Result<MultiGuard> {
-        let deadline = instant_after(Instant::now(), options.timeout);
-        self.lock_all_until(names, options, Some(deadline)).await
+        self.take_all(names, options, Some(options.timeout), "fencelock.lock_all")
+            .await
     }
 
     /// Acquires every lock in `names` as one guard if each is free now: one attempt per member
@@ -104,85 +99,8 @@ impl Client {
     ///
     /// As [`lock_all`](Self::lock_all).
     pub async fn try_lock_all(&self, names: &[&str], options: &LockOptions) -> Result<MultiGuard> {
-        self.lock_all_until(names, options, None).await
-    }
-
-    async fn lock_all_until(
-        &self,
-        names: &[&str],
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<MultiGuard> {
-        let keys = self.multi_keys(names, options, Client::keys)?;
-        let core = self.core();
-        let one_slot = keys.iter().all(|k| k.slot() == keys[0].slot());
-        let span = tracing::debug_span!(
-            "fencelock.lock_all",
-            lock = names.join(" "),
-            kind = "lock",
-            one_slot
-        );
-        async {
-            let members = if one_slot {
-                let request = AcquireAll::new(&keys, options);
-                match deadline {
-                    None => acquire::once(core, &request).await?,
-                    Some(deadline) => {
-                        acquire::wait_observed(
-                            core,
-                            &request,
-                            deadline.saturating_duration_since(Instant::now()),
-                            options.on_wait.as_ref(),
-                        )
-                        .await?
-                    }
-                }
-            } else {
-                collect(core, &keys, options, deadline).await?
-            };
-            Ok(MultiGuard::new(members))
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// The members' keys (`keys_of` a name: the mutex's or the fair lock's), checked: at least
-    /// one, at most [`MAX_MULTI_LOCKS`], no duplicates.
-    fn multi_keys(
-        &self,
-        names: &[&str],
-        options: &LockOptions,
-        keys_of: fn(&Client, &str, &LockOptions) -> Result<LockKeys>,
-    ) -> Result<Vec<LockKeys>> {
-        let invalid = |name: &str, reason: String| Error::InvalidOptions {
-            name: name.to_owned(),
-            reason,
-        };
-        let Some(first) = names.first() else {
-            return Err(invalid("", "lock_all needs at least one name".into()));
-        };
-        if names.len() > MAX_MULTI_LOCKS {
-            return Err(invalid(
-                first,
-                format!(
-                    "{} names are more than one multi-lock takes ({MAX_MULTI_LOCKS})",
-                    names.len()
-                ),
-            ));
-        }
-        for (i, name) in names.iter().enumerate() {
-            if names[..i].contains(name) {
-                return Err(invalid(
-                    name,
-                    "the name is given twice: a multi-lock takes each lock once".into(),
-                ));
-            }
-        }
-        options.validate(first)?;
-        names
-            .iter()
-            .map(|name| keys_of(self, name, options))
-            .collect()
+        self.take_all(names, options, None, "fencelock.try_lock_all")
+            .await
     }
 
     /// Acquires every fair lock in `names` as one guard, all or nothing, each in its own
@@ -228,9 +146,13 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<FairLockGuard>> {
-        let deadline = instant_after(Instant::now(), options.timeout);
-        self.fair_lock_all_until(names, options, Some(deadline))
-            .await
+        self.take_all(
+            names,
+            options,
+            Some(options.timeout),
+            "fencelock.fair_lock_all",
+        )
+        .await
     }
 
     /// Acquires every fair lock in `names` as one guard if each is free now and no one queues
@@ -250,7 +172,8 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<FairLockGuard>> {
-        self.fair_lock_all_until(names, options, None).await
+        self.take_all(names, options, None, "fencelock.try_fair_lock_all")
+            .await
     }
 
     /// Takes a read hold of every read-write lock in `names` as one guard, all or nothing,
@@ -294,9 +217,13 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<ReadGuard>> {
-        let deadline = instant_after(Instant::now(), options.timeout);
-        self.rw_lock_all_until(names, options, Some(deadline), "fencelock.read_lock_all")
-            .await
+        self.take_all(
+            names,
+            options,
+            Some(options.timeout),
+            "fencelock.read_lock_all",
+        )
+        .await
     }
 
     /// Takes a read hold of every read-write lock in `names` as one guard if no writer holds
@@ -316,7 +243,7 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<ReadGuard>> {
-        self.rw_lock_all_until(names, options, None, "fencelock.try_read_lock_all")
+        self.take_all(names, options, None, "fencelock.try_read_lock_all")
             .await
     }
 
@@ -357,9 +284,13 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<WriteGuard>> {
-        let deadline = instant_after(Instant::now(), options.timeout);
-        self.rw_lock_all_until(names, options, Some(deadline), "fencelock.write_lock_all")
-            .await
+        self.take_all(
+            names,
+            options,
+            Some(options.timeout),
+            "fencelock.write_lock_all",
+        )
+        .await
     }
 
     /// Takes the write hold of every read-write lock in `names` as one guard if each is free
@@ -379,45 +310,7 @@ impl Client {
         names: &[&str],
         options: &LockOptions,
     ) -> Result<MultiGuard<WriteGuard>> {
-        self.rw_lock_all_until(names, options, None, "fencelock.try_write_lock_all")
+        self.take_all(names, options, None, "fencelock.try_write_lock_all")
             .await
-    }
-
-    async fn rw_lock_all_until<G: MultiMember>(
-        &self,
-        names: &[&str],
-        options: &LockOptions,
-        deadline: Option<Instant>,
-        call: &'static str,
-    ) -> Result<MultiGuard<G>> {
-        let keys = self.multi_keys(names, options, Client::rwlock_keys)?;
-        let span = tracing::debug_span!(
-            "fencelock.rw_lock_all",
-            call,
-            lock = names.join(" "),
-            kind = "rw"
-        );
-        let members = collect(self.core(), &keys, options, deadline)
-            .instrument(span)
-            .await?;
-        Ok(MultiGuard::new(members))
-    }
-
-    async fn fair_lock_all_until(
-        &self,
-        names: &[&str],
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<MultiGuard<FairLockGuard>> {
-        let keys = self.multi_keys(names, options, Client::fair_keys)?;
-        let span = tracing::debug_span!(
-            "fencelock.fair_lock_all",
-            lock = names.join(" "),
-            kind = fair::KIND
-        );
-        let members = collect(self.core(), &keys, options, deadline)
-            .instrument(span)
-            .await?;
-        Ok(MultiGuard::new(members))
     }
 }
