@@ -20,7 +20,7 @@ use crate::options::validate_ttl;
 use crate::script::{ScriptCall, EXTEND, RELEASE, RENEW};
 
 use super::race::{gather, Progress, Race};
-use super::Shared;
+use super::shared::Shared;
 
 /// The scripts a quorum lock's node holds are released, extended and renewed with: the
 /// mutex's.
