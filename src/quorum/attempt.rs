@@ -185,13 +185,7 @@ pub(super) async fn attempt(
                         );
                     }
                 }
-                if committed + pending < majority {
-                    Progress::Done
-                } else if committed >= majority {
-                    Progress::Decided
-                } else {
-                    Progress::Open
-                }
+                Progress::toward(majority, committed, pending)
             },
         )
         .await;

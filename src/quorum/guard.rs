@@ -280,13 +280,7 @@ impl QuorumGuard {
             gather(race, started, deadline, |index, outcome, pending| {
                 ok += usize::from(outcome.is_ok());
                 answers.push((index, outcome));
-                if ok >= majority {
-                    Progress::Decided
-                } else if ok + pending < majority {
-                    Progress::Done
-                } else {
-                    Progress::Open
-                }
+                Progress::toward(majority, ok, pending)
             })
             .await;
         }
@@ -357,13 +351,7 @@ impl QuorumGuard {
                 }
                 Err(err) => other = other.take().or(Some(err)),
             }
-            if ok >= majority {
-                Progress::Decided
-            } else if ok + pending < majority {
-                Progress::Done
-            } else {
-                Progress::Open
-            }
+            Progress::toward(majority, ok, pending)
         })
         .await;
         if ok >= majority {
