@@ -62,75 +62,18 @@ pub(super) async fn attempt(
         releases: Some(releases),
     };
 
-    // Round 1: the mutex's acquire script on every node, clock rule.
-    let round = Race::new(nodes.iter().map(|node| {
-        let owner = &owner;
-        let (ttl_ms, floor) = (&ttl_ms, &floor);
-        async move {
-            let (core, keys) = node.as_ref()?;
-            let call = ScriptCall::new(
-                &ACQUIRE,
-                &[keys.lock_key()],
-                &[owner, ttl_ms, floor, "clock", core.expiry()],
-            );
-            Some(core.transport.run(&call, name, "quorum acquire").await)
-        }
-    }));
-    let mut granted: Vec<(usize, FenceToken)> = Vec::new();
-    let mut busy = 0;
-    let mut retry_after = Duration::ZERO;
     let round_ends = valid_until.min(instant_after(started, shared.request_timeout));
-    gather(round, started, round_ends, |index, outcome, pending| {
-        match outcome.map(|reply| {
-            reply.and_then(|v| parse_reply::<(i64, i64, i64)>(name, "quorum acquire", v))
-        }) {
-            Some(Ok((1 | 2, value, behind))) => {
-                // Expected after a commit raised this node's fence to another node's
-                // clock: not the failover symptom `Core::clock_behind` warns about.
-                if behind > 0 {
-                    tracing::trace!(
-                        lock = name,
-                        deployment = index,
-                        behind,
-                        "stored fence ahead of the node's clock"
-                    );
-                }
-                match parse_fence(name, "quorum acquire", "fence", value) {
-                    Ok(fence) => granted.push((index, fence)),
-                    Err(err) => {
-                        tracing::warn!(lock = name, deployment = index, error = %err);
-                    }
-                }
-            }
-            Some(Ok((0, pttl, _))) => {
-                busy += 1;
-                retry_after = retry_after.max(Duration::from_millis(pttl.max(0) as u64));
-            }
-            Some(Ok((status, _, _))) => {
-                tracing::warn!(
-                    lock = name,
-                    deployment = index,
-                    status,
-                    "unexpected acquire reply"
-                );
-            }
-            Some(Err(err)) => {
-                tracing::debug!(
-                    lock = name,
-                    deployment = index,
-                    error = %err,
-                    "quorum acquire failed on a node"
-                );
-            }
-            None => {}
-        }
-        if granted.len() >= majority || granted.len() + pending < majority {
-            Progress::Decided
-        } else {
-            Progress::Open
-        }
-    })
-    .await;
+    let rounds = Rounds {
+        nodes: &nodes,
+        name,
+        owner: &owner,
+        majority,
+    };
+    let Acquired {
+        granted,
+        busy,
+        retry_after,
+    } = rounds.acquire(&ttl_ms, &floor, started, round_ends).await;
     if granted.len() < majority || Instant::now() >= valid_until {
         let holding: Vec<usize> = granted.iter().map(|&(index, _)| index).collect();
         undo.now(&holding, name, shared.request_timeout).await;
@@ -146,49 +89,13 @@ pub(super) async fn attempt(
         .max()
         .expect("a majority granted");
 
-    // Round 2: commit T on the granting nodes.
     let mut holding: Vec<usize> = granted.iter().map(|&(index, _)| index).collect();
     if !shared.skip_commit {
-        let t = fence.get().to_string();
-        let round = Race::new(holding.iter().map(|&index| {
-            let (owner, t) = (&owner, &t);
-            let node = &nodes[index];
-            async move {
-                let (core, keys) = node.as_ref().expect("a granting node is connected");
-                let call = ScriptCall::new(
-                    &QUORUM_COMMIT,
-                    &[keys.lock_key()],
-                    &[owner, t, core.expiry()],
-                );
-                let reply = core.transport.run(&call, name, "quorum commit").await;
-                reply.and_then(|v| parse_reply::<i64>(name, "quorum commit", v))
-            }
-        }));
         let commit_started = Instant::now();
         let round_ends = valid_until.min(instant_after(commit_started, shared.request_timeout));
-        let mut committed = 0;
-        let mut not_owner = Vec::new();
-        gather(
-            round,
-            commit_started,
-            round_ends,
-            |slot, outcome, pending| {
-                match outcome {
-                    Ok(1) => committed += 1,
-                    Ok(_) => not_owner.push(holding[slot]),
-                    Err(err) => {
-                        tracing::debug!(
-                            lock = name,
-                            deployment = holding[slot],
-                            error = %err,
-                            "quorum commit failed on a node"
-                        );
-                    }
-                }
-                Progress::toward(majority, committed, pending)
-            },
-        )
-        .await;
+        let (committed, not_owner) = rounds
+            .commit(&holding, fence, commit_started, round_ends)
+            .await;
         if committed < majority || Instant::now() >= valid_until {
             undo.now(&holding, name, shared.request_timeout).await;
             return Ok(Err(if not_owner.is_empty() {
@@ -229,6 +136,165 @@ pub(super) async fn attempt(
         releases.into_iter().flatten().collect(),
         valid_until,
     )))
+}
+
+/// What both rounds of one attempt send with: each deployment's node (its client's core and
+/// the lock's keys there, `None` while the deployment is not connected), the lock's name, the
+/// attempt's owner token, and the majority a round needs.
+struct Rounds<'a> {
+    nodes: &'a [Option<(Arc<Core>, LockKeys)>],
+    name: &'a str,
+    owner: &'a str,
+    majority: usize,
+}
+
+/// What the acquire round found.
+struct Acquired {
+    /// The nodes that granted, with the fence each answered.
+    granted: Vec<(usize, FenceToken)>,
+    /// How many nodes answered that another owner holds the lock.
+    busy: usize,
+    /// The longest remaining lease those reported.
+    retry_after: Duration,
+}
+
+impl Rounds<'_> {
+    /// Round 1: the mutex's acquire script on every node at once, clock rule, read until a
+    /// majority granted or no longer can (then the stragglers' grace), or until `round_ends`.
+    async fn acquire(
+        &self,
+        ttl_ms: &str,
+        floor: &str,
+        started: Instant,
+        round_ends: Instant,
+    ) -> Acquired {
+        let Rounds {
+            nodes,
+            name,
+            owner,
+            majority,
+        } = *self;
+        let round = Race::new(nodes.iter().map(|node| async move {
+            let (core, keys) = node.as_ref()?;
+            let call = ScriptCall::new(
+                &ACQUIRE,
+                &[keys.lock_key()],
+                &[owner, ttl_ms, floor, "clock", core.expiry()],
+            );
+            Some(core.transport.run(&call, name, "quorum acquire").await)
+        }));
+        let mut granted: Vec<(usize, FenceToken)> = Vec::new();
+        let mut busy = 0;
+        let mut retry_after = Duration::ZERO;
+        gather(round, started, round_ends, |index, outcome, pending| {
+            match outcome.map(|reply| {
+                reply.and_then(|v| parse_reply::<(i64, i64, i64)>(name, "quorum acquire", v))
+            }) {
+                Some(Ok((1 | 2, value, behind))) => {
+                    // Expected after a commit raised this node's fence to another node's
+                    // clock: not the failover symptom `Core::clock_behind` warns about.
+                    if behind > 0 {
+                        tracing::trace!(
+                            lock = name,
+                            deployment = index,
+                            behind,
+                            "stored fence ahead of the node's clock"
+                        );
+                    }
+                    match parse_fence(name, "quorum acquire", "fence", value) {
+                        Ok(fence) => granted.push((index, fence)),
+                        Err(err) => {
+                            tracing::warn!(lock = name, deployment = index, error = %err);
+                        }
+                    }
+                }
+                Some(Ok((0, pttl, _))) => {
+                    busy += 1;
+                    retry_after = retry_after.max(Duration::from_millis(pttl.max(0) as u64));
+                }
+                Some(Ok((status, _, _))) => {
+                    tracing::warn!(
+                        lock = name,
+                        deployment = index,
+                        status,
+                        "unexpected acquire reply"
+                    );
+                }
+                Some(Err(err)) => {
+                    tracing::debug!(
+                        lock = name,
+                        deployment = index,
+                        error = %err,
+                        "quorum acquire failed on a node"
+                    );
+                }
+                None => {}
+            }
+            if granted.len() >= majority || granted.len() + pending < majority {
+                Progress::Decided
+            } else {
+                Progress::Open
+            }
+        })
+        .await;
+        Acquired {
+            granted,
+            busy,
+            retry_after,
+        }
+    }
+
+    /// Round 2: `quorum_commit` of `fence` on the granting nodes `holding` at once, read until a
+    /// majority committed or no longer can (then the stragglers' grace), or until `round_ends`.
+    /// Returns how many committed and the nodes that answered that `owner` no longer holds it.
+    async fn commit(
+        &self,
+        holding: &[usize],
+        fence: FenceToken,
+        started: Instant,
+        round_ends: Instant,
+    ) -> (usize, Vec<usize>) {
+        let Rounds {
+            nodes,
+            name,
+            owner,
+            majority,
+        } = *self;
+        let t = fence.get().to_string();
+        let round = Race::new(holding.iter().map(|&index| {
+            let t = &t;
+            let node = &nodes[index];
+            async move {
+                let (core, keys) = node.as_ref().expect("a granting node is connected");
+                let call = ScriptCall::new(
+                    &QUORUM_COMMIT,
+                    &[keys.lock_key()],
+                    &[owner, t, core.expiry()],
+                );
+                let reply = core.transport.run(&call, name, "quorum commit").await;
+                reply.and_then(|v| parse_reply::<i64>(name, "quorum commit", v))
+            }
+        }));
+        let mut committed = 0;
+        let mut not_owner = Vec::new();
+        gather(round, started, round_ends, |slot, outcome, pending| {
+            match outcome {
+                Ok(1) => committed += 1,
+                Ok(_) => not_owner.push(holding[slot]),
+                Err(err) => {
+                    tracing::debug!(
+                        lock = name,
+                        deployment = holding[slot],
+                        error = %err,
+                        "quorum commit failed on a node"
+                    );
+                }
+            }
+            Progress::toward(majority, committed, pending)
+        })
+        .await;
+        (committed, not_owner)
+    }
 }
 
 impl Refused {
