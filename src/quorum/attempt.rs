@@ -168,12 +168,7 @@ impl Rounds<'_> {
         started: Instant,
         round_ends: Instant,
     ) -> Acquired {
-        let Rounds {
-            nodes,
-            name,
-            owner,
-            majority,
-        } = *self;
+        let (nodes, name, owner, majority) = (self.nodes, self.name, self.owner, self.majority);
         let round = Race::new(nodes.iter().map(|node| async move {
             let (core, keys) = node.as_ref()?;
             let call = ScriptCall::new(
@@ -254,12 +249,7 @@ impl Rounds<'_> {
         started: Instant,
         round_ends: Instant,
     ) -> (usize, Vec<usize>) {
-        let Rounds {
-            nodes,
-            name,
-            owner,
-            majority,
-        } = *self;
+        let (nodes, name, owner, majority) = (self.nodes, self.name, self.owner, self.majority);
         let t = fence.get().to_string();
         let round = Race::new(holding.iter().map(|&index| {
             let t = &t;
