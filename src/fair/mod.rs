@@ -29,9 +29,6 @@ use crate::script::{
 pub use guard::FairLockGuard;
 use guard::FAIR;
 
-/// The key kind of a fair lock: `<prefix>:{<name>}:fair`.
-pub(crate) const KIND: &str = crate::Kind::Fair.key_suffix();
-
 /// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
 /// long once it is at the head. Shorter when the lock's TTL is shorter.
 pub(crate) const PLACE_LEASE: Duration = Duration::from_secs(3);
@@ -281,7 +278,12 @@ impl Client {
     ///
     /// [`Error::InvalidName`] or [`Error::InvalidOptions`] as [`LockKeys::new`].
     pub fn fair_keys(&self, name: &str, options: &LockOptions) -> Result<LockKeys> {
-        LockKeys::of_kind(&self.core().prefix, name, &options.placement, KIND)
+        LockKeys::of_kind(
+            &self.core().prefix,
+            name,
+            &options.placement,
+            crate::Kind::Fair.key_suffix(),
+        )
     }
 
     /// Makes one attempt to acquire the fair lock `name`: granted only when it is free and no

@@ -19,8 +19,6 @@ use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 use crate::owner;
-#[allow(unused_imports)] // multi.rs still names it so
-pub(crate) use crate::owner::token as new_owner_token;
 use crate::script::{ttl_ms, ScriptCall, ACQUIRE};
 
 pub use guard::LockGuard;

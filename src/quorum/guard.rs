@@ -20,7 +20,7 @@ use crate::options::validate_ttl;
 use crate::script::{ScriptCall, EXTEND, RELEASE, RENEW};
 
 use super::race::{gather, Progress, Race};
-use super::Shared;
+use super::shared::Shared;
 
 /// The scripts a quorum lock's node holds are released, extended and renewed with: the
 /// mutex's.
@@ -281,13 +281,7 @@ impl QuorumGuard {
             gather(race, started, deadline, |index, outcome, pending| {
                 ok += usize::from(outcome.is_ok());
                 answers.push((index, outcome));
-                if ok >= majority {
-                    Progress::Decided
-                } else if ok + pending < majority {
-                    Progress::Done
-                } else {
-                    Progress::Open
-                }
+                Progress::toward(majority, ok, pending)
             })
             .await;
         }
@@ -358,13 +352,7 @@ impl QuorumGuard {
                 }
                 Err(err) => other = other.take().or(Some(err)),
             }
-            if ok >= majority {
-                Progress::Decided
-            } else if ok + pending < majority {
-                Progress::Done
-            } else {
-                Progress::Open
-            }
+            Progress::toward(majority, ok, pending)
         })
         .await;
         if ok >= majority {

@@ -56,6 +56,21 @@ pub(super) enum Progress {
     Done,
 }
 
+impl Progress {
+    /// Where a round that needs `majority` answers in favour stands with `ok` of them and
+    /// `pending` still to come: decided once `ok` reaches it, done once it no longer can, open
+    /// otherwise.
+    pub(super) fn toward(majority: usize, ok: usize, pending: usize) -> Self {
+        if ok >= majority {
+            Progress::Decided
+        } else if ok + pending < majority {
+            Progress::Done
+        } else {
+            Progress::Open
+        }
+    }
+}
+
 /// How long, once the outcome is decided at `elapsed` after the start, the others still get:
 /// as long again as the decision took, plus 5 ms.
 fn straggler_grace(elapsed: Duration) -> Duration {
