@@ -95,7 +95,7 @@ pub(crate) use held_wrapper;
 /// id>"` (the semaphore's: its permit numbers, so those scripts read only the hold's entries).
 pub(crate) struct Scripts {
     /// The primitive whose holds these are: its name in spans and metrics.
-    pub(crate) kind: crate::Kind,
+    pub(crate) kind: crate::kind::Kind,
     pub(crate) release: &'static LazyLock<LuaScript>,
     pub(crate) extend: &'static LazyLock<LuaScript>,
     pub(crate) renew: &'static LazyLock<LuaScript>,
@@ -462,7 +462,7 @@ impl Held {
         self.release_unspanned().instrument(span).await
     }
 
-    /// The span of a call on this hold: the lock's name, kind ([`Kind::as_str`](crate::Kind::as_str),
+    /// The span of a call on this hold: the lock's name, kind ([`Kind::as_str`](crate::kind::Kind::as_str),
     /// as the acquiring calls' spans name it) and fence.
     fn span(&self, call: &'static str) -> tracing::Span {
         let kind = self.kind.kind.as_str();

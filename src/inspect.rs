@@ -18,114 +18,13 @@ use crate::error::{Error, Result};
 use crate::fence::FenceToken;
 use crate::human::HumanDuration;
 use crate::keys::{LockKeys, Placement};
+use crate::kind::Kind;
 use crate::latch::DEFAULT_OPEN_TTL;
 use crate::script::{
     parse_reply, ttl_millis, LuaScript, ScriptCall, FAIR_FORCE_UNLOCK, FORCE_UNLOCK, INSPECT,
     LATCH_FORCE_UNLOCK, RW_FORCE_UNLOCK, SEMAPHORE_FORCE_UNLOCK,
 };
 use crate::transport::Topology;
-
-/// The kind of primitive a key belongs to: which of a name's keys [`Client::inspect`] and
-/// [`Client::force_unlock`] act on (every kind of one name has its own key, in one slot).
-///
-/// # Examples
-///
-/// ```
-/// use fencelock::Kind;
-///
-/// assert_eq!(Kind::ReadWrite.as_str(), "rwlock");
-/// assert_eq!("semaphore".parse::<Kind>(), Ok(Kind::Semaphore));
-/// ```
-///
-/// With the `serde` feature it serializes as [`Kind::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[cfg_attr(
-    feature = "serde",
-    derive(serde::Serialize),
-    serde(rename_all = "lowercase")
-)]
-#[non_exhaustive]
-pub enum Kind {
-    /// The mutex (`Client::lock`), key `<prefix>:{NAME}:lock`.
-    Mutex,
-    /// The read-write lock (`Client::read_lock`/`write_lock`), key `…:rw`.
-    #[cfg_attr(feature = "serde", serde(rename = "rwlock"))]
-    ReadWrite,
-    /// The fair lock (`Client::fair_lock`), key `…:fair`.
-    Fair,
-    /// The semaphore (`Client::semaphore`), key `…:sem`.
-    Semaphore,
-    /// The countdown latch (`Client::latch`), key `…:latch`.
-    Latch,
-}
-
-impl Kind {
-    /// Every kind, in this order.
-    pub const ALL: [Kind; 5] = [
-        Kind::Mutex,
-        Kind::ReadWrite,
-        Kind::Fair,
-        Kind::Semaphore,
-        Kind::Latch,
-    ];
-
-    /// The kind's name: `mutex`, `rwlock`, `fair`, `semaphore`, `latch` (what the CLI prints
-    /// and [`FromStr`](std::str::FromStr) reads).
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Kind::Mutex => "mutex",
-            Kind::ReadWrite => "rwlock",
-            Kind::Fair => "fair",
-            Kind::Semaphore => "semaphore",
-            Kind::Latch => "latch",
-        }
-    }
-
-    /// The last part of the kind's keys (`lock`, `rw`, `fair`, `sem`, `latch`).
-    pub const fn key_suffix(self) -> &'static str {
-        match self {
-            Kind::Mutex => "lock",
-            Kind::ReadWrite => "rw",
-            Kind::Fair => "fair",
-            Kind::Semaphore => "sem",
-            Kind::Latch => "latch",
-        }
-    }
-
-    fn from_suffix(suffix: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.key_suffix() == suffix)
-    }
-
-    fn force_script(self) -> &'static LuaScript {
-        match self {
-            Kind::Mutex => &FORCE_UNLOCK,
-            Kind::ReadWrite => &RW_FORCE_UNLOCK,
-            Kind::Fair => &FAIR_FORCE_UNLOCK,
-            Kind::Semaphore => &SEMAPHORE_FORCE_UNLOCK,
-            Kind::Latch => &LATCH_FORCE_UNLOCK,
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Kind {
-    type Err = String;
-
-    /// Reads a kind's name ([`Kind::as_str`]) or its key suffix (`lock`, `rw`, `sem`).
-    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
-        Kind::ALL
-            .into_iter()
-            .find(|k| k.as_str() == text || k.key_suffix() == text)
-            .ok_or_else(|| {
-                format!("unknown kind {text:?}: use mutex, rwlock, fair, semaphore or latch")
-            })
-    }
-}
 
 /// What [`Client::inspect`] read of one primitive's key (or what [`Client::force_unlock`]
 /// found and freed), in one atomic step on the key's master.
@@ -389,7 +288,7 @@ impl Client {
         let core = self.core();
         let open_ttl = ttl_millis(DEFAULT_OPEN_TTL);
         let call = ScriptCall::new(
-            kind.force_script(),
+            force_script(kind),
             &[keys.lock_key()],
             &[core.transport.announce(), &open_ttl, core.expiry()],
         );
@@ -608,6 +507,17 @@ fn decode(
         Kind::Mutex | Kind::Fair => {}
     }
     Ok(found)
+}
+
+/// The force-unlock script of `kind`'s keys.
+fn force_script(kind: Kind) -> &'static LuaScript {
+    match kind {
+        Kind::Mutex => &FORCE_UNLOCK,
+        Kind::ReadWrite => &RW_FORCE_UNLOCK,
+        Kind::Fair => &FAIR_FORCE_UNLOCK,
+        Kind::Semaphore => &SEMAPHORE_FORCE_UNLOCK,
+        Kind::Latch => &LATCH_FORCE_UNLOCK,
+    }
 }
 
 #[cfg(test)]

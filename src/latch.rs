@@ -432,7 +432,7 @@ impl Latch {
     fn span(&self, operation: &'static str) -> tracing::Span {
         tracing::debug_span!(
             "fencelock.latch",
-            kind = crate::Kind::Latch.as_str(),
+            kind = crate::kind::Kind::Latch.as_str(),
             latch = self.name(),
             operation,
             slot = self.slot()

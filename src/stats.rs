@@ -213,14 +213,11 @@ impl Counter {
 }
 
 /// The `kind` label of the metrics about the primitive whose key is `key`: the name
-/// [`Kind::as_str`](crate::Kind::as_str) gives its kind (`mutex`, `rwlock`, `fair`, `semaphore`,
+/// [`Kind::as_str`](crate::kind::Kind::as_str) gives its kind (`mutex`, `rwlock`, `fair`, `semaphore`,
 /// `latch`), read from the key's last part.
 pub(crate) fn kind_of(key: &str) -> &'static str {
     let suffix = key.rsplit(':').next().unwrap_or_default();
-    crate::Kind::ALL
-        .into_iter()
-        .find(|kind| kind.key_suffix() == suffix)
-        .map_or("other", crate::Kind::as_str)
+    crate::kind::Kind::from_suffix(suffix).map_or("other", crate::kind::Kind::as_str)
 }
 
 /// The `kind` label of the metrics that belong to a client rather than to one primitive

@@ -6,7 +6,7 @@ use crate::script::{FAIR_EXTEND, FAIR_RELEASE, FAIR_RENEW};
 
 /// The fair lock's release, extend and renew scripts.
 pub(crate) static FAIR: Scripts = Scripts {
-    kind: crate::Kind::Fair,
+    kind: crate::kind::Kind::Fair,
     release: &FAIR_RELEASE,
     extend: &FAIR_EXTEND,
     renew: &FAIR_RENEW,

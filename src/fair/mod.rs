@@ -239,7 +239,7 @@ impl Request for Acquire<'_> {
                 } else if queued == 1 {
                     tracing::debug!(
                         lock = keys.name(),
-                        kind = crate::Kind::Fair.as_str(),
+                        kind = crate::kind::Kind::Fair.as_str(),
                         ahead,
                         "queued"
                     );
@@ -247,7 +247,7 @@ impl Request for Acquire<'_> {
                 } else if queued == -1 {
                     tracing::debug!(
                         lock = keys.name(),
-                        kind = crate::Kind::Fair.as_str(),
+                        kind = crate::kind::Kind::Fair.as_str(),
                         places = ahead,
                         "queue full ({MAX_FAIR_WAITERS} places): trying again without a place"
                     );
@@ -282,7 +282,7 @@ impl Client {
             &self.core().prefix,
             name,
             &options.placement,
-            crate::Kind::Fair.key_suffix(),
+            crate::kind::Kind::Fair.key_suffix(),
         )
     }
 
@@ -316,7 +316,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_fair_lock",
             lock = name,
-            kind = crate::Kind::Fair.as_str(),
+            kind = crate::kind::Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, false);
@@ -373,7 +373,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.fair_lock",
             lock = name,
-            kind = crate::Kind::Fair.as_str(),
+            kind = crate::kind::Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, true);

@@ -6,7 +6,7 @@ use crate::script::{EXTEND, RELEASE, RENEW};
 
 /// The mutex's release, extend and renew scripts.
 pub(crate) static MUTEX: Scripts = Scripts {
-    kind: crate::Kind::Mutex,
+    kind: crate::kind::Kind::Mutex,
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,

@@ -137,7 +137,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_lock",
             lock = name,
-            kind = crate::Kind::Mutex.as_str(),
+            kind = crate::kind::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
         acquire::once(
@@ -207,7 +207,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.lock",
             lock = name,
-            kind = crate::Kind::Mutex.as_str(),
+            kind = crate::kind::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
         let request = Acquire {
@@ -284,7 +284,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.with_lock",
             lock = name,
-            kind = crate::Kind::Mutex.as_str(),
+            kind = crate::kind::Kind::Mutex.as_str(),
             fence = guard.fence().get()
         );
         let outcome = async {
@@ -352,7 +352,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.with_lock",
             lock = name,
-            kind = crate::Kind::Mutex.as_str(),
+            kind = crate::kind::Kind::Mutex.as_str(),
             fence = guard.fence().get()
         );
         let lost = guard.held().lost_watcher();

@@ -64,7 +64,7 @@ impl TakeAll for LockGuard {
         tracing::debug_span!(
             "fencelock.lock_all",
             lock = names.join(" "),
-            kind = crate::Kind::Mutex.as_str(),
+            kind = crate::kind::Kind::Mutex.as_str(),
             one_slot = one_slot(keys)
         )
     }
@@ -92,7 +92,7 @@ impl TakeAll for FairLockGuard {
         tracing::debug_span!(
             "fencelock.fair_lock_all",
             lock = names.join(" "),
-            kind = crate::Kind::Fair.as_str()
+            kind = crate::kind::Kind::Fair.as_str()
         )
     }
 }
@@ -111,7 +111,7 @@ macro_rules! take_rw_all {
                     "fencelock.rw_lock_all",
                     call,
                     lock = names.join(" "),
-                    kind = crate::Kind::ReadWrite.as_str()
+                    kind = crate::kind::Kind::ReadWrite.as_str()
                 )
             }
         }

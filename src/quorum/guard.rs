@@ -25,7 +25,7 @@ use super::shared::Shared;
 /// The scripts a quorum lock's node holds are released, extended and renewed with: the
 /// mutex's.
 pub(super) static QUORUM: Scripts = Scripts {
-    kind: crate::Kind::Mutex,
+    kind: crate::kind::Kind::Mutex,
     release: &RELEASE,
     extend: &EXTEND,
     renew: &RENEW,

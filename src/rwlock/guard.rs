@@ -12,7 +12,7 @@ use crate::script::{
 /// The read-write lock's release, extend and renew scripts: each finds the caller's own entry
 /// (`w` when it writes, else `r:<owner>`) and touches nothing else.
 pub(crate) static RW: Scripts = Scripts {
-    kind: crate::Kind::ReadWrite,
+    kind: crate::kind::Kind::ReadWrite,
     release: &RW_RELEASE,
     extend: &RW_EXTEND,
     renew: &RW_RENEW,
@@ -145,7 +145,7 @@ impl WriteGuard {
             &[held.keys().lock_key()],
             &[held.owner(), core.transport.announce(), core.expiry()],
         );
-        let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = crate::Kind::ReadWrite.as_str());
+        let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = crate::kind::Kind::ReadWrite.as_str());
         let reply =
             tracing::Instrument::instrument(core.transport.run(&call, &name, "downgrade"), span)
                 .await?;

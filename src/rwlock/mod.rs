@@ -19,8 +19,8 @@ use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
-use crate::inspect::Kind;
 use crate::keys::LockKeys;
+use crate::kind::Kind;
 use crate::options::{instant_after, LockOptions};
 use crate::script::{
     ttl_millis, EntriesSeen, ScriptCall, RW_READ, RW_WITHDRAW, RW_WRITE, SCAN_WEIGHT,
@@ -333,7 +333,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_read_lock",
             lock = name,
-            kind = crate::Kind::ReadWrite.as_str(),
+            kind = crate::kind::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, false, take_read).await
@@ -369,7 +369,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.read_lock",
             lock = name,
-            kind = crate::Kind::ReadWrite.as_str(),
+            kind = crate::kind::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, true, take_read).await
@@ -405,7 +405,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_write_lock",
             lock = name,
-            kind = crate::Kind::ReadWrite.as_str(),
+            kind = crate::kind::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, false, take_write).await
@@ -447,7 +447,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.write_lock",
             lock = name,
-            kind = crate::Kind::ReadWrite.as_str(),
+            kind = crate::kind::Kind::ReadWrite.as_str(),
             slot = Empty
         );
         self.rw_hold(span, name, options, true, take_write).await

@@ -8,7 +8,7 @@ use crate::script::{SEMAPHORE_EXTEND, SEMAPHORE_RELEASE, SEMAPHORE_RENEW};
 /// permit numbers (space separated), which the release script checks one by one, and which
 /// extend and renew get after the owner token, so they read only those permits' entries.
 pub(crate) static SEMAPHORE: Scripts = Scripts {
-    kind: crate::Kind::Semaphore,
+    kind: crate::kind::Kind::Semaphore,
     release: &SEMAPHORE_RELEASE,
     extend: &SEMAPHORE_EXTEND,
     renew: &SEMAPHORE_RENEW,

@@ -20,8 +20,8 @@ use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
 use crate::held::Held;
-use crate::inspect::Kind;
 use crate::keys::{LockKeys, Placement};
+use crate::kind::Kind;
 use crate::options::LockOptions;
 use crate::script::{
     parse_fence, parse_reply, ttl_millis, ScriptCall, SEMAPHORE_ACQUIRE, SEMAPHORE_AVAILABLE,
@@ -421,7 +421,7 @@ impl Semaphore {
             "fencelock.semaphore",
             call,
             name = self.name(),
-            kind = crate::Kind::Semaphore.as_str(),
+            kind = crate::kind::Kind::Semaphore.as_str(),
             slot = self.keys.slot(),
             count
         )
