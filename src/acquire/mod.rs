@@ -93,6 +93,24 @@ pub(crate) enum Attempt<G> {
     Busy { retry_after: Duration },
 }
 
+/// Runs `undo` — what gives back the state a failed wait left in Redis (a queue place, a
+/// writer's intent) — within the bound of a call that waited until `deadline`: one request
+/// timeout past it (measured: over a lossy 50 ms link an awaited withdrawal after a timed-out
+/// wait ended 4.0 s into a 3.5 s bound). An undo cut at the bound is left to the drop of what
+/// it undoes, which sends it in the background.
+///
+/// # Cancel safety
+///
+/// As the undo's own drop: a dropped call leaves the undo to it.
+pub(crate) async fn undo_within_bound(
+    core: &Core,
+    deadline: std::time::Instant,
+    undo: impl std::future::Future<Output = ()>,
+) {
+    let bound = instant_after(deadline, core.transport.request_timeout());
+    let _ = tokio::time::timeout_at(bound.into(), undo).await;
+}
+
 /// One attempt: the granted value, or [`Error::Busy`].
 ///
 /// # Cancel safety

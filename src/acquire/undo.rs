@@ -14,6 +14,8 @@ pub(crate) struct InFlight<'a> {
     undo: Undo<'a>,
     /// The weight of the release built when it fires (1 unless [`weighted`](Self::weighted)).
     weight: u32,
+    /// What the undo is, as errors and logs name it.
+    operation: &'static str,
 }
 
 /// What an armed [`InFlight`] releases when it fires.
@@ -40,6 +42,7 @@ impl<'a> InFlight<'a> {
             transport,
             undo: Undo::Call(undo),
             weight: 1,
+            operation: "release",
         }
     }
 
@@ -62,6 +65,7 @@ impl<'a> InFlight<'a> {
                 hold,
             },
             weight: 1,
+            operation: "release",
         }
     }
 
@@ -72,6 +76,43 @@ impl<'a> InFlight<'a> {
         self
     }
 
+    /// Names the undo in errors and logs (default `release`).
+    pub(crate) fn named(mut self, operation: &'static str) -> Self {
+        self.operation = operation;
+        self
+    }
+
+    /// Undoes now, for the call on `name`, and waits for Redis to confirm it (best effort: on
+    /// failure what it undoes lapses with its lease).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an undo cut after it was sent is still sent (see `Transport::run_undo`).
+    pub(crate) async fn now(mut self, name: &str) {
+        let Some(call) = self.take() else { return };
+        if let Err(err) = self.transport.run_undo(call, name, self.operation).await {
+            tracing::debug!(lock = name, error = %err, operation = self.operation, "undo failed");
+        }
+    }
+
+    /// The undo call, leaving it disarmed.
+    fn take(&mut self) -> Option<ScriptCall> {
+        match std::mem::replace(&mut self.undo, Undo::None) {
+            Undo::None => None,
+            Undo::Call(call) => Some(call),
+            Undo::Release {
+                core,
+                kind,
+                key,
+                owner,
+                hold,
+            } => Some(
+                kind.release_call(core, key, owner, hold)
+                    .weighted(self.weight),
+            ),
+        }
+    }
+
     /// The request's reply was read: nothing to undo.
     pub(crate) fn disarm(mut self) {
         self.undo = Undo::None;
@@ -80,19 +121,8 @@ impl<'a> InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let undo = match std::mem::replace(&mut self.undo, Undo::None) {
-            Undo::None => return,
-            Undo::Call(call) => call,
-            Undo::Release {
-                core,
-                kind,
-                key,
-                owner,
-                hold,
-            } => kind
-                .release_call(core, key, owner, hold)
-                .weighted(self.weight),
-        };
-        self.transport.undo_detached(undo, "release");
+        if let Some(undo) = self.take() {
+            self.transport.undo_detached(undo, self.operation);
+        }
     }
 }

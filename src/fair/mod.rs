@@ -377,16 +377,7 @@ impl Client {
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, true);
-        // The whole call, withdrawal included, keeps the waiting calls' bound: the timeout plus
-        // one request timeout (measured: over a lossy 50 ms link an awaited withdrawal after a
-        // timed-out wait ended 4.0 s into a 3.5 s bound). A withdrawal that would pass it is
-        // left to the request's drop, which sends it in the background.
-        let bound = instant_after(
-            Instant::now(),
-            options
-                .timeout
-                .saturating_add(self.core().transport.request_timeout()),
-        );
+        let deadline = instant_after(Instant::now(), options.timeout);
         let outcome = acquire::wait_observed(
             self.core(),
             &request,
@@ -397,7 +388,7 @@ impl Client {
         .await;
         if outcome.is_err() {
             let withdraw = request.withdraw().instrument(span);
-            let _ = tokio::time::timeout_at(bound.into(), withdraw).await;
+            acquire::undo_within_bound(self.core(), deadline, withdraw).await;
         }
         outcome
     }

@@ -13,7 +13,7 @@ use crate::fair::{self, FairLockGuard};
 use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::lock::{Acquire, LockGuard};
-use crate::options::{instant_after, LockOptions};
+use crate::options::LockOptions;
 use crate::rwlock::{self, ReadGuard, WriteGuard};
 
 /// A lock a multi-lock holds as a member: [`LockGuard`] (a mutex,
@@ -130,14 +130,10 @@ async fn take_fair(
     deadline: Option<Instant>,
 ) -> Result<FairLockGuard> {
     let request = fair::Acquire::new(core, keys, options, deadline.is_some());
-    let bound = instant_after(
-        deadline.unwrap_or_else(Instant::now),
-        core.transport.request_timeout(),
-    );
+    let until = deadline.unwrap_or_else(Instant::now);
     let outcome = take_one(core, &request, options, deadline).await;
     if outcome.is_err() {
-        // Within the call's bound; past it the request's drop withdraws in the background.
-        let _ = tokio::time::timeout_at(bound.into(), request.withdraw()).await;
+        acquire::undo_within_bound(core, until, request.withdraw()).await;
     }
     outcome
 }

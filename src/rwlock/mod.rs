@@ -14,7 +14,7 @@ use std::time::Instant;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
+use crate::acquire::{self, Attempt, GrantReply, Granting, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Result};
@@ -135,56 +135,6 @@ impl Request for Acquire<'_> {
     }
 }
 
-/// A waiting writer's intent in the lock's hash: while it lives, new readers are refused.
-/// Dropping it armed (the wait timed out, failed or was cancelled) withdraws it in the
-/// background, and announces that, so readers queued behind it enter at once.
-struct Intent {
-    core: Arc<Core>,
-    withdraw: Option<ScriptCall>,
-}
-
-impl Intent {
-    fn new(core: &Arc<Core>, keys: &LockKeys, id: &str) -> Self {
-        let withdraw = ScriptCall::new(
-            &RW_WITHDRAW,
-            &[keys.lock_key()],
-            &[id, core.transport.announce(), core.expiry()],
-        );
-        Self {
-            core: Arc::clone(core),
-            withdraw: Some(withdraw),
-        }
-    }
-
-    /// Withdraws the intent now and waits for Redis to confirm it (best effort: on failure the
-    /// intent lapses at the end of its lease, one TTL at most).
-    async fn withdraw(mut self, name: &str) {
-        if let Some(call) = self.withdraw.take() {
-            if let Err(err) = self
-                .core
-                .transport
-                .run_undo(call, name, "withdraw intent")
-                .await
-            {
-                tracing::debug!(lock = name, error = %err, "withdrawing the writer intent failed");
-            }
-        }
-    }
-
-    /// The grant removed the intent: nothing to withdraw.
-    fn disarm(mut self) {
-        self.withdraw = None;
-    }
-}
-
-impl Drop for Intent {
-    fn drop(&mut self) {
-        if let Some(call) = self.withdraw.take() {
-            self.core.transport.undo_detached(call, "withdraw intent");
-        }
-    }
-}
-
 /// One read hold of `keys`' lock for a multi-lock (`deadline` `None`: one attempt), as
 /// [`Client::read_lock`] / [`Client::try_read_lock`] take it.
 pub(crate) async fn take_read(
@@ -235,9 +185,16 @@ pub(crate) async fn take_write(
         };
         return acquire::once(core, &request).await.map(WriteGuard::new);
     };
-    let bound = instant_after(deadline, core.transport.request_timeout());
     let id = crate::owner::id();
-    let intent = Intent::new(core, keys, &id);
+    // While it lives, new readers are refused. Withdrawn when the wait fails, or in the
+    // background when the call is dropped, and announced, so readers queued behind it enter at
+    // once.
+    let withdraw = ScriptCall::new(
+        &RW_WITHDRAW,
+        &[keys.lock_key()],
+        &[&id, core.transport.announce(), core.expiry()],
+    );
+    let intent = InFlight::arm(&core.transport, withdraw).named("withdraw intent");
     let request = Acquire {
         keys,
         options,
@@ -258,7 +215,7 @@ pub(crate) async fn take_write(
             Ok(WriteGuard::new(held))
         }
         Err(err) => {
-            let _ = tokio::time::timeout_at(bound.into(), intent.withdraw(keys.name())).await;
+            acquire::undo_within_bound(core, deadline, intent.now(keys.name())).await;
             Err(err)
         }
     }
