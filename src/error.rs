@@ -167,7 +167,7 @@ pub enum Error {
         /// The lock concerned.
         name: String,
         /// What was being done.
-        operation: &'static str,
+        operation: Operation,
         /// The deadline that passed.
         after: Duration,
     },
@@ -178,7 +178,7 @@ pub enum Error {
         /// The lock concerned.
         name: String,
         /// What was being done.
-        operation: &'static str,
+        operation: Operation,
         /// The error from the Redis client.
         #[source]
         source: redis::RedisError,
@@ -194,7 +194,7 @@ pub enum Error {
         /// The lock concerned.
         name: String,
         /// What was being done.
-        operation: &'static str,
+        operation: Operation,
         /// The `OOM` error from Redis.
         #[source]
         source: redis::RedisError,
@@ -209,7 +209,7 @@ pub enum Error {
         /// The lock concerned.
         name: String,
         /// What was being done.
-        operation: &'static str,
+        operation: Operation,
         /// The reply, as far as it helps.
         detail: String,
     },
@@ -369,5 +369,128 @@ impl Error {
             }
             _ => false,
         }
+    }
+}
+
+/// What a call was doing when it failed: the operation an [`Error`] names.
+///
+/// # Examples
+///
+/// ```
+/// use fencelock::Operation;
+///
+/// assert_eq!(Operation::Acquire.to_string(), "acquire");
+/// assert_eq!(Operation::WriteLock.as_str(), "write lock");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Acquiring a mutex or semaphore permits.
+    Acquire,
+    /// Acquiring a fair lock.
+    FairAcquire,
+    /// Taking a read hold.
+    ReadLock,
+    /// Taking a write hold.
+    WriteLock,
+    /// Taking several mutexes in one call.
+    AcquireAll,
+    /// Releasing a mutex to the client's next waiting task.
+    Handoff,
+    /// Releasing a hold.
+    Release,
+    /// Extending a hold's lease.
+    Extend,
+    /// The watchdog renewing leases.
+    Renew,
+    /// Taking a held lock again (re-entry).
+    Reenter,
+    /// Turning a write hold into a read hold.
+    Downgrade,
+    /// Giving up a fair lock's place in the queue.
+    Withdraw,
+    /// Withdrawing a waiting writer's intent.
+    WithdrawIntent,
+    /// Changing a semaphore's limit.
+    SetLimit,
+    /// Counting a semaphore's free permits.
+    Available,
+    /// Setting a latch.
+    LatchSet,
+    /// Counting a latch down.
+    LatchCountDown,
+    /// Reading a latch.
+    LatchRead,
+    /// Inspecting a primitive's key.
+    Inspect,
+    /// Freeing a primitive's key by force.
+    ForceUnlock,
+    /// Listing keys (`SCAN`).
+    Scan,
+    /// Reading a server's `INFO`.
+    Info,
+    /// Reading the cluster's slot map.
+    ClusterSlots,
+    /// Subscribing to a primitive's release channel.
+    Subscribe,
+    /// A write checked against a fence (`fenced_set`).
+    FencedWrite,
+    /// A quorum lock's acquire round on one deployment.
+    QuorumAcquire,
+    /// A quorum lock's commit round on one deployment.
+    QuorumCommit,
+    /// Acquiring a quorum lock, when fewer than a majority of deployments answered.
+    QuorumLock,
+    /// Releasing a quorum lock, when fewer than a majority of deployments answered.
+    QuorumRelease,
+    /// Extending a quorum lock, when fewer than a majority of deployments confirmed.
+    QuorumExtend,
+}
+
+impl Operation {
+    /// The operation as error messages name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Operation::Acquire => "acquire",
+            Operation::FairAcquire => "fair acquire",
+            Operation::ReadLock => "read lock",
+            Operation::WriteLock => "write lock",
+            Operation::AcquireAll => "acquire all",
+            Operation::Handoff => "handoff",
+            Operation::Release => "release",
+            Operation::Extend => "extend",
+            Operation::Renew => "renew",
+            Operation::Reenter => "reenter",
+            Operation::Downgrade => "downgrade",
+            Operation::Withdraw => "withdraw",
+            Operation::WithdrawIntent => "withdraw intent",
+            Operation::SetLimit => "set_limit",
+            Operation::Available => "available",
+            Operation::LatchSet => "latch set",
+            Operation::LatchCountDown => "latch count-down",
+            Operation::LatchRead => "latch read",
+            Operation::Inspect => "inspect",
+            Operation::ForceUnlock => "force_unlock",
+            Operation::Scan => "scan",
+            Operation::Info => "info",
+            Operation::ClusterSlots => "cluster slots",
+            Operation::Subscribe => "subscribe",
+            Operation::FencedWrite => "fenced write",
+            Operation::QuorumAcquire => "quorum acquire",
+            Operation::QuorumCommit => "quorum commit",
+            Operation::QuorumLock => "quorum lock (fewer than a majority of deployments answered)",
+            Operation::QuorumRelease => {
+                "quorum release (fewer than a majority of deployments answered)"
+            }
+            Operation::QuorumExtend => {
+                "quorum extend (fewer than a majority of deployments confirmed)"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }

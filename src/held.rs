@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::keys::LockKeys;
 use crate::local_queue::{Handed, Waiter};
@@ -434,10 +434,10 @@ impl Held {
         let reply = self
             .core
             .transport
-            .run(&call, self.name(), "extend")
+            .run(&call, self.name(), Operation::Extend)
             .await?;
-        let (code, remaining) = parse_reply::<(i64, u64)>(self.name(), "extend", reply)?;
-        self.outcome(code, "extend", &self.core.counters.extends)?;
+        let (code, remaining) = parse_reply::<(i64, u64)>(self.name(), Operation::Extend, reply)?;
+        self.outcome(code, Operation::Extend, &self.core.counters.extends)?;
         self.valid_until = lease_end(sent, Duration::from_millis(remaining));
         // The lease length from now on: a task this hold is handed to within the client must
         // have asked for the same.
@@ -496,18 +496,20 @@ impl Held {
         // queued after it, so it reaches Redis after the release. Sent on its own, the release
         // must be answered first.
         let freeing = self.hold.is_empty();
-        let reply = match transport.queue(call, self.name(), "release") {
+        let reply = match transport.queue(call, self.name(), Operation::Release) {
             Ok(reply) => {
                 self.freeing(freeing);
-                transport.reply(reply, self.name(), "release").await?
+                transport
+                    .reply(reply, self.name(), Operation::Release)
+                    .await?
             }
             Err(call) => {
-                let reply = transport.run(call, self.name(), "release").await?;
+                let reply = transport.run(call, self.name(), Operation::Release).await?;
                 self.freeing(freeing);
                 reply
             }
         };
-        let code = parse_reply(self.name(), "release", reply)?;
+        let code = parse_reply(self.name(), Operation::Release, reply)?;
         self.released(code)
     }
 
@@ -528,7 +530,7 @@ impl Held {
         let held = self.granted.elapsed();
         self.core.counters.holds.record(self.metric_kind(), held);
         tracing::debug!(lock = self.name(), fence = %self.fence, ?held, "released");
-        self.outcome(code, "release", &self.core.counters.releases)
+        self.outcome(code, Operation::Release, &self.core.counters.releases)
     }
 
     fn release_call(&self) -> ScriptCall {
@@ -619,7 +621,7 @@ impl Held {
             self.unwatch();
             self.core
                 .transport
-                .run_detached(self.release_call(), "release");
+                .run_detached(self.release_call(), Operation::Release);
             if self.handing.is_some() {
                 self.core.handoffs.pass(self.keys.lock_key());
             }
@@ -652,7 +654,7 @@ impl Held {
 
     /// Maps the code `release` or `extend` answered to the caller's result, counting a success
     /// in `done` and a loss in `lost`.
-    fn outcome(&self, code: i64, operation: &'static str, done: &Counter) -> Result<()> {
+    fn outcome(&self, code: i64, operation: Operation, done: &Counter) -> Result<()> {
         let name = self.keys.name();
         match Outcome::decode(name, operation, code)?.lost(name) {
             None => {
@@ -661,7 +663,7 @@ impl Held {
             }
             Some(lost) => {
                 Counters::add(&self.core.counters.lost, self.metric_kind(), 1);
-                tracing::warn!(lock = %name, fence = %self.fence, operation, "lock lost");
+                tracing::warn!(lock = %name, fence = %self.fence, operation = operation.as_str(), "lock lost");
                 Err(lost)
             }
         }

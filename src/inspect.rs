@@ -14,7 +14,7 @@ use redis::Value;
 use tracing::Instrument;
 
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::human::HumanDuration;
 use crate::keys::{LockKeys, Placement};
@@ -226,10 +226,10 @@ impl Client {
         let span = tracing::debug_span!("fencelock.inspect", lock = name, kind = kind.as_str());
         let reply = core
             .transport
-            .run(&call, name, "inspect")
+            .run(&call, name, Operation::Inspect)
             .instrument(span)
             .await?;
-        decode(&keys, kind, "inspect", reply)
+        decode(&keys, kind, Operation::Inspect, reply)
     }
 
     /// Frees the primitive of `kind` named `name` whoever holds it, for operators: every hold
@@ -295,10 +295,10 @@ impl Client {
         let span = tracing::info_span!("fencelock.force_unlock", lock = name, kind = kind.as_str());
         let reply = core
             .transport
-            .run(&call, name, "force_unlock")
+            .run(&call, name, Operation::ForceUnlock)
             .instrument(span)
             .await?;
-        let found = decode(&keys, kind, "force_unlock", reply)?;
+        let found = decode(&keys, kind, Operation::ForceUnlock, reply)?;
         tracing::info!(lock = name, kind = kind.as_str(), found = %found, "forced unlock");
         Ok(found)
     }
@@ -339,8 +339,11 @@ impl Client {
                     .arg(&pattern)
                     .arg("COUNT")
                     .arg(count);
-                let reply = core.transport.run_on_master(slot, cmd, "scan").await?;
-                let (next, found): (u64, Vec<String>) = parse_reply("*", "scan", reply)?;
+                let reply = core
+                    .transport
+                    .run_on_master(slot, cmd, Operation::Scan)
+                    .await?;
+                let (next, found): (u64, Vec<String>) = parse_reply("*", Operation::Scan, reply)?;
                 list.scanned += count;
                 keys.extend(found);
                 cursor = next;
@@ -401,7 +404,7 @@ impl Client {
         if masters.is_empty() {
             return Err(Error::UnexpectedReply {
                 name: "*".into(),
-                operation: "cluster slots",
+                operation: Operation::ClusterSlots,
                 detail: "no master serves a slot".into(),
             });
         }
@@ -458,12 +461,7 @@ fn parse_key(prefix: &str, key: &str) -> Option<(Kind, String, Placement)> {
 }
 
 /// The inspection array of `inspect.lua` for `keys`.
-fn decode(
-    keys: &LockKeys,
-    kind: Kind,
-    operation: &'static str,
-    reply: Value,
-) -> Result<Inspection> {
+fn decode(keys: &LockKeys, kind: Kind, operation: Operation, reply: Value) -> Result<Inspection> {
     let name = keys.name();
     let v: Vec<i64> = parse_reply(name, operation, reply)?;
     let [exists, held, fence, lease, holds, waiters, a, b, c] = v[..] else {

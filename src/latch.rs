@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::acquire::{self, Attempt, Request};
 use crate::client::Client;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::human::HumanDuration;
 use crate::keys::{LockKeys, Placement, MAX_NAME_LEN};
@@ -197,16 +197,16 @@ impl Latch {
                     core.expiry(),
                 ],
             );
-            let reply = core.transport.run(&call, name, "latch set").await?;
+            let reply = core.transport.run(&call, name, Operation::LatchSet).await?;
             let (status, generation, behind) =
-                parse_reply::<(i64, i64, i64)>(name, "latch set", reply)?;
+                parse_reply::<(i64, i64, i64)>(name, Operation::LatchSet, reply)?;
             if !matches!(status, 1 | 2) {
-                return Err(unexpected(name, "latch set", status));
+                return Err(unexpected(name, Operation::LatchSet, status));
             }
             if behind > 0 {
                 core.clock_behind("latch", name, behind);
             }
-            let generation = parse_fence(name, "latch set", "generation", generation)?;
+            let generation = parse_fence(name, Operation::LatchSet, "generation", generation)?;
             core.granted(self.key(), name, generation, sent);
             tracing::debug!(latch = name, %generation, count, "set");
             Ok(generation)
@@ -302,7 +302,7 @@ impl Latch {
                     core.expiry(),
                 ],
             );
-            let operation = "latch count-down";
+            let operation = Operation::LatchCountDown;
             let reply = core.transport.run(&call, name, operation).await?;
             let (status, current, remaining) =
                 parse_reply::<(i64, i64, i64)>(name, operation, reply)?;
@@ -415,16 +415,21 @@ impl Latch {
     async fn state(&self) -> Result<State> {
         let name = self.name();
         let call = ScriptCall::new(&LATCH_STATE, &[self.key()], &[]);
-        let reply = self.core.transport.run(&call, name, "latch read").await?;
+        let reply = self
+            .core
+            .transport
+            .run(&call, name, Operation::LatchRead)
+            .await?;
         let (generation, count, opened) =
-            parse_reply::<(i64, i64, i64)>(name, "latch read", reply)?;
+            parse_reply::<(i64, i64, i64)>(name, Operation::LatchRead, reply)?;
         let token = |value: i64| match value {
             0 => Ok(None),
-            value => parse_fence(name, "latch read", "generation", value).map(Some),
+            value => parse_fence(name, Operation::LatchRead, "generation", value).map(Some),
         };
         Ok(State {
             generation: token(generation)?,
-            count: u64::try_from(count).map_err(|_| unexpected(name, "latch read", count))?,
+            count: u64::try_from(count)
+                .map_err(|_| unexpected(name, Operation::LatchRead, count))?,
             opened: token(opened)?,
         })
     }
@@ -510,7 +515,7 @@ impl Request for Await<'_> {
 }
 
 /// A status no latch script answers.
-fn unexpected(name: &str, operation: &'static str, status: i64) -> Error {
+fn unexpected(name: &str, operation: Operation, status: i64) -> Error {
     Error::UnexpectedReply {
         name: name.to_owned(),
         operation,

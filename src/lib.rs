@@ -95,7 +95,7 @@ mod stats;
 mod transport;
 
 pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
-pub use error::{Error, Result};
+pub use error::{Error, Operation, Result};
 pub use fair::{FairLockGuard, MAX_FAIR_WAITERS};
 pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
 pub use human::HumanDuration;

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::acquire::InFlight;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::{Grant, Held, Scripts, Watched};
 use crate::keys::LockKeys;
@@ -145,9 +145,14 @@ impl Reentrant {
         args.extend(mode);
         args.push(self.core.expiry());
         let call = ScriptCall::new(LazyLock::force(entry.script), &[key], &args);
-        let reply = self.core.transport.run(&call, name, "reenter").await?;
+        let reply = self
+            .core
+            .transport
+            .run(&call, name, Operation::Reenter)
+            .await?;
         in_flight.disarm();
-        let (code, fence, remaining) = parse_reply::<(i64, i64, u64)>(name, "reenter", reply)?;
+        let (code, fence, remaining) =
+            parse_reply::<(i64, i64, u64)>(name, Operation::Reenter, reply)?;
         let own = self.fence.get();
         match code {
             1 if u64::try_from(fence).is_ok_and(|stored| (entry.fence_is_own)(stored, own)) => {
@@ -173,7 +178,7 @@ impl Reentrant {
                 .or_else(|| Outcome::from_code(code).and_then(|outcome| outcome.lost(name)))
                 .unwrap_or_else(|| Error::UnexpectedReply {
                     name: name.to_owned(),
-                    operation: "reenter",
+                    operation: Operation::Reenter,
                     detail: format!("status {code}, fence {fence}"),
                 })),
         }

@@ -9,15 +9,13 @@
 //! limit}`). A primitive's attempt builds its call, sends it through [`Granting::send`] and
 //! handles only what is its own.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::acquire::replicas::{self, Acks};
 use crate::acquire::{Attempt, InFlight};
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::held::{Grant, Scripts};
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
@@ -49,7 +47,7 @@ impl GrantReply {
     /// # Errors
     ///
     /// [`Error::UnexpectedReply`] for anything but an array of integers in the shared layout.
-    pub(crate) fn decode(name: &str, operation: &'static str, reply: redis::Value) -> Result<Self> {
+    pub(crate) fn decode(name: &str, operation: Operation, reply: redis::Value) -> Result<Self> {
         let values = parse_reply::<Vec<i64>>(name, operation, reply)?;
         let unexpected = |values: &[i64]| Error::UnexpectedReply {
             name: name.to_owned(),
@@ -83,7 +81,7 @@ pub(crate) struct Granting<'a> {
     core: &'a Arc<Core>,
     scripts: &'static Scripts,
     keys: &'a LockKeys,
-    operation: &'static str,
+    operation: Operation,
     owner: &'a str,
     started: Instant,
     lease: Duration,
@@ -100,7 +98,7 @@ impl<'a> Granting<'a> {
         core: &'a Arc<Core>,
         scripts: &'static Scripts,
         keys: &'a LockKeys,
-        operation: &'static str,
+        operation: Operation,
         owner: &'a str,
         options: &LockOptions,
     ) -> Self {
@@ -155,13 +153,8 @@ impl<'a> Granting<'a> {
     /// Cancel safe through the undo.
     pub(crate) async fn send(&self, call: &ScriptCall) -> Result<(GrantReply, Option<Acks>)> {
         let name = self.keys.name();
-        // Boxed: the type of every public future that waits for a grant nests this call, and
-        // without the box it nests deep enough to overflow rustc's query depth limit when a
-        // caller's crate checks that `Client::with_lock`'s future is `Send`.
-        let sending: Pin<Box<dyn Future<Output = _> + Send + '_>> = Box::pin(
-            replicas::run_granting(self.core, call, name, self.operation, self.wait),
-        );
-        let (reply, acks) = sending.await?;
+        let (reply, acks) =
+            replicas::run_granting(self.core, call, name, self.operation, self.wait).await?;
         Ok((GrantReply::decode(name, self.operation, reply)?, acks))
     }
 
@@ -213,7 +206,7 @@ impl<'a> Granting<'a> {
             })
         };
         let replicas_acked = replicas::confirm(self.core, kind, name, acks, undo).await?;
-        tracing::debug!(lock = name, kind, %fence, operation = self.operation, "acquired");
+        tracing::debug!(lock = name, kind, %fence, operation = self.operation.as_str(), "acquired");
         Ok(Grant {
             keys: self.keys.clone(),
             owner: self.owner.to_owned(),
@@ -238,7 +231,7 @@ mod tests {
     }
 
     fn decode(values: &[i64]) -> Result<GrantReply> {
-        GrantReply::decode("orders", "acquire", reply(values))
+        GrantReply::decode("orders", Operation::Acquire, reply(values))
     }
 
     #[test]
@@ -289,11 +282,11 @@ mod tests {
         for bad in [&[1, 42][..], &[0], &[]] {
             let err = decode(bad).unwrap_err();
             assert!(
-                matches!(&err, Error::UnexpectedReply { name, operation: "acquire", .. } if name == "orders"),
+                matches!(&err, Error::UnexpectedReply { name, operation: Operation::Acquire, .. } if name == "orders"),
                 "{err:?}"
             );
         }
-        let err = GrantReply::decode("orders", "acquire", Value::Okay).unwrap_err();
+        let err = GrantReply::decode("orders", Operation::Acquire, Value::Okay).unwrap_err();
         assert!(err.to_string().contains("orders"), "{err}");
     }
 }

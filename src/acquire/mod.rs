@@ -10,13 +10,15 @@ mod step;
 mod tests;
 mod undo;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::local_queue::Turn;
 use crate::options::{instant_after, WaitObserver, Waiting};
 use crate::runtime::wakeups::{Readiness, Subscription};
@@ -56,7 +58,10 @@ pub(crate) trait Request {
     /// # Cancel safety
     ///
     /// Must be cancel safe: a dropped attempt releases what it may have taken ([`InFlight`]).
-    async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<Self::Granted>>;
+    fn attempt(
+        &self,
+        core: &Arc<Core>,
+    ) -> impl std::future::Future<Output = Result<Attempt<Self::Granted>>> + Send;
 
     /// Waits behind a task of this client that holds the resource, if one does, until handed
     /// the resource, told to ask Redis, or `until`; without asking Redis. The default: no
@@ -316,7 +321,7 @@ pub(crate) async fn drive<W: Waiter>(
         Ok(outcome) => outcome,
         Err(_) => Err(Error::Timeout {
             name: waiter.name().to_owned(),
-            operation: "acquire",
+            operation: Operation::Acquire,
             after: limit,
         }),
     }
@@ -440,7 +445,11 @@ async fn listen<L: Listen>(subscription: Option<L>, limit: Duration) -> Listenin
 
 /// One attempt, counted in the stats.
 async fn attempt<R: Request>(core: &Arc<Core>, request: &R) -> Result<Attempt<R::Granted>> {
-    let outcome = request.attempt(core).await;
+    // Boxed: every public future that waits for a grant nests this one, and without the box
+    // the nesting overflows rustc's query depth limit in a caller's crate (a binary awaiting
+    // several kinds of lock in one `async fn main`).
+    let attempt: Pin<Box<dyn Future<Output = _> + Send + '_>> = Box::pin(request.attempt(core));
+    let outcome = attempt.await;
     let counters = &core.counters;
     let kind = kind_of(request.channel());
     Counters::add(&counters.acquire_attempts, kind, 1);

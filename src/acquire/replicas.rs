@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::script::ScriptCall;
 use crate::stats::Counters;
 
@@ -28,7 +28,7 @@ pub(crate) async fn run_granting<'c>(
     core: &Arc<Core>,
     call: impl Into<Cow<'c, ScriptCall>>,
     name: &str,
-    operation: &'static str,
+    operation: Operation,
     wait: Option<(u32, Duration)>,
 ) -> Result<(Value, Option<Acks>)> {
     match wait {
@@ -59,7 +59,10 @@ pub(crate) async fn confirm(
     let acked = u32::try_from(acked).unwrap_or(0);
     if acked < required {
         let undo = undo();
-        let _ = core.transport.run(&undo, undo.first_key(), "release").await;
+        let _ = core
+            .transport
+            .run(&undo, undo.first_key(), Operation::Release)
+            .await;
         return Err(Error::ReplicasNotConfirmed {
             name: name.to_owned(),
             acked,

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{drive, Attempt, Listen, Local, Waiter, RECHECK};
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::runtime::wakeups::Readiness;
 
 const MS: Duration = Duration::from_millis(1);
@@ -176,7 +176,7 @@ impl<'f> Waiter for &'f Fake {
             Reply::Busy(retry_after) => Ok(Attempt::Busy { retry_after }),
             Reply::Transient => Err(Error::Timeout {
                 name: "fake".to_owned(),
-                operation: "acquire",
+                operation: Operation::Acquire,
                 after: REQUEST_TIMEOUT,
             }),
             Reply::Hang => std::future::pending().await,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::core::Core;
+use crate::error::Operation;
 use crate::held::Scripts;
 use crate::script::ScriptCall;
 use crate::transport::Transport;
@@ -15,7 +16,7 @@ pub(crate) struct InFlight<'a> {
     /// The weight of the release built when it fires (1 unless [`weighted`](Self::weighted)).
     weight: u32,
     /// What the undo is, as errors and logs name it.
-    operation: &'static str,
+    operation: Operation,
 }
 
 /// What an armed [`InFlight`] releases when it fires.
@@ -42,7 +43,7 @@ impl<'a> InFlight<'a> {
             transport,
             undo: Undo::Call(undo),
             weight: 1,
-            operation: "release",
+            operation: Operation::Release,
         }
     }
 
@@ -65,7 +66,7 @@ impl<'a> InFlight<'a> {
                 hold,
             },
             weight: 1,
-            operation: "release",
+            operation: Operation::Release,
         }
     }
 
@@ -77,7 +78,7 @@ impl<'a> InFlight<'a> {
     }
 
     /// Names the undo in errors and logs (default `release`).
-    pub(crate) fn named(mut self, operation: &'static str) -> Self {
+    pub(crate) fn named(mut self, operation: Operation) -> Self {
         self.operation = operation;
         self
     }
@@ -91,7 +92,7 @@ impl<'a> InFlight<'a> {
     pub(crate) async fn now(mut self, name: &str) {
         let Some(call) = self.take() else { return };
         if let Err(err) = self.transport.run_undo(call, name, self.operation).await {
-            tracing::debug!(lock = name, error = %err, operation = self.operation, "undo failed");
+            tracing::debug!(lock = name, error = %err, operation = self.operation.as_str(), "undo failed");
         }
     }
 

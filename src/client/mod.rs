@@ -11,7 +11,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::{FenceToken, StaleFence};
 use crate::script::{parse_fence, parse_reply, ScriptCall, FENCED_SET};
 use crate::stats::Stats;
@@ -115,15 +115,15 @@ impl Client {
             .run(
                 &ScriptCall::new(&FENCED_SET, &[key], &[&fence_arg, value]),
                 key,
-                "fenced write",
+                Operation::FencedWrite,
             )
             .instrument(span)
             .await?;
-        let (status, highest) = parse_reply::<(i64, i64)>(key, "fenced write", reply)?;
+        let (status, highest) = parse_reply::<(i64, i64)>(key, Operation::FencedWrite, reply)?;
         if status == 1 {
             return Ok(Ok(()));
         }
-        let highest = parse_fence(key, "fenced write", "highest fence", highest)?;
+        let highest = parse_fence(key, Operation::FencedWrite, "highest fence", highest)?;
         Ok(Err(StaleFence {
             presented: fence,
             highest,

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
 use crate::client::Client;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
@@ -125,7 +125,7 @@ impl<'a> Acquire<'a> {
         if self
             .core
             .transport
-            .run_undo(call, self.keys.name(), "withdraw")
+            .run_undo(call, self.keys.name(), Operation::Withdraw)
             .await
             .is_ok()
         {
@@ -172,7 +172,7 @@ impl Drop for Acquire<'_> {
         if self.dirty.load(Ordering::Relaxed) && !self.granted.load(Ordering::Relaxed) {
             self.core
                 .transport
-                .undo_detached(self.withdraw_call(), "withdraw");
+                .undo_detached(self.withdraw_call(), Operation::Withdraw);
         }
     }
 }
@@ -195,8 +195,15 @@ impl Request for Acquire<'_> {
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<FairLockGuard>> {
         let (keys, options) = (self.keys, self.options);
         // The place's withdrawal gives back a grant whose reply was not read.
-        let granting =
-            Granting::new(core, &FAIR, keys, "fair acquire", &self.owner, options).without_undo();
+        let granting = Granting::new(
+            core,
+            &FAIR,
+            keys,
+            Operation::FairAcquire,
+            &self.owner,
+            options,
+        )
+        .without_undo();
         let ttl_ms = ttl_millis(granting.lease());
         let floor = core.floor(options).to_string();
         let cap = MAX_FAIR_WAITERS.to_string();
@@ -265,7 +272,7 @@ impl Request for Acquire<'_> {
 fn unexpected(keys: &LockKeys, reply: &[i64]) -> Error {
     Error::UnexpectedReply {
         name: keys.name().to_owned(),
-        operation: "fair acquire",
+        operation: Operation::FairAcquire,
         detail: format!("{reply:?}"),
     }
 }

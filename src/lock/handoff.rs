@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::acquire::{InFlight, Local};
 use crate::core::Core;
-use crate::error::Result;
+use crate::error::{Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::{Grant, Handing, Held};
 use crate::keys::LockKeys;
@@ -132,9 +132,12 @@ pub(crate) async fn release_to(
         .arg(expiry);
     let in_flight = InFlight::release(core, &MUTEX, key, &waiter.owner, "");
     let sent = Instant::now();
-    let reply = core.transport.run_direct(&call, name, "release").await;
-    let decoded =
-        reply.and_then(|reply| parse_reply::<(i64, i64, i64, i64)>(name, "release", reply));
+    let reply = core
+        .transport
+        .run_direct(&call, name, Operation::Release)
+        .await;
+    let decoded = reply
+        .and_then(|reply| parse_reply::<(i64, i64, i64, i64)>(name, Operation::Release, reply));
     let (code, handed, fence, behind) = match decoded {
         Ok(decoded) => decoded,
         Err(err) => {
@@ -155,11 +158,13 @@ pub(crate) async fn release_to(
         to,
         ..
     } = waiter;
-    let fence = match parse_fence(name, "release", "fence", fence) {
+    let fence = match parse_fence(name, Operation::Release, "fence", fence) {
         Ok(fence) => fence,
         Err(err) => {
-            core.transport
-                .run_detached(MUTEX.release_call(core, key, &to_owner, ""), "release");
+            core.transport.run_detached(
+                MUTEX.release_call(core, key, &to_owner, ""),
+                Operation::Release,
+            );
             core.handoffs.pass(key);
             return Err(err);
         }

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::acquire::{self, Attempt, GrantReply, Granting, Local, Request};
 use crate::client::Client;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::Held;
 use crate::keys::LockKeys;
@@ -62,7 +62,7 @@ impl Request for Acquire<'_> {
         let (mode, expiry) = (core.fence_arg(), core.expiry());
         // Owner, TTL, floor, fence mode, expiry grace; the numbers take at most 40 bytes.
         let bytes = key.len() + owner.len() + 40 + mode.len() + expiry.len();
-        let granting = Granting::new(core, &MUTEX, keys, "acquire", &owner, options);
+        let granting = Granting::new(core, &MUTEX, keys, Operation::Acquire, &owner, options);
         let call = ScriptCall::start(&ACQUIRE, &[key], 5, bytes)
             .arg(owner.as_str())
             .arg(ttl_ms(granting.lease()))
@@ -84,7 +84,7 @@ impl Request for Acquire<'_> {
             (GrantReply::Busy { retry_after, .. }, _) => Ok(granting.busy(retry_after)),
             (GrantReply::Own { status, .. }, _) => Err(Error::UnexpectedReply {
                 name: keys.name().to_owned(),
-                operation: "acquire",
+                operation: Operation::Acquire,
                 detail: format!("status {status}"),
             }),
         }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::acquire::{replicas, Attempt, InFlight, Request};
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::lock::{LockGuard, MUTEX};
@@ -72,11 +72,11 @@ impl Request for AcquireAll<'_> {
             .map(|undo| InFlight::arm(&core.transport, undo.clone()))
             .collect();
         let (reply, acks) =
-            replicas::run_granting(core, &call, name, "acquire", options.wait).await?;
-        let reply = parse_reply::<Vec<i64>>(name, "acquire", reply)?;
+            replicas::run_granting(core, &call, name, Operation::Acquire, options.wait).await?;
+        let reply = parse_reply::<Vec<i64>>(name, Operation::Acquire, reply)?;
         let unexpected = |detail: String| Error::UnexpectedReply {
             name: name.to_owned(),
-            operation: "acquire",
+            operation: Operation::Acquire,
             detail,
         };
         match reply.as_slice() {
@@ -87,7 +87,7 @@ impl Request for AcquireAll<'_> {
                 let fences = fences
                     .iter()
                     .zip(keys)
-                    .map(|(fence, k)| parse_fence(k.name(), "acquire", "fence", *fence))
+                    .map(|(fence, k)| parse_fence(k.name(), Operation::Acquire, "fence", *fence))
                     .collect::<Result<Vec<_>>>()?;
                 in_flight.into_iter().for_each(InFlight::disarm);
                 let replicas_acked =
@@ -95,7 +95,7 @@ impl Request for AcquireAll<'_> {
                         Ok(acked) => acked,
                         Err(err) => {
                             for undo in &undos[1..] {
-                                let _ = core.transport.run(undo, name, "release").await;
+                                let _ = core.transport.run(undo, name, Operation::Release).await;
                             }
                             return Err(err);
                         }

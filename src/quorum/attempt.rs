@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
@@ -176,14 +176,19 @@ impl Rounds<'_> {
                 &[keys.lock_key()],
                 &[owner, ttl_ms, floor, "clock", core.expiry()],
             );
-            Some(core.transport.run(&call, name, "quorum acquire").await)
+            Some(
+                core.transport
+                    .run(&call, name, Operation::QuorumAcquire)
+                    .await,
+            )
         }));
         let mut granted: Vec<(usize, FenceToken)> = Vec::new();
         let mut busy = 0;
         let mut retry_after = Duration::ZERO;
         gather(round, started, round_ends, |index, outcome, pending| {
             match outcome.map(|reply| {
-                reply.and_then(|v| parse_reply::<(i64, i64, i64)>(name, "quorum acquire", v))
+                reply
+                    .and_then(|v| parse_reply::<(i64, i64, i64)>(name, Operation::QuorumAcquire, v))
             }) {
                 Some(Ok((1 | 2, value, behind))) => {
                     // Expected after a commit raised this node's fence to another node's
@@ -196,7 +201,7 @@ impl Rounds<'_> {
                             "stored fence ahead of the node's clock"
                         );
                     }
-                    match parse_fence(name, "quorum acquire", "fence", value) {
+                    match parse_fence(name, Operation::QuorumAcquire, "fence", value) {
                         Ok(fence) => granted.push((index, fence)),
                         Err(err) => {
                             tracing::warn!(lock = name, deployment = index, error = %err);
@@ -261,8 +266,11 @@ impl Rounds<'_> {
                     &[keys.lock_key()],
                     &[owner, t, core.expiry()],
                 );
-                let reply = core.transport.run(&call, name, "quorum commit").await;
-                reply.and_then(|v| parse_reply::<i64>(name, "quorum commit", v))
+                let reply = core
+                    .transport
+                    .run(&call, name, Operation::QuorumCommit)
+                    .await;
+                reply.and_then(|v| parse_reply::<i64>(name, Operation::QuorumCommit, v))
             }
         }));
         let mut committed = 0;
@@ -299,7 +307,7 @@ impl Refused {
             },
             Refused::Unanswered => Error::Timeout {
                 name: name.to_owned(),
-                operation: "quorum lock (fewer than a majority of deployments answered)",
+                operation: Operation::QuorumLock,
                 after,
             },
         }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::client::{Client, ClientBuilder};
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceMode;
 use crate::human::HumanDuration;
 use crate::script::parse_reply;
@@ -227,13 +227,13 @@ async fn server_ids(client: &Client) -> Result<Vec<String>> {
     let transport = &client.core().transport;
     if transport.topology() == Topology::Cluster {
         let reply = transport.cluster_slots().await?;
-        let ranges: Vec<Vec<redis::Value>> = parse_reply("*", "cluster slots", reply)?;
+        let ranges: Vec<Vec<redis::Value>> = parse_reply("*", Operation::ClusterSlots, reply)?;
         let mut ids = Vec::new();
         for range in ranges {
             for node in range.into_iter().skip(2) {
-                let node: Vec<redis::Value> = parse_reply("*", "cluster slots", node)?;
+                let node: Vec<redis::Value> = parse_reply("*", Operation::ClusterSlots, node)?;
                 if let Some(id) = node.get(2) {
-                    let id: String = parse_reply("*", "cluster slots", id.clone())?;
+                    let id: String = parse_reply("*", Operation::ClusterSlots, id.clone())?;
                     ids.push(format!("node id {id}"));
                 }
             }
@@ -242,8 +242,8 @@ async fn server_ids(client: &Client) -> Result<Vec<String>> {
     }
     let mut info = redis::cmd("INFO");
     info.arg("server");
-    let reply = transport.run_on_master(0, info, "info").await?;
-    let text: String = parse_reply("*", "info", reply)?;
+    let reply = transport.run_on_master(0, info, Operation::Info).await?;
+    let text: String = parse_reply("*", Operation::Info, reply)?;
     Ok(text
         .lines()
         .filter_map(|line| line.strip_prefix("run_id:"))

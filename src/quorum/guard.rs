@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Scripts};
 use crate::keys::LockKeys;
@@ -55,14 +55,21 @@ impl NodeRelease {
     /// undo: it follows the node's calls in flight (see `Transport::run_undo`).
     pub(super) async fn run(&self, name: &str) {
         let call = self.call.clone();
-        if let Err(err) = self.core.transport.run_undo(call, name, "release").await {
+        if let Err(err) = self
+            .core
+            .transport
+            .run_undo(call, name, Operation::Release)
+            .await
+        {
             tracing::debug!(lock = name, error = %err, "quorum release failed on a node");
         }
     }
 
     /// Runs the release in the background, as an undo (counted for `Client::shutdown`).
     pub(super) fn detach(self) {
-        self.core.transport.undo_detached(self.call, "release");
+        self.core
+            .transport
+            .undo_detached(self.call, Operation::Release);
     }
 }
 
@@ -310,7 +317,7 @@ impl QuorumGuard {
         }
         Err(lost.or(other).unwrap_or_else(|| Error::Timeout {
             name: self.name.clone(),
-            operation: "quorum extend (fewer than a majority of deployments confirmed)",
+            operation: Operation::QuorumExtend,
             after: started.elapsed(),
         }))
     }
@@ -361,7 +368,7 @@ impl QuorumGuard {
         }
         Err(lost.or(other).unwrap_or_else(|| Error::Timeout {
             name: self.name.clone(),
-            operation: "quorum release (fewer than a majority of deployments answered)",
+            operation: Operation::QuorumRelease,
             after: started.elapsed(),
         }))
     }

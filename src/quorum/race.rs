@@ -8,15 +8,24 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-/// Futures of one type, polled together; each yields its index and output once.
-pub(super) struct Race<F: Future> {
-    futures: Vec<Option<Pin<Box<F>>>>,
+/// Futures of one output type, polled together; each yields its index and output once.
+///
+/// Boxed as `dyn Future`: a quorum call's future would otherwise nest each node's whole request
+/// type, deep enough to overflow rustc's query depth limit in a caller's crate.
+pub(super) struct Race<'a, T> {
+    futures: Vec<Option<Pin<Box<dyn Future<Output = T> + Send + 'a>>>>,
 }
 
-impl<F: Future> Race<F> {
-    pub(super) fn new(futures: impl IntoIterator<Item = F>) -> Self {
+impl<'a, T> Race<'a, T> {
+    pub(super) fn new<F>(futures: impl IntoIterator<Item = F>) -> Self
+    where
+        F: Future<Output = T> + Send + 'a,
+    {
         Self {
-            futures: futures.into_iter().map(|f| Some(Box::pin(f))).collect(),
+            futures: futures
+                .into_iter()
+                .map(|f| Some(Box::pin(f) as Pin<Box<dyn Future<Output = T> + Send + 'a>>))
+                .collect(),
         }
     }
 
@@ -26,7 +35,7 @@ impl<F: Future> Race<F> {
     }
 
     /// The next one to finish, with its index; `None` when all have.
-    pub(super) async fn next(&mut self) -> Option<(usize, F::Output)> {
+    pub(super) async fn next(&mut self) -> Option<(usize, T)> {
         if self.pending() == 0 {
             return None;
         }
@@ -81,11 +90,11 @@ fn straggler_grace(elapsed: Duration) -> Duration {
 /// output, how many are still pending), until all have answered, `on_answer` says
 /// [`Progress::Done`], the straggler grace after [`Progress::Decided`] has passed, or `deadline`
 /// has. Answers not read are dropped with their futures.
-pub(super) async fn gather<F: Future>(
-    mut race: Race<F>,
+pub(super) async fn gather<T>(
+    mut race: Race<'_, T>,
     started: Instant,
     deadline: Instant,
-    mut on_answer: impl FnMut(usize, F::Output, usize) -> Progress,
+    mut on_answer: impl FnMut(usize, T, usize) -> Progress,
 ) {
     let mut limit = deadline;
     loop {

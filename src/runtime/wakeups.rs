@@ -32,7 +32,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender, WeakUnboundedSender};
 use tokio::sync::{oneshot, watch, Notify};
 
-use crate::error::Error;
+use crate::error::{Error, Operation};
 use crate::transport::{Subscriber, Transport};
 
 /// The client's subscriptions and the waiters registered on them.
@@ -438,7 +438,7 @@ async fn sync(
                 }
                 let err = Error::Redis {
                     name: channel.to_owned(),
-                    operation: "subscribe",
+                    operation: Operation::Subscribe,
                     source: err,
                 };
                 tracing::debug!(error = %err, "cannot subscribe: waiters poll");

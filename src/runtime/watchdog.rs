@@ -44,7 +44,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::error::Error;
+use crate::error::{Error, Operation};
 use crate::script::{parse_reply, ttl_millis, LuaScript, Outcome, ScriptCall};
 use crate::stats::{kind_of, Counters};
 use crate::transport::{Topology, Transport};
@@ -525,10 +525,10 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
         .run(
             &ScriptCall::new(first.renew, &[&first.lock_key], &args),
             &first.lock_key,
-            "renew",
+            Operation::Renew,
         )
         .await
-        .and_then(|reply| parse_reply::<Vec<i64>>(&first.lock_key, "renew", reply));
+        .and_then(|reply| parse_reply::<Vec<i64>>(&first.lock_key, Operation::Renew, reply));
     match reply {
         Ok(codes) if codes.len() == due.len() => {
             tracing::debug!(locks = due.len(), "renewed");
@@ -545,7 +545,7 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
             );
             Err(Error::UnexpectedReply {
                 name: first.lock_key.to_string(),
-                operation: "renew",
+                operation: Operation::Renew,
                 detail: format!("{} codes for {} locks", codes.len(), due.len()),
             })
         }
@@ -700,7 +700,7 @@ mod tests {
         let (due, _) = watchdog.take_due(start + Duration::from_secs(1));
         let error = Error::UnexpectedReply {
             name: "fencelock:{a}:lock".into(),
-            operation: "renew",
+            operation: Operation::Renew,
             detail: "status 7".into(),
         };
         watchdog.failed(&counters, &due[0], &error);

@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::held::{Held, Scripts};
 use crate::script::{
@@ -146,10 +146,12 @@ impl WriteGuard {
             &[held.owner(), core.transport.announce(), core.expiry()],
         );
         let span = tracing::debug_span!("fencelock.downgrade", lock = %name, kind = crate::kind::Kind::ReadWrite.as_str());
-        let reply =
-            tracing::Instrument::instrument(core.transport.run(&call, &name, "downgrade"), span)
-                .await?;
-        let (code, _remaining) = parse_reply::<(i64, u64)>(&name, "downgrade", reply)?;
+        let reply = tracing::Instrument::instrument(
+            core.transport.run(&call, &name, Operation::Downgrade),
+            span,
+        )
+        .await?;
+        let (code, _remaining) = parse_reply::<(i64, u64)>(&name, Operation::Downgrade, reply)?;
         match code {
             1 => Ok(ReadGuard { held: self.held }),
             -3 => Err(Error::ForceUnlocked { name }),
@@ -159,11 +161,11 @@ impl WriteGuard {
                          first"
                     .into(),
             }),
-            code => Err(Outcome::decode(&name, "downgrade", code)?
+            code => Err(Outcome::decode(&name, Operation::Downgrade, code)?
                 .lost(&name)
                 .unwrap_or(Error::UnexpectedReply {
                     name,
-                    operation: "downgrade",
+                    operation: Operation::Downgrade,
                     detail: "status 1 not handled".into(),
                 })),
         }

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::acquire::{self, Attempt, GrantReply, Granting, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::kind::Kind;
@@ -49,10 +49,10 @@ enum Mode {
 }
 
 impl Mode {
-    fn operation(self) -> &'static str {
+    fn operation(self) -> Operation {
         match self {
-            Mode::Read => "read lock",
-            Mode::Write => "write lock",
+            Mode::Read => Operation::ReadLock,
+            Mode::Write => Operation::WriteLock,
         }
     }
 }
@@ -194,7 +194,7 @@ pub(crate) async fn take_write(
         &[keys.lock_key()],
         &[&id, core.transport.announce(), core.expiry()],
     );
-    let intent = InFlight::arm(&core.transport, withdraw).named("withdraw intent");
+    let intent = InFlight::arm(&core.transport, withdraw).named(Operation::WithdrawIntent);
     let request = Acquire {
         keys,
         options,

@@ -4,7 +4,7 @@
 
 use redis::Value;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 
 /// What a lock script answered about a hold: the `1`/`0`/`-1` of `release`, `extend`,
@@ -34,7 +34,7 @@ impl Outcome {
     }
 
     /// `code` decoded, or [`Error::UnexpectedReply`] naming `name` and `operation`.
-    pub(crate) fn decode(name: &str, operation: &'static str, code: i64) -> Result<Self> {
+    pub(crate) fn decode(name: &str, operation: Operation, code: i64) -> Result<Self> {
         Self::from_code(code).ok_or_else(|| Error::UnexpectedReply {
             name: name.to_owned(),
             operation,
@@ -58,7 +58,7 @@ impl Outcome {
 /// (`what` names it in the detail: `fence`, `highest fence`).
 pub(crate) fn parse_fence(
     name: &str,
-    operation: &'static str,
+    operation: Operation,
     what: &str,
     value: i64,
 ) -> Result<FenceToken> {
@@ -75,7 +75,7 @@ pub(crate) fn parse_fence(
 /// Decodes a script's reply, naming the lock and showing the reply when it has another shape.
 pub(crate) fn parse_reply<T: redis::FromRedisValue>(
     name: &str,
-    operation: &'static str,
+    operation: Operation,
     reply: Value,
 ) -> Result<T> {
     redis::from_redis_value_ref(&reply).map_err(|_| Error::UnexpectedReply {

@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::acquire::{self, Attempt, GrantReply, Granting, InFlight, Request};
 use crate::client::Client;
 use crate::core::Core;
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::held::Held;
 use crate::keys::{LockKeys, Placement};
 use crate::kind::Kind;
@@ -311,10 +311,10 @@ impl Semaphore {
         let reply = self
             .core
             .transport
-            .run(&call, name, "available")
+            .run(&call, name, Operation::Available)
             .instrument(span)
             .await?;
-        let (stored, live) = parse_reply::<(u32, u32)>(name, "available", reply)?;
+        let (stored, live) = parse_reply::<(u32, u32)>(name, Operation::Available, reply)?;
         let limit = self.limit();
         if stored != 0 && stored != limit {
             return Err(Error::LimitMismatch {
@@ -364,10 +364,10 @@ impl Semaphore {
         let reply = self
             .core
             .transport
-            .run(&call, name, "set_limit")
+            .run(&call, name, Operation::SetLimit)
             .instrument(span)
             .await;
-        let before = reply.and_then(|reply| parse_reply::<u32>(name, "set_limit", reply));
+        let before = reply.and_then(|reply| parse_reply::<u32>(name, Operation::SetLimit, reply));
         if before.is_ok() {
             self.limit.store(limit, Ordering::Relaxed);
         }
@@ -489,7 +489,7 @@ impl Request for Acquire<'_> {
             });
         }
         // Without permit numbers the release reads every entry.
-        let granting = Granting::new(core, &SEMAPHORE, keys, "acquire", &owner, options)
+        let granting = Granting::new(core, &SEMAPHORE, keys, Operation::Acquire, &owner, options)
             .undo_weighted(weight(requested));
         let ttl_ms = ttl_millis(granting.lease());
         let floor = core.floor(options).to_string();
@@ -511,7 +511,7 @@ impl Request for Acquire<'_> {
         .weighted(weight(requested));
         let unexpected = |reply: &[i64]| Error::UnexpectedReply {
             name: name.to_owned(),
-            operation: "acquire",
+            operation: Operation::Acquire,
             detail: format!("{reply:?}"),
         };
         match granting.send(&call).await? {
@@ -528,7 +528,7 @@ impl Request for Acquire<'_> {
                 for pair in numbered.chunks_exact(2) {
                     permits.push(Permit {
                         number: u32::try_from(pair[0]).map_err(|_| unexpected(&numbered))?,
-                        fence: parse_fence(name, "acquire", "fence", pair[1])?,
+                        fence: parse_fence(name, Operation::Acquire, "fence", pair[1])?,
                     });
                 }
                 let numbers: Vec<String> = permits.iter().map(|p| p.number.to_string()).collect();
@@ -569,7 +569,7 @@ impl Request for Acquire<'_> {
             }
             (other, _) => Err(Error::UnexpectedReply {
                 name: name.to_owned(),
-                operation: "acquire",
+                operation: Operation::Acquire,
                 detail: format!("{other:?}"),
             }),
         }

@@ -33,7 +33,7 @@ use std::time::Duration;
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::keys::slot_of;
 use crate::script::{LuaScript, ScriptCall};
 
@@ -57,7 +57,7 @@ const IN_FLIGHT: usize = 2;
 pub(super) struct Entry {
     call: ScriptCall,
     name: String,
-    operation: &'static str,
+    operation: Operation,
     reply: oneshot::Sender<Result<Value>>,
     /// Sent only after every round in flight is answered (an undo, see the module docs).
     after_in_flight: bool,
@@ -186,7 +186,7 @@ impl Entry {
     pub(super) fn new(
         call: ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
         after_in_flight: bool,
     ) -> (Self, oneshot::Receiver<Result<Value>>) {
         let (reply, receiver) = oneshot::channel();

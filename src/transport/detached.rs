@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::script::ScriptCall;
 
 use super::Transport;
@@ -36,7 +36,7 @@ impl Transport {
         self: &Arc<Self>,
         call: ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         self.undo_within(call, name, operation, Some(self.request_timeout))
             .await
@@ -48,7 +48,7 @@ impl Transport {
         self: &Arc<Self>,
         call: ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
         limit: Option<Duration>,
     ) -> Result<Value> {
         let timeout = || Error::Timeout {
@@ -70,7 +70,7 @@ impl Transport {
 
     /// Hands `call` to the current runtime, if there is one, to run in the background (a
     /// release nobody awaits); never blocks or panics. A failure is only logged.
-    pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+    pub(crate) fn run_detached(self: &Arc<Self>, call: ScriptCall, operation: Operation) {
         let transport = Arc::clone(self);
         self.spawn_detached(async move {
             let key = call.first_key();
@@ -83,7 +83,7 @@ impl Transport {
     /// As [`run_detached`](Self::run_detached) for the undo of a call cut while in flight (see
     /// [`run_undo`](Self::run_undo)): counted for [`settle`](Self::settle) until the driver
     /// has answered it, however long the rounds before it take.
-    pub(crate) fn undo_detached(self: &Arc<Self>, call: ScriptCall, operation: &'static str) {
+    pub(crate) fn undo_detached(self: &Arc<Self>, call: ScriptCall, operation: Operation) {
         let transport = Arc::clone(self);
         self.spawn_detached(async move {
             let key = call.first_key().to_owned();

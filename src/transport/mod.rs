@@ -31,7 +31,7 @@ use std::time::Duration;
 use redis::{Cmd, RedisResult, Value};
 use tokio::sync::Notify;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Operation, Result};
 use crate::script::ScriptCall;
 
 pub(crate) use batch::SlotMap;
@@ -128,7 +128,7 @@ impl Transport {
         let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
         bounded(
             "*",
-            "cluster slots",
+            Operation::ClusterSlots,
             self.request_timeout,
             cmd.query_async(&mut conn),
         )
@@ -142,7 +142,7 @@ impl Transport {
         &self,
         slot: u16,
         cmd: Cmd,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
         let mut conn = self.connection();
@@ -193,7 +193,7 @@ impl Transport {
         self: &Arc<Self>,
         call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         match self.queue(call, name, operation) {
             Ok(reply) => self.reply(reply, name, operation).await,
@@ -209,7 +209,7 @@ impl Transport {
         self: &Arc<Self>,
         call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
         self.enqueue(call.into(), name, operation, false)
     }
@@ -218,7 +218,7 @@ impl Transport {
         self: &Arc<Self>,
         call: Cow<'c, ScriptCall>,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
         after_in_flight: bool,
     ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
         let Some(node) = self.batcher.node(self, &call) else {
@@ -236,7 +236,7 @@ impl Transport {
         &self,
         reply: Reply,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         match tokio::time::timeout(self.request_timeout, reply).await {
             Ok(Ok(outcome)) => outcome,
@@ -256,7 +256,7 @@ impl Transport {
         self: &Arc<Self>,
         call: &ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         self.run_alone(call, name, operation).await
     }
@@ -266,7 +266,7 @@ impl Transport {
         self: &Arc<Self>,
         call: &ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
     ) -> Result<Value> {
         let mut conn = self.connection();
         let call = eval(&mut conn, call);
@@ -282,7 +282,7 @@ impl Transport {
         self: &Arc<Self>,
         call: &ScriptCall,
         name: &str,
-        operation: &'static str,
+        operation: Operation,
         replicas: u32,
         wait: Duration,
     ) -> Result<(Value, i64)> {
@@ -338,7 +338,7 @@ impl Transport {
 }
 
 /// A Redis call's outcome as this crate's result, naming the lock in the error.
-fn classify<T>(name: &str, operation: &'static str, outcome: RedisResult<T>) -> Result<T> {
+fn classify<T>(name: &str, operation: Operation, outcome: RedisResult<T>) -> Result<T> {
     match outcome {
         Ok(value) => Ok(value),
         Err(source) if source.code() == Some("OOM") => Err(Error::OutOfMemory {
@@ -357,7 +357,7 @@ fn classify<T>(name: &str, operation: &'static str, outcome: RedisResult<T>) -> 
 /// Bounds a Redis call by `limit`, naming the lock in the error.
 async fn bounded<T>(
     name: &str,
-    operation: &'static str,
+    operation: Operation,
     limit: Duration,
     call: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T> {
