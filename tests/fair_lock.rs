@@ -299,8 +299,10 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
     )
     .await;
 
-    // The head that withdraws from a free lock wakes the next: a hand-made head of a free lock
-    // (never renewed, 30 s lease) is removed by its withdrawal and the waiter behind is granted.
+    // The head that withdraws hands the lock to the next: a hand-made head (never renewed, 30 s
+    // lease) is granted the lock on the server when the blocker's withdrawal frees it (issue 25:
+    // a fresh place is handed the lock); its own withdrawal, as a cancel that raced the grant,
+    // gives the grant back and the waiter behind is granted.
     guard.release().await.unwrap();
     let blocker = run_script::<Vec<i64>>(
         &server.node,
@@ -326,6 +328,13 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
         withdrawn, 1,
         "the grant of the withdrawn owner is given back"
     );
+    let owner: String = server
+        .node
+        .cmd(redis::cmd("HGET").arg(fair_key(name)).arg("owner"));
+    assert_eq!(
+        owner, "head",
+        "the freed lock was handed to the head's place"
+    );
     let task = {
         let waiter = waiter.clone();
         tokio::spawn(async move {
@@ -335,7 +344,7 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
         })
     };
     eventually("the waiter behind the head", Duration::from_secs(5), || {
-        places(&server.node, name).len() == 2
+        places(&server.node, name).len() == 1
     })
     .await;
     let started = Instant::now();
@@ -387,10 +396,12 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
     );
     let qseq: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("qseq"));
     assert_eq!(qseq, 1);
+    // The release grants the head's (fresh) place on the server (issue 25); the head's next
+    // acquire, and a resent one, answer that grant.
     guard.release().await.unwrap();
     let granted: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
     let resent: Vec<i64> = run_script(&server.node, "fair_acquire", &key, &args);
-    assert_eq!(granted[0], 1);
+    assert_eq!(granted[0], 2, "granted by the release");
     assert_eq!(
         (resent[0], resent[1]),
         (2, granted[1]),
