@@ -107,10 +107,9 @@ async fn the_release_grants_the_head_which_holds_the_lock_without_another_call()
     // (right after subscribing, then every 250 ms), none of them part of the handoff.
     let renewals = others(&holder, &waiter) - renewals;
     let busy = waiter.stats().busy - busy;
-    assert_eq!(
-        calls,
-        1 + renewals + busy,
-        "the release is the only script call of the handoff ({renewals} renewals, {busy} busy)"
+    assert!(
+        (1..=1 + renewals + busy).contains(&calls),
+        "the release is the only script call of the handoff: {calls} ({renewals} renewals, {busy} busy)"
     );
     assert!(handed.fence() > stored_before, "fences rise");
     let stored: i64 = server
@@ -147,34 +146,48 @@ async fn handed_grants_keep_arrival_order_and_rising_fences_across_many_clients(
         .try_fair_lock(name, &LockOptions::new())
         .await
         .unwrap();
-    let mut tasks = Vec::new();
+    let (mut tasks, mut clients) = (Vec::new(), Vec::new());
     for i in 0..6 {
         let client = connect(&server.url()).await;
+        clients.push(client.clone());
         tasks.push(tokio::spawn(async move {
             let options = LockOptions::new().timeout(Duration::from_secs(30));
             let guard = client.fair_lock(name, &options).await.unwrap();
             let fence = guard.fence();
             guard.release().await.unwrap();
-            (i, fence, Instant::now())
+            (i, fence)
         }));
         eventually("the place to be queued", Duration::from_secs(5), || {
             places(&server.node, name).len() == i + 1
         })
         .await;
     }
-    let before = script_calls(&server.node);
+    // Not part of a handoff: watchdog renewals and the re-checks that answered busy.
+    let others = |clients: &[Client]| -> u64 {
+        clients
+            .iter()
+            .map(|c| c.stats().renewal_calls + c.stats().busy)
+            .sum()
+    };
+    let (before, others_before) = (script_calls(&server.node), others(&clients));
     guard.release().await.unwrap();
     let mut done = Vec::new();
     for task in tasks {
         done.push(task.await.unwrap());
     }
     let calls = script_calls(&server.node) - before;
-    done.sort_by_key(|(_, _, at)| *at);
-    let order: Vec<usize> = done.iter().map(|(i, _, _)| *i).collect();
+    let others = others(&clients) - others_before;
+    // Granted in arrival order: the fences rise in the order the places were queued.
+    done.sort_by_key(|(_, fence)| *fence);
+    let order: Vec<usize> = done.iter().map(|(i, _)| *i).collect();
     assert_eq!(order, [0, 1, 2, 3, 4, 5]);
-    assert!(done.windows(2).all(|w| w[1].1 > w[0].1), "fences rise");
-    // Seven releases; a handful of watchdog renewals at most; no acquire after a wake-up.
-    assert!(calls <= 7 + 6, "{calls} script calls for 6 handoffs");
+    // Seven releases (the holder's and each waiter's), and no acquire after a wake-up.
+    // (A busy answer counted by a client just after the first sample ran on the server before
+    // it, so `others` may count one too many, never too few.)
+    assert!(
+        (7..=7 + others).contains(&calls),
+        "{calls} script calls for 6 handoffs ({others} renewals and busy answers)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

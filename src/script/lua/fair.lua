@@ -12,17 +12,19 @@
 -- `wake(owner, how, message)` announces on `owner`'s own channel, `<key>:w:<owner>` (same hash
 -- tag): `s` SPUBLISH, `p` PUBLISH, anything else not at all; the message is empty for a plain
 -- wake-up.
--- A waiting place may carry its grant arguments, `g:<owner>` = "<TTL ms> <place lease ms> <floor> <fence mode>"
--- (fair_acquire writes them with the place; deleted with it). `hand(q, how, stored)` grants the
--- free lock to the head of `q` (a `scan` taken after the lock was freed) on the server, the
--- handoff of issue 25: when the head's place carries its arguments and is fresh (its lease
--- ends at least two thirds of its length from now: renewed within the watchdog's last period,
--- so its owner was alive a moment ago), the head's place goes, the head becomes the owner with
--- a lease of its TTL and the next fence above `stored` (the fence rule, as fair_acquire), and
--- the grant is announced on the head's channel as "<fence> <behind µs> <lease ms>": the waiter
--- holds the lock on receipt. Otherwise (a stale place, an older client's place without
--- arguments, a fence error) the head is only woken and takes the lock with its own
--- fair_acquire, as before. Returns the lease end when it granted, nil otherwise.
+-- A waiting place may carry its grant arguments, `g:<owner>` = "<TTL ms> <place lease ms>
+-- <floor> <fence mode>" (fair_acquire writes them with the place; deleted with it).
+-- `hand(q, how, stored, latest)` grants the free lock to the head of `q` (a `scan` taken after
+-- the lock was freed) on the server, the handoff of issue 25: when the head's place carries its
+-- arguments and is fresh (its lease ends at least two thirds of its length from now: renewed
+-- within the watchdog's last period, so its owner was alive a moment ago), the head's place
+-- goes, the head becomes the owner with a lease of its TTL and the next fence above `stored`
+-- (the fence rule, as fair_acquire), and the grant is announced on the head's channel as
+-- "<fence> <behind µs> <lease ms>": the waiter holds the lock on receipt. Otherwise (no head, a
+-- stale place, an older client's place without arguments, a fence error) the head, if any, is
+-- only woken and takes the lock with its own fair_acquire, as before. Either way it sets the
+-- key's lifetime to cover `latest` (the latest lease end the key must outlive) and the grant:
+-- `raise` after a grant (its fence counts), else `keep` with `stored`. True when it granted.
 local function scan(me)
   local fields = redis.call('HGETALL', KEYS[1])
   local q = {latest = 0, ahead = 0}
@@ -63,12 +65,11 @@ local function wake(who, how, message)
   if how == 's' then redis.call('SPUBLISH', channel, message or '')
   elseif how == 'p' then redis.call('PUBLISH', channel, message or '') end
 end
-local function hand(q, how, stored)
+local function handed(q, how, stored)
   if not q.head then return nil end
   local head = q.head
   local args = redis.call('HGET', KEYS[1], 'g:' .. head)
-  local ttl, floor, mode
-  local place
+  local ttl, place, floor, mode
   if args then ttl, place, floor, mode = string.match(args, '^(%d+) (%d+) (%d+) (%S+)$') end
   ttl, place = tonumber(ttl), tonumber(place)
   local fence, behind
@@ -86,5 +87,15 @@ local function hand(q, how, stored)
   redis.call('HSET', KEYS[1], 'owner', head, 'until', string.format('%.0f', ends),
     'fence', string.format('%.0f', fence))
   wake(head, how, string.format('%.0f %.0f %d', fence, behind, ttl))
-  return ends
+  return ends, fence
+end
+local function hand(q, how, stored, latest)
+  local ends, fence = handed(q, how, stored)
+  if not ends then
+    keep(KEYS[1], stored, latest)
+    return false
+  end
+  if ends > latest then latest = ends end
+  raise(fence, latest)
+  return true
 end

@@ -17,12 +17,6 @@ if owner then
   local q = scan(nil)
   local latest = q.latest
   if now_ms > latest then latest = now_ms end
-  local granted = hand(q, ARGV[1], lock[3])
-  if granted then
-    if granted > latest then latest = granted end
-    raise(redis.call('HGET', KEYS[1], 'fence'), latest)
-  else
-    keep(KEYS[1], lock[3], latest)
-  end
+  hand(q, ARGV[1], lock[3], latest)
 end
 return before

@@ -22,12 +22,6 @@ local q = scan(ARGV[1])
 local latest = q.latest
 if q.mine_end and q.mine_end > latest then latest = q.mine_end end
 if now_ms > latest then latest = now_ms end
-local granted = hand(q, ARGV[3], lock[3])
-if granted then
-  if granted > latest then latest = granted end
-  raise(redis.call('HGET', KEYS[1], 'fence'), latest)
-else
-  keep(KEYS[1], lock[3], latest)
-end
+hand(q, ARGV[3], lock[3], latest)
 if live then return 1 end
 return 0

@@ -23,11 +23,8 @@ local q = scan(me)
 local latest = now_ms
 if q.latest > latest then latest = q.latest end
 if live and not freed and expires > latest then latest = expires end
-local granted
-if q.head and (freed or (was_head and not live)) then granted = hand(q, ARGV[2], lock[3]) end
-if granted then
-  if granted > latest then latest = granted end
-  raise(redis.call('HGET', KEYS[1], 'fence'), latest)
+if q.head and (freed or (was_head and not live)) then
+  hand(q, ARGV[2], lock[3], latest)
 else
   keep(KEYS[1], lock[3], latest)
 end
