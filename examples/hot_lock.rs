@@ -156,9 +156,12 @@ impl Job {
 
     async fn acquire(&self, name: &str) -> Hold {
         match (&self.locker, self.lib) {
-            (Locker::Fencelock(client), Lib::Fair) => {
-                Hold::Fair(client.fair_lock(name, &self.options).await.expect("fair_lock"))
-            }
+            (Locker::Fencelock(client), Lib::Fair) => Hold::Fair(
+                client
+                    .fair_lock(name, &self.options)
+                    .await
+                    .expect("fair_lock"),
+            ),
             (Locker::Fencelock(client), _) => {
                 Hold::Mutex(client.lock(name, &self.options).await.expect("lock"))
             }
