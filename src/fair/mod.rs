@@ -415,8 +415,10 @@ impl Client {
     /// granted to the live place that arrived first. While the call waits, the client's
     /// watchdog renews its place (in the same per-node batch as held locks; a place's lease is
     /// the lock's TTL, at most 3 s), so a crashed waiter drops out of the queue when its place's
-    /// lease ends and a live one is never evicted. A release wakes only the head of the queue,
-    /// on the head's own channel; the others sleep on. A fair lock is a different key from the
+    /// lease ends and a live one is never evicted. A release grants the lock to the head of the
+    /// queue inside its script and tells it so on the head's own channel, so the head holds it
+    /// without another request (a head whose place was not renewed lately is only woken and
+    /// asks); the others sleep on. A fair lock is a different key from the
     /// mutex of the same name (`<prefix>:{<name>}:fair`). There is no re-entry: a second call of
     /// the same task queues behind the first.
     ///
