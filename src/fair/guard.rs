@@ -17,7 +17,7 @@ pub(crate) static FAIR: Scripts = Scripts {
 /// [`Client::fair_lock`](crate::Client::fair_lock)), with the fence token to present to storage.
 ///
 /// Release it with [`release`](Self::release) to learn whether the hold was intact; the release
-/// wakes only the next waiter in the queue. Dropping an unreleased guard releases the lock in the
+/// hands the lock to the next waiter in the queue, and only it hears of it. Dropping an unreleased guard releases the lock in the
 /// background on the current Tokio runtime (when there is one); it never blocks or panics.
 /// Without a runtime the lock simply expires after its TTL. A fair lock has no re-entry.
 ///
@@ -63,6 +63,6 @@ impl FairLockGuard {
         what: "lock",
         take: "client.fair_lock(\"jobs:nightly\", &LockOptions::new().watchdog(true))",
         extend: "",
-        release: "Releases the lock and wakes the head of the queue (only it).",
+        release: "Releases the lock and hands it to the head of the queue (only it hears of it).",
     }
 }

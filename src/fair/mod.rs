@@ -1,6 +1,7 @@
 //! The fair lock: grants in arrival order. This file is its acquire [`Request`] (one place in
 //! the queue per waiting call, kept alive by the watchdog, withdrawn when the call ends without
-//! the lock); `guard.rs` its guard, a thin wrapper around [`Held`].
+//! the lock, and granted the lock by a release on the server: see [`Acquire::handed`]);
+//! `guard.rs` its guard, a thin wrapper around [`Held`].
 //!
 //! Re-entry is not supported: a second `fair_lock` call of the same task queues behind the
 //! first like any other caller.
@@ -17,13 +18,14 @@ use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Operation, Result};
-use crate::held::Held;
+use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
-    ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE, FAIR_WITHDRAW, SCAN_WEIGHT,
+    parse_fence, ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE,
+    FAIR_WITHDRAW, SCAN_WEIGHT,
 };
 
 pub use guard::FairLockGuard;
@@ -67,6 +69,9 @@ pub(crate) struct Acquire<'a> {
     granted: AtomicBool,
     /// The queue's length as the replies reported it: the weight of this call's scripts.
     seen: EntriesSeen,
+    /// When the last attempt answered busy was sent: a grant a release made on the server
+    /// came after that attempt ran, so its lease is measured from here.
+    busy_sent: Mutex<Option<Instant>>,
 }
 
 impl<'a> Acquire<'a> {
@@ -96,7 +101,74 @@ impl<'a> Acquire<'a> {
             dirty: AtomicBool::new(false),
             granted: AtomicBool::new(false),
             seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
+            busy_sent: Mutex::new(None),
         }
+    }
+
+    /// The grant a release made to this call's place on the server, announced on its channel
+    /// as "<fence> <behind µs> <lease ms>" (`hand` in `script/lua/fair.lua`): the lock is held
+    /// without another call. `None` when no such message came, or when it cannot be used and
+    /// the next `fair_acquire` is to confirm the grant instead (it answers `{2, fence}` for it,
+    /// moving the lease end to now + TTL): the options ask for replicas' acknowledgements, or
+    /// too little of the lease would be left.
+    ///
+    /// The lease: the release set it to end at its own time + TTL. The waiter cannot know that
+    /// time, but it knows a time before it: when its last attempt answered busy was sent. That
+    /// attempt ran on the server before the release (once granted, an attempt answers
+    /// `{2, ...}`, never busy), so the lease measured from its sending ends no later than the
+    /// server's, as every lease measured from the request that set it (`docs/design.md`,
+    /// "Leases"). The waiter's re-checks (at most the wait loop's re-check period apart while
+    /// subscribed) keep that time recent; a grant left with less than half its lease falls back
+    /// to the call.
+    fn handed(&self, core: &Arc<Core>) -> Result<Option<FairLockGuard>> {
+        let Some(message) = core.wakeups.take_message(&self.channel) else {
+            return Ok(None);
+        };
+        let parsed = std::str::from_utf8(&message).ok().and_then(|text| {
+            let mut fields = text.split(' ').map(str::parse::<i64>);
+            match (fields.next(), fields.next(), fields.next(), fields.next()) {
+                (Some(Ok(fence)), Some(Ok(behind)), Some(Ok(lease)), None) => {
+                    Some((fence, behind, lease))
+                }
+                _ => None,
+            }
+        });
+        let sent = *self
+            .busy_sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let (Some((fence, behind, lease)), Some(sent)) = (parsed, sent) else {
+            return Ok(None);
+        };
+        let ttl = Duration::from_millis(u64::try_from(lease).unwrap_or(0));
+        if self.options.wait.is_some() || lease_end(sent, ttl) < Instant::now() + ttl / 2 {
+            return Ok(None);
+        }
+        let name = self.keys.name();
+        if behind > 0 {
+            core.clock_behind(crate::kind::Kind::Fair.as_str(), name, behind);
+        }
+        let fence = parse_fence(name, Operation::FairAcquire, "fence", fence)?;
+        self.unwatch_place();
+        self.granted.store(true, Ordering::Relaxed);
+        tracing::debug!(
+            lock = name,
+            kind = crate::kind::Kind::Fair.as_str(),
+            %fence,
+            "granted by the release"
+        );
+        let grant = Grant {
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            hold: String::new(),
+            fence,
+            sent,
+            ttl,
+            replicas_acked: None,
+            weight: self.seen.weight(),
+        };
+        let held = Held::new(core, &FAIR, grant, self.options);
+        Ok(Some(FairLockGuard::new(held)))
     }
 
     /// The call that gives up this owner's place (and a grant it may not have seen).
@@ -193,6 +265,9 @@ impl Request for Acquire<'_> {
     /// the withdrawal when the call ends, and a resent or repeated attempt of the same owner is
     /// answered with the same grant or the same place.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<FairLockGuard>> {
+        if let Some(guard) = self.handed(core)? {
+            return Ok(Attempt::Granted(guard));
+        }
         let (keys, options) = (self.keys, self.options);
         // The place's withdrawal gives back a grant whose reply was not read.
         let granting = Granting::new(
@@ -241,6 +316,10 @@ impl Request for Acquire<'_> {
                     _ => return Err(unexpected(keys, &rest)),
                 };
                 self.seen.note(ahead);
+                *self
+                    .busy_sent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(granting.started());
                 if self.place == "0" {
                     self.dirty.store(false, Ordering::Relaxed);
                 } else if queued == 1 {
@@ -343,8 +422,10 @@ impl Client {
     /// granted to the live place that arrived first. While the call waits, the client's
     /// watchdog renews its place (in the same per-node batch as held locks; a place's lease is
     /// the lock's TTL, at most 3 s), so a crashed waiter drops out of the queue when its place's
-    /// lease ends and a live one is never evicted. A release wakes only the head of the queue,
-    /// on the head's own channel; the others sleep on. A fair lock is a different key from the
+    /// lease ends and a live one is never evicted. A release grants the lock to the head of the
+    /// queue inside its script and tells it so on the head's own channel, so the head holds it
+    /// without another request (a head whose place was not renewed lately is only woken and
+    /// asks); the others sleep on. A fair lock is a different key from the
     /// mutex of the same name (`<prefix>:{<name>}:fair`). There is no re-entry: a second call of
     /// the same task queues behind the first.
     ///

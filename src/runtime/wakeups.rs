@@ -59,6 +59,9 @@ struct Channel {
     /// Wakes one waiter: on every message on the channel, and when a hold of this client on
     /// the lock is being released (see [`Wakeups::wake_one`]).
     next: Arc<Notify>,
+    /// The last non-empty message on the channel, until a waiter takes it: a fair lock's
+    /// release that granted the lock on the server names the grant in it (`fair/mod.rs`).
+    message: Option<Vec<u8>>,
 }
 
 enum Command {
@@ -118,6 +121,7 @@ impl Wakeups {
                 waiters: 0,
                 rung: watch::Sender::new(0),
                 next: Arc::new(Notify::new()),
+                message: None,
             });
         entry.waiters += 1;
         let rung = entry.rung.subscribe();
@@ -158,6 +162,21 @@ impl Wakeups {
         if let Some(entry) = self.state().channels.get(channel) {
             entry.next.notify_one();
         }
+    }
+
+    /// Keeps `message` (when not empty) for a waiter on `channel` to take, then wakes one.
+    fn deliver(&self, channel: &str, message: &[u8]) {
+        if let Some(entry) = self.state().channels.get_mut(channel) {
+            if !message.is_empty() {
+                entry.message = Some(message.to_vec());
+            }
+            entry.next.notify_one();
+        }
+    }
+
+    /// Takes the last non-empty message heard on `channel`, if any.
+    pub(crate) fn take_message(&self, channel: &str) -> Option<Vec<u8>> {
+        self.state().channels.get_mut(channel)?.message.take()
     }
 
     /// Wakes every waiter on `channel`.
@@ -465,7 +484,11 @@ fn on_push(wakeups: &Weak<Wakeups>, commands: &WeakUnboundedSender<Command>, pus
     let command = match push.kind {
         PushKind::SMessage | PushKind::Message => {
             if let Some(channel) = channel() {
-                wakeups.wake_one(&channel);
+                let message = match push.data.get(1) {
+                    Some(Value::BulkString(bytes)) => bytes.as_slice(),
+                    _ => &[],
+                };
+                wakeups.deliver(&channel, message);
             }
             return;
         }

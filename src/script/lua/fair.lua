@@ -9,8 +9,22 @@
 -- `count` (live places, `me`'s included).
 -- `raise(fence, ends)` (raise.lua, inserted before this snippet) is the expiry a live place
 -- needs, never shortened.
--- `wake(owner, how)` announces on `owner`'s own channel, `<key>:w:<owner>` (same hash tag):
--- `s` SPUBLISH, `p` PUBLISH, anything else not at all.
+-- `wake(owner, how, message)` announces on `owner`'s own channel, `<key>:w:<owner>` (same hash
+-- tag): `s` SPUBLISH, `p` PUBLISH, anything else not at all; the message is empty for a plain
+-- wake-up.
+-- A waiting place may carry its grant arguments, `g:<owner>` = "<TTL ms> <place lease ms>
+-- <floor> <fence mode>" (fair_acquire writes them with the place; deleted with it).
+-- `hand(q, how, stored, latest)` grants the free lock to the head of `q` (a `scan` taken after
+-- the lock was freed) on the server, the handoff of issue 25: when the head's place carries its
+-- arguments and is fresh (its lease ends at least two thirds of its length from now: renewed
+-- within the watchdog's last period, so its owner was alive a moment ago), the head's place
+-- goes, the head becomes the owner with a lease of its TTL and the next fence above `stored`
+-- (the fence rule, as fair_acquire), and the grant is announced on the head's channel as
+-- "<fence> <behind µs> <lease ms>": the waiter holds the lock on receipt. Otherwise (no head, a
+-- stale place, an older client's place without arguments, a fence error) the head, if any, is
+-- only woken and takes the lock with its own fair_acquire, as before. Either way it sets the
+-- key's lifetime to cover `latest` (the latest lease end the key must outlive) and the grant:
+-- `raise` after a grant (its fence counts), else `keep` with `stored`. True when it granted.
 local function scan(me)
   local fields = redis.call('HGETALL', KEYS[1])
   local q = {latest = 0, ahead = 0}
@@ -23,6 +37,7 @@ local function scan(me)
       seq, ends = tonumber(seq), tonumber(ends)
       if not ends or ends <= now_ms then
         dead[#dead + 1] = field
+        dead[#dead + 1] = 'g:' .. who
       else
         live_places[#live_places + 1] = seq
         if who == me then
@@ -45,8 +60,42 @@ local function scan(me)
   end
   return q
 end
-local function wake(who, how)
+local function wake(who, how, message)
   local channel = KEYS[1] .. ':w:' .. who
-  if how == 's' then redis.call('SPUBLISH', channel, '')
-  elseif how == 'p' then redis.call('PUBLISH', channel, '') end
+  if how == 's' then redis.call('SPUBLISH', channel, message or '')
+  elseif how == 'p' then redis.call('PUBLISH', channel, message or '') end
+end
+local function handed(q, how, stored)
+  if not q.head then return nil end
+  local head = q.head
+  local args = redis.call('HGET', KEYS[1], 'g:' .. head)
+  local ttl, place, floor, mode
+  if args then ttl, place, floor, mode = string.match(args, '^(%d+) (%d+) (%d+) (%S+)$') end
+  ttl, place = tonumber(ttl), tonumber(place)
+  local fence, behind
+  if ttl and ttl > 0 and place and place > 0 then
+    if (q.head_end - now_ms) * 3 >= place * 2 then
+      fence, behind = next_fence(tonumber(stored) or 0, floor, mode)
+    end
+  end
+  if not fence then
+    wake(head, how)
+    return nil
+  end
+  local ends = now_ms + ttl
+  redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head)
+  redis.call('HSET', KEYS[1], 'owner', head, 'until', string.format('%.0f', ends),
+    'fence', string.format('%.0f', fence))
+  wake(head, how, string.format('%.0f %.0f %d', fence, behind, ttl))
+  return ends, fence
+end
+local function hand(q, how, stored, latest)
+  local ends, fence = handed(q, how, stored)
+  if not ends then
+    keep(KEYS[1], stored, latest)
+    return false
+  end
+  if ends > latest then latest = ends end
+  raise(fence, latest)
+  return true
 end

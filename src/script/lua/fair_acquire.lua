@@ -7,19 +7,29 @@
 -- hold (`MAX_FAIR_WAITERS`), ARGV[7] expiry grace.
 --
 -- Granted when the lock is free and no live place is queued, or the caller's place is the head (its
--- place is removed; the fence by acquire's rule). Dead places are deleted when seen. Otherwise the
+-- place is removed; the fence by acquire's rule). A queued caller's place carries its grant
+-- arguments (`g:<owner>`, see fair.lua), so that a release may grant it the lock on the server
+-- and announce the grant on its channel (`hand`); such a caller that polls instead gets {2, ...}. Dead places are deleted when seen. Otherwise the
 -- caller is queued if it was not (seq = ++qseq: the arrival moment) and its place's lease is moved
 -- to now + ARGV[5]. A caller without a place finding ARGV[6] live places gets none (the queue's
 -- size bounds every call that reads it): it is told to try again within a third of ARGV[5].
 --
 -- Replies: {1, fence, behind, 0} granted; {2, fence, 0, 0} this owner holds it already (a
--- resent script, no write); {0, wait ms, places ahead, queued} busy: wait ms is when the
+-- resent script, or a grant a release handed it on the server): its lease end moves to now +
+-- ARGV[2], so the caller measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy: wait ms is when the
 -- answer may change without an announcement (the holder's lease end, or the head place's
 -- lease end while that place is not the caller's, whichever is first), queued 1 when this
 -- call created the caller's place, -1 when the queue was full (no place; places ahead is then
 -- the queue's length); an error reply (no write) as acquire's. Not allow-oom.
 #!lua
-if live and owner == ARGV[1] then return {2, tonumber(lock[3]), 0, 0} end
+if live and owner == ARGV[1] then
+  local ends = now_ms + tonumber(ARGV[2])
+  if ends > expires then
+    redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+    raise(lock[3], ends)
+  end
+  return {2, tonumber(lock[3]), 0, 0}
+end
 local fence, behind
 if not live then
   fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
@@ -28,7 +38,7 @@ end
 local me = ARGV[1]
 local q = scan(me)
 if not live and (not q.head or q.head == me) then
-  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me) end
+  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
   local ends = now_ms + tonumber(ARGV[2])
   redis.call('HSET', KEYS[1], 'owner', me,
     'until', string.format('%.0f', ends),
@@ -61,7 +71,8 @@ if not seq then
   q.ahead = q.count
 end
 local ends = now_ms + place
-redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %.0f', seq, ends))
+redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %.0f', seq, ends),
+  'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
 local latest = q.latest
 if ends > latest then latest = ends end
 if live and expires > latest then latest = expires end

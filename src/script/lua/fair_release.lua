@@ -4,8 +4,9 @@
 -- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] hold id (always empty: no re-entry),
 -- ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none, ARGV[4] expiry grace.
 --
--- Dead places are deleted; the live place with the lowest seq (the head) is woken on its own
--- channel `<key>:w:<owner>`; no other waiter hears of the release.
+-- Dead places are deleted; the live place with the lowest seq (the head) is granted the lock
+-- here and told so on its own channel `<key>:w:<owner>` (`hand`, fair.lua), or, when its place
+-- does not qualify, only woken there; no other waiter hears of the release.
 --
 -- Replies: 1 released; 0 no live lease (expired; this owner's leftovers are cleared and the
 -- head is woken all the same); -1 held by another owner (left alone); -2 this owner's hold was
@@ -21,7 +22,6 @@ local q = scan(ARGV[1])
 local latest = q.latest
 if q.mine_end and q.mine_end > latest then latest = q.mine_end end
 if now_ms > latest then latest = now_ms end
-keep(KEYS[1], lock[3], latest)
-if q.head then wake(q.head, ARGV[3]) end
+hand(q, ARGV[3], lock[3], latest)
 if live then return 1 end
 return 0

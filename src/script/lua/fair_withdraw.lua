@@ -6,7 +6,8 @@
 -- fair_release), ARGV[3] expiry grace.
 --
 -- Deletes `q:<owner>`; if this owner holds the lock (a grant whose reply was never read), frees
--- it too. When that freed the lock or removed the head's place, the new head is woken.
+-- it too. When that freed the lock or removed the head's place, the lock goes to the new head
+-- as a release hands it (`hand`, fair.lua: granted on the server, or woken).
 --
 -- Replies: 1 something was removed; 0 nothing of this owner was there (a resent call).
 -- allow-oom.
@@ -14,7 +15,7 @@
 local me = ARGV[1]
 local before = scan(me)
 local was_head = before.mine and before.ahead == 0
-if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me) end
+if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
 local freed = owner == me
 if freed then redis.call('HDEL', KEYS[1], 'owner', 'until') end
 if not before.mine and not freed then return 0 end
@@ -22,6 +23,9 @@ local q = scan(me)
 local latest = now_ms
 if q.latest > latest then latest = q.latest end
 if live and not freed and expires > latest then latest = expires end
-keep(KEYS[1], lock[3], latest)
-if q.head and (freed or (was_head and not live)) then wake(q.head, ARGV[2]) end
+if q.head and (freed or (was_head and not live)) then
+  hand(q, ARGV[2], lock[3], latest)
+else
+  keep(KEYS[1], lock[3], latest)
+end
 return 1

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Issue 25: a hot lock across processes. ONE lock, N separate client processes with one task
+# each (N = 2, 8, 32), for the fencelock mutex, the fencelock fair lock and rslock side by side
+# in one run (examples/hot_lock.rs). Starts its own standalone server on a free port from
+# BASE_PORT (default 7400) and stops it (by pid) on exit.
+#   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] scripts/bench-hot-lock.sh
+# Results: docs/benchmarks.md, "A hot lock across processes (issue 25)".
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
+. "$here/lib.sh"
+ensure_redis
+port=${BASE_PORT:-7400}
+while redis-cli -p "$port" ping >/dev/null 2>&1 || ss -ltn 2>/dev/null | grep -q ":$port "; do
+  port=$((port + 1))
+done
+seconds=${SECONDS_PER_RUN:-10}
+hold=${HOLD_MS:-0}
+procs=${PROCS:-2 8 32}
+dir=$(mktemp -d)
+
+stop() {
+  local pid
+  pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
+  if [ -n "$pid" ]; then
+    kill "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  fi
+  rm -rf "$dir"
+}
+trap stop EXIT
+
+# HOT_LOCK=path runs a binary built before (e.g. a copy of an earlier commit's) instead.
+hot=${HOT_LOCK:-}
+if [ -z "$hot" ]; then
+  CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --quiet --release --example hot_lock
+  hot=${CARGO_TARGET_DIR:-target}/release/examples/hot_lock
+fi
+
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+
+echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
+  "port $port, hold ${hold} ms, ${seconds}s per measurement"
+for n in $procs; do
+  "$hot" --url "redis://127.0.0.1:$port" --seconds "$seconds" --hold-ms "$hold" --procs "$n" \
+    --libs fencelock,fair,rslock
+done | tee "$dir/lines"
+
+echo "== ratios (this run)"
+field() { # field LIB PROCS KEY
+  { grep "^hot .* lib=$1 procs=$2 " "$dir/lines" || true; } | head -1 | tr ' ' '\n' |
+    { grep "^$3=" || true; } | cut -d= -f2
+}
+for n in $procs; do
+  r=$(field rslock "$n" grants/s)
+  for lib in fencelock fair; do
+    f=$(field $lib "$n" grants/s)
+    if [ -n "$f" ] && [ -n "$r" ] && [ "$r" != 0 ]; then
+      echo "ratio procs=$n ${lib}/rslock=$(echo "scale=2; $f / $r" | bc -l) ($f / $r)"
+    fi
+  done
+done
