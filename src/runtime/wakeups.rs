@@ -199,11 +199,12 @@ impl Wakeups {
     /// The next queued command, or, when there is none and nobody waits, the dispatcher's
     /// retirement. Both are decided under the lock every registration takes, so a waiter
     /// registering now either finds the dispatcher's queue or starts a new dispatcher.
-    fn next_or_retire(&self, queue: &mut UnboundedReceiver<Command>) -> Next {
+    fn next_or_retire(&self, queue: &mut UnboundedReceiver<Command>, linger: bool) -> Next {
         let mut state = self.state();
         match queue.try_recv() {
             Ok(command) => Next::Command(command),
             Err(TryRecvError::Empty) if !state.channels.is_empty() => Next::Wait,
+            Err(TryRecvError::Empty) if linger => Next::Idle,
             Err(_) => {
                 state.dispatcher = None;
                 Next::Retire
@@ -214,6 +215,8 @@ impl Wakeups {
 
 enum Next {
     Command(Command),
+    /// Nobody waits, but the connection is kept for [`LINGER`] in case a waiter comes back.
+    Idle,
     Wait,
     Retire,
 }
@@ -316,15 +319,31 @@ async fn dispatch(
     let mut subscribed = HashSet::new();
     // Channels whose renewal waits for a `Retry`.
     let mut retrying = HashSet::new();
+    let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
-        let command = match wakeups.next_or_retire(&mut queue) {
+        let linger = idle_since.is_none_or(|since| since.elapsed() < LINGER);
+        let command = match wakeups.next_or_retire(&mut queue, linger) {
             Next::Command(command) => command,
             Next::Retire => return,
-            Next::Wait => match queue.recv().await {
-                Some(command) => command,
-                None => return,
-            },
+            Next::Wait => {
+                idle_since = None;
+                match queue.recv().await {
+                    Some(command) => command,
+                    None => return,
+                }
+            }
+            Next::Idle => {
+                let since = *idle_since.get_or_insert_with(tokio::time::Instant::now);
+                match tokio::time::timeout_at(since + LINGER, queue.recv()).await {
+                    Ok(Some(command)) => command,
+                    Ok(None) => return,
+                    Err(_) => continue,
+                }
+            }
         };
+        if !matches!(command, Command::Sync { done: None, .. }) {
+            idle_since = None;
+        }
         match command {
             Command::Sync { channel, done } => {
                 let now = sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
@@ -362,6 +381,10 @@ async fn dispatch(
         }
     }
 }
+
+/// How long the dispatcher keeps its connection once no waiter is left (issue 25, experiment):
+/// a process that waits again soon (a hot lock) does not open a new connection per wait.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// How often a renewed subscription that landed on a node not serving its slot is tried again,
 /// and the pause before each try: 50 ms, doubling up to 1 s, about 25 s in all. A stale slot
