@@ -219,7 +219,7 @@ pub(crate) static LATCH_SET: LazyLock<LuaScript> =
 
 /// Count one id down in a latch's generation. Contract: `script/lua/latch_count_down.lua`.
 pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_prologue("latch_count_down", include_str!("lua/latch_count_down.lua"))
+    LuaScript::new("latch_count_down", include_str!("lua/latch_count_down.lua"))
 });
 
 /// A latch's state (`no-writes`). Contract: `script/lua/latch_state.lua`.
