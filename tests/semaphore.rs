@@ -1,7 +1,8 @@
 //! The semaphore with expiring permits, on real servers: the limit holds under races, crashed
 //! holders' permits come back, many-permit acquisitions are all-or-nothing and not starved,
 //! releases of unknown permits change nothing, limits are checked and changed in one call,
-//! resent scripts have no second effect, and fences survive a forced-loss failover.
+//! resent scripts have no second effect, fences survive a forced-loss failover, and a grant
+//! reads only what it takes while expired permits are reclaimed by a scan.
 
 mod common;
 
@@ -39,6 +40,70 @@ fn script(name: &str) -> &'static str {
         .find(|s| s.name == name)
         .expect("known script")
         .source
+}
+
+/// How many `HGETALL`s the server ran: a semaphore script reads every entry with one.
+fn scans(server: &Standalone) -> u64 {
+    let info: String = server.node.cmd(redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_hgetall:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_reads_only_what_it_takes_and_expired_permits_are_reclaimed_by_a_scan() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let wide = client.semaphore("wide", 256).unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(60));
+    let before = scans(&server);
+    let mut held = Vec::new();
+    for _ in 0..200 {
+        held.push(wide.try_acquire(&options).await.unwrap());
+    }
+    for _ in 0..20 {
+        let permit = wide.try_acquire(&options).await.unwrap();
+        assert_eq!(
+            permit.permits()[0].number,
+            200,
+            "the number released last is taken first"
+        );
+        permit.release().await.unwrap();
+    }
+    assert_eq!(
+        scans(&server),
+        before,
+        "no grant or release read every entry"
+    );
+    let numbers: HashSet<u32> = held.iter().map(|p| p.permits()[0].number).collect();
+    assert_eq!(numbers.len(), 200, "distinct numbers");
+    for permit in held {
+        permit.release().await.unwrap();
+    }
+
+    // Permits of crashed holders are not counted free until their numbers are needed: then one
+    // scan reclaims them.
+    let small = client.semaphore("small", 3).unwrap();
+    let short = LockOptions::new().ttl(Duration::from_millis(300));
+    for _ in 0..3 {
+        std::mem::forget(small.try_acquire(&short).await.unwrap());
+    }
+    let err = small.try_acquire(&options).await.unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err:?}");
+    until("the leases to end", Duration::from_secs(5), || {
+        available_is(&small, 3)
+    })
+    .await;
+    let before = scans(&server);
+    let all = small
+        .try_acquire_many(3, &options)
+        .await
+        .expect("the expired permits are reclaimed");
+    let numbers: Vec<u32> = all.permits().iter().map(|p| p.number).collect();
+    assert_eq!(numbers, [0, 1, 2]);
+    assert_eq!(scans(&server), before + 1, "one scan reclaimed them");
+    all.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
