@@ -1,8 +1,9 @@
 //! The semaphore with expiring permits, on real servers: the limit holds under races, crashed
 //! holders' permits come back, many-permit acquisitions are all-or-nothing and not starved,
 //! releases of unknown permits change nothing, limits are checked and changed in one call,
-//! resent scripts have no second effect, fences survive a forced-loss failover, and a grant
-//! reads only what it takes while expired permits are reclaimed by a scan.
+//! resent scripts have no second effect, fences survive a forced-loss failover, a grant reads
+//! only what it takes while expired permits are reclaimed by a scan, and each key of a batched
+//! acquire gets its own grant and expiry.
 
 mod common;
 
@@ -781,4 +782,54 @@ async fn a_limit_lowered_below_a_waiting_many_permit_call_ends_it_and_frees_the_
     .await;
     first.release().await.unwrap();
     second.release().await.unwrap();
+}
+
+/// The keys of one batch call of `semaphore_acquire` each get their own grant and expiry
+/// (the script's once-per-call helpers take the key as an argument): here three semaphores
+/// with different expiry graces (none keeps the key for good), in one call.
+#[test]
+fn each_key_of_a_batched_acquire_gets_its_own_grant_and_expiry() {
+    let server = Standalone::start();
+    let batch = fencelock::lua_scripts()
+        .find(|script| script.name == "semaphore_acquire_batch")
+        .expect("the semaphore acquire batch script");
+    let keys = [
+        ("fencelock:{a}:sem", "60000"),
+        ("fencelock:{b}:sem", ""),
+        ("fencelock:{c}:sem", "1000"),
+    ];
+    let mut call = redis::cmd("EVAL");
+    call.arg(batch.source).arg(1).arg(keys[0].0);
+    for (key, grace) in keys {
+        // key, argument count, then semaphore_acquire's: owner, count, limit, TTL ms, floor,
+        // mode, waiter id, grace.
+        call.arg(key)
+            .arg(8)
+            .arg("0123456789abcdef")
+            .arg(1)
+            .arg(64)
+            .arg(10_000)
+            .arg(0)
+            .arg("clock")
+            .arg("")
+            .arg(grace);
+    }
+    let replies: Vec<Vec<i64>> = server.node.cmd(&mut call);
+    assert_eq!(replies.len(), 3);
+    assert!(
+        replies.iter().all(|reply| reply[0] == 1 && reply[3] == 0),
+        "permit 0 of each: {replies:?}"
+    );
+    let pttl = |key: &str| -> i64 { server.node.cmd(redis::cmd("PTTL").arg(key)) };
+    let a = pttl(keys[0].0);
+    assert!(a > 60_000 && a <= 70_000, "lease + 60 s grace, got {a} ms");
+    assert_eq!(pttl(keys[1].0), -1, "no grace: kept for good");
+    let c = pttl(keys[2].0);
+    assert!(c > 1_000 && c <= 11_000, "lease + 1 s grace, got {c} ms");
+    // The same batch again: each key answers for itself as a resent acquire.
+    let again: Vec<Vec<i64>> = server.node.cmd(&mut call);
+    assert!(
+        again.iter().all(|reply| reply[0] == 2),
+        "the same owner: a resent acquire, {again:?}"
+    );
 }

@@ -41,13 +41,13 @@
 -- `sem_forced(key, owner)` is true when `forced` names the owner (one `HGET`, for failure
 -- paths only); `sem_permit(owner, ends, fence)` formats a permit entry (one `string.format`);
 -- `sem_held(mine)` the reply {2, fence1, 0, n1, fence1, ...} to a resent acquire whose live
--- permits are `mine`; `sem_expire(fresh, fence, ends)` after a grant: the key expires at max(ends, fence as ms) +
--- grace (the prologue's `keep` rule for a granting call), set outright on a key this call
--- created (`fresh`), else only raised (`PEXPIREAT ... GT`: a grant that reads no other entry
--- cannot lower the expiry they need; a key without an expiry keeps none); `sem_call(verb, key,
--- args)` sends `verb key args...` in chunks of at most 512 arguments (`HSET` field/value pairs,
+-- permits are `mine`; `sem_expire(key, fresh, fence, ends)` after a grant: the key expires at
+-- max(ends, fence as ms) + grace (the prologue's `keep` rule for a granting call), set
+-- outright on a key this call created (`fresh`), else only raised (`PEXPIREAT ... GT`: a grant
+-- that reads no other entry cannot lower the expiry they need; a key without an expiry keeps
+-- none); `sem_call(verb, key, args)` sends `verb key args...` in chunks of at most 512 arguments (`HSET` field/value pairs,
 -- `HDEL`/`HMGET` fields; `unpack` of an unbounded table fails past ~8,000 values) and returns
--- the replies of `HMGET` chunks joined. The client bounds every table a script builds: at most
+-- the replies of `HMGET` chunks joined (one chunk: the command's own reply). The client bounds every table a script builds: at most
 -- `MAX_PERMITS` entries (src/semaphore/mod.rs). None of them reads a key's state but through
 -- its arguments: all of it runs once per script call (it ends with the `--@key` line, see
 -- prologue.lua).
@@ -104,14 +104,14 @@ end
 local function sem_permit(owner, ends, fence)
   return string.format('%s %.0f %.0f', owner, ends, fence)
 end
-local function sem_expire(fresh, fence, ends)
-  if not grace then return redis.call('PERSIST', KEYS[1]) end
+local function sem_expire(key, fresh, fence, ends)
+  if not grace then return redis.call('PERSIST', key) end
   if memo.shift then
     local fence_ms = math.ceil((fence - memo.shift) / 1000)
     if fence_ms > ends then ends = fence_ms end
   end
-  if fresh then return redis.call('PEXPIREAT', KEYS[1], ends + grace) end
-  redis.call('PEXPIREAT', KEYS[1], ends + grace, 'GT')
+  if fresh then return redis.call('PEXPIREAT', key, ends + grace) end
+  redis.call('PEXPIREAT', key, ends + grace, 'GT')
 end
 local function sem_call(verb, key, args)
   if #args <= 512 then

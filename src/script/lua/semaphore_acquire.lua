@@ -80,7 +80,7 @@ local function grant(numbers, index)
   end
   sem_call('HSET', key, index)
   if reserved then redis.call('HDEL', key, 'r') end
-  sem_expire(not stored, fence + count - 1, ends)
+  sem_expire(key, not stored, fence + count - 1, ends)
   return reply
 end
 local top, free = tonumber(c[3]), c[4] or ''
