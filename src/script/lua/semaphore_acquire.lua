@@ -50,47 +50,15 @@ local res = sem_parse_res(c[2])
 local reserved = res and res.owner == waiter
 if res and res.count > limit then res = nil end
 local blocked = res and res.live and res.owner ~= waiter
--- grant(numbers, index): the permits `numbers` (their decimal strings), each with its fence,
--- and the index fields as they stand after it.
-local function grant(numbers, index)
-  local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[5], ARGV[6], count)
-  if not fence then return behind end
-  local ends = now_ms + ttl
-  local last = string.format('%.0f', fence + count - 1)
-  local reply = {1, fence, behind}
-  index[#index + 1] = 'fence'
-  index[#index + 1] = last
-  index[#index + 1] = 'sf'
-  index[#index + 1] = index.untrusted and '' or last .. stamp
-  index[#index + 1] = 'o:' .. owner
-  index[#index + 1] = table.concat(numbers, ' ')
-  if not stored then
-    index[#index + 1] = 'limit'
-    index[#index + 1] = ARGV[3]
-  end
-  for i, n in ipairs(numbers) do
-    index[#index + 1] = 'p:' .. n
-    if count == 1 then
-      index[#index + 1] = string.format('%s %.0f %s', owner, ends, last)
-    else
-      index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
-    end
-    reply[#reply + 1] = tonumber(n)
-    reply[#reply + 1] = fence + i - 1
-  end
-  sem_call('HSET', key, index)
-  if reserved then redis.call('HDEL', key, 'r') end
-  sem_expire(key, not stored, fence + count - 1, ends)
-  return reply
-end
 local top, free = tonumber(c[3]), c[4] or ''
 if not stored then
   top, free = 0, ''
 elseif c[5] ~= (lock[3] or '') .. stamp then
   top = nil
 end
+local numbers, index
 if top then
-  local numbers, index = {}, {}
+  numbers, index = {}, {}
   while #numbers < count and free ~= '' do
     local n, rest = string.match(free, '^(%d+) ?(.*)$')
     free = rest or ''
@@ -117,53 +85,81 @@ if top then
     end
     enough = left >= res.count
   end
-  if enough then return grant(numbers, index) end
+  if not enough then numbers = nil end
 end
--- The scan: every entry, the exact state, the index written afresh.
-local s = sem_read(key)
-local mine, used, taken, earliest, dead, holders, high = {}, {}, 0, nil, {}, {}, -1
-for _, p in ipairs(s.permits) do
-  if p.live then
-    used[p.n] = true
-    holders[p.owner] = true
-    taken = taken + 1
-    if p.n > high then high = p.n end
-    if p.owner == owner then mine[#mine + 1] = p end
-    if not earliest or p.ends < earliest then earliest = p.ends end
-  else
-    dead[#dead + 1] = p.n
+if not numbers then
+  -- The scan: every entry, the exact state, the index written afresh.
+  local s = sem_read(key)
+  local mine, used, taken, earliest, dead, holders, high = {}, {}, 0, nil, {}, {}, -1
+  for _, p in ipairs(s.permits) do
+    if p.live then
+      used[p.n] = true
+      holders[p.owner] = true
+      taken = taken + 1
+      if p.n > high then high = p.n end
+      if p.owner == owner then mine[#mine + 1] = p end
+      if not earliest or p.ends < earliest then earliest = p.ends end
+    else
+      dead[#dead + 1] = p.n
+    end
   end
-end
-if #mine > 0 then return sem_held(mine) end
-local function sweep(reused)
-  local fields = {}
-  for _, n in ipairs(dead) do
-    if not (reused and reused[n]) then fields[#fields + 1] = 'p:' .. n end
+  if #mine > 0 then return sem_held(mine) end
+  local function sweep(reused)
+    local fields = {}
+    for _, n in ipairs(dead) do
+      if not (reused and reused[n]) then fields[#fields + 1] = 'p:' .. n end
+    end
+    for _, o in ipairs(s.index) do
+      if not holders[o] then fields[#fields + 1] = 'o:' .. o end
+    end
+    sem_call('HDEL', key, fields)
   end
-  for _, o in ipairs(s.index) do
-    if not holders[o] then fields[#fields + 1] = 'o:' .. o end
+  -- sweep_index(also): the index fields after the numbers `also` (a set) are granted too:
+  -- `top` one above the highest number in use, `free` the unused ones below it; `untrusted`
+  -- (written as an empty `sf`) while a live number is at or above the limit.
+  local function sweep_index(also)
+    local top = high
+    for n in pairs(also) do
+      if n > top then top = n end
+    end
+    local list = {}
+    for n = 0, top do
+      if not used[n] and not also[n] then list[#list + 1] = n end
+    end
+    return {'top', top + 1, 'free', table.concat(list, ' '), untrusted = high >= limit}
   end
-  sem_call('HDEL', key, fields)
-end
--- index(also): the index fields after the numbers `also` (a set) are granted too: `top` one
--- above the highest number in use, `free` the unused ones below it; `untrusted` (written as an
--- empty `sf`) while a live number is at or above the limit.
-local function index(also)
-  local top = high
-  for n in pairs(also) do
-    if n > top then top = n end
+  local need = count
+  if blocked then need = count + res.count end
+  local available = limit - taken
+  if available < need then
+    sweep(nil)
+    local fresh = sweep_index({})
+    fresh[#fresh + 1] = 'sf'
+    fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
+    if not lock[5] then
+      fresh[#fresh + 1] = 'waiters'
+      fresh[#fresh + 1] = 1
+    end
+    if not (lock[5] and tonumber(c[3]) == fresh[2] and c[4] == fresh[4] and c[5] == fresh[#fresh]) then
+      redis.call('HSET', key, unpack(fresh))
+    end
+    local wake = earliest
+    if blocked and (not wake or res.ends < wake) then wake = res.ends end
+    local retry = (wake or now_ms) - now_ms
+    if waiter ~= '' and count > 1 and not blocked then
+      local ends = now_ms + ttl
+      redis.call('HSET', key, 'limit', limit,
+        'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
+      s.res = {owner = waiter, count = count, ends = ends, live = true}
+      keep(key, s.fence, sem_end(s))
+      local half = math.ceil(ttl / 2)
+      if retry > half then retry = half end
+    end
+    if available < 0 then available = 0 end
+    return {0, retry, available}
   end
-  local list = {}
-  for n = 0, top do
-    if not used[n] and not also[n] then list[#list + 1] = n end
-  end
-  return {'top', top + 1, 'free', table.concat(list, ' '), untrusted = high >= limit}
-end
-local need = count
-if blocked then need = count + res.count end
-local available = limit - taken
-if available >= need then
-  local numbers, reused, n = {}, {}, 0
+  local reused, n = {}, 0
+  numbers = {}
   for _ = 1, count do
     while used[n] do n = n + 1 end
     reused[n] = true
@@ -171,29 +167,36 @@ if available >= need then
     n = n + 1
   end
   sweep(reused)
-  return grant(numbers, index(reused))
+  index = sweep_index(reused)
 end
-sweep(nil)
-local fresh = index({})
-fresh[#fresh + 1] = 'sf'
-fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
-if not lock[5] then
-  fresh[#fresh + 1] = 'waiters'
-  fresh[#fresh + 1] = 1
+-- The grant: the permits `numbers` (decimal strings or numbers), each with its fence, and
+-- the index fields in `index` as they stand after it.
+local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[5], ARGV[6], count)
+if not fence then return behind end
+local ends = now_ms + ttl
+local last = string.format('%.0f', fence + count - 1)
+local reply = {1, fence, behind}
+index[#index + 1] = 'fence'
+index[#index + 1] = last
+index[#index + 1] = 'sf'
+index[#index + 1] = index.untrusted and '' or last .. stamp
+index[#index + 1] = 'o:' .. owner
+index[#index + 1] = table.concat(numbers, ' ')
+if not stored then
+  index[#index + 1] = 'limit'
+  index[#index + 1] = ARGV[3]
 end
-if not (lock[5] and tonumber(c[3]) == fresh[2] and c[4] == fresh[4] and c[5] == fresh[#fresh]) then
-  redis.call('HSET', key, unpack(fresh))
+for i, n in ipairs(numbers) do
+  index[#index + 1] = 'p:' .. n
+  if count == 1 then
+    index[#index + 1] = string.format('%s %.0f %s', owner, ends, last)
+  else
+    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
+  end
+  reply[#reply + 1] = tonumber(n)
+  reply[#reply + 1] = fence + i - 1
 end
-local wake = earliest
-if blocked and (not wake or res.ends < wake) then wake = res.ends end
-local retry = (wake or now_ms) - now_ms
-if waiter ~= '' and count > 1 and not blocked then
-  local ends = now_ms + ttl
-  redis.call('HSET', key, 'limit', limit, 'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
-  s.res = {owner = waiter, count = count, ends = ends, live = true}
-  keep(key, s.fence, sem_end(s))
-  local half = math.ceil(ttl / 2)
-  if retry > half then retry = half end
-end
-if available < 0 then available = 0 end
-return {0, retry, available}
+sem_call('HSET', key, index)
+if reserved then redis.call('HDEL', key, 'r') end
+sem_expire(key, not stored, fence + count - 1, ends)
+return reply
