@@ -26,8 +26,7 @@
 -- limit, the index is left untrusted, so no grant passes a lowered limit). Releases and forced
 -- unlocks of older clients only free permits the index then still counts as taken: found by
 -- the next scan. Each number holds one live entry and every number is below the limit, so no
--- grant exceeds it. `waiters` is set by a refused acquire and removed by the release that
--- announces (as the mutex's `waiters`).
+-- grant exceeds it.
 --
 -- `sem_read(key)` returns {limit, fence, permits = list of {n, owner, ends, fence, live},
 -- res = {owner, count, ends, live} or nil, index = the owners with an `o:` field} (`sem_parse_permit(n, value)` and

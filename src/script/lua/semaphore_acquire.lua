@@ -28,9 +28,9 @@
 --   behind as for acquire: the layout every granting script shares, src/acquire/grant.rs);
 -- - {2, fence1, 0, n1, fence1, ...} this owner already holds permits (a resent script): the
 --   permits granted then, nothing changed;
--- - {0, retry after ms, available} not enough free permits (or they are reserved): `waiters`
---   is set (so the next release announces, see semaphore_release.lua) and the index is
---   written afresh where the scan found it off;
+-- - {0, retry after ms, available} not enough free permits (or they are reserved); the index
+--   is written afresh only where the scan found it off (a refusal on a key with a sound index
+--   writes nothing);
 -- - {-1, stored limit} the semaphore has another limit (no write);
 -- - an error reply (no write) as for acquire's fence rule.
 -- Not allow-oom: refused with OOM at maxmemory.
@@ -136,11 +136,7 @@ if not numbers then
     local fresh = sweep_index({})
     fresh[#fresh + 1] = 'sf'
     fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
-    if not lock[5] then
-      fresh[#fresh + 1] = 'waiters'
-      fresh[#fresh + 1] = 1
-    end
-    if not (lock[5] and tonumber(c[3]) == fresh[2] and c[4] == fresh[4] and c[5] == fresh[#fresh]) then
+    if not (tonumber(c[3]) == fresh[2] and (c[4] or '') == fresh[4] and c[5] == fresh[6]) then
       redis.call('HSET', key, unpack(fresh))
     end
     local wake = earliest

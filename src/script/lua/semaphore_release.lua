@@ -14,8 +14,7 @@
 -- without them (an undo of a cut acquire, a withdrawn reservation) first the owner's `o:`
 -- index, then the live entries it names that are still the owner's; it never changes the
 -- key's expiry (it only frees, so the expiry the last grant or renewal set still covers every
--- live entry). Anything freed is announced when `waiters` is set (a refused acquire set it: the
--- prologue reads it as `lock[5]`), which the announcing release removes.
+-- live entry). Anything freed is announced.
 --
 -- Replies: 1 released (or released before, or a reservation withdrawn); 0 unknown or expired
 -- permits (nothing changed); -1 a permit is now held by another owner (left alone); -2 (before
@@ -64,13 +63,9 @@ if released > 0 and values[4] and values[4] ~= '' then
 end
 sem_call('HSET', key, writes)
 local withdrawn = res ~= nil and res.owner == owner
-local wake = (released > 0 or withdrawn) and lock[5]
-local gone = {}
-if withdrawn then gone[#gone + 1] = 'r' end
-if values[2] then gone[#gone + 1] = 'o:' .. owner end
-if wake then gone[#gone + 1] = 'waiters' end
-if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
-if wake then
+if withdrawn then redis.call('HDEL', key, 'r', 'o:' .. owner)
+elseif values[2] then redis.call('HDEL', key, 'o:' .. owner) end
+if released > 0 or withdrawn then
   if ARGV[3] == 's' then redis.call('SPUBLISH', key, '')
   elseif ARGV[3] == 'p' then redis.call('PUBLISH', key, '') end
 end
