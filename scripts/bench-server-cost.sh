@@ -4,8 +4,13 @@
 # `SET NX PX` + unlock script and against the bare commands fencelock's scripts run. Starts one
 # redis-server under valgrind's callgrind on PORT (default 7930), sends each workload with
 # `redis-cli --pipe` (N pairs on fresh names: N acquires, then N releases of the same names),
-# prints instructions per pair, and stops the server by pid on exit.
+# prints instructions per pair, and stops the server by pid on exit. Issue 22: a line each for
+# the read-write lock's read and write holds, the semaphore (limit 8 on fresh names; limit 256
+# with 200 permits held by others, one acquire + release after another on the same key) and the
+# latch's count-down (latches of count 8; a "pair" is one count-down), sent as the client sends
+# them on a standalone server (announce `p`).
 #   PORT=7930 PAIRS=2000 scripts/bench-server-cost.sh
+#   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
 # Results: docs/benchmarks.md, "What one grant costs the server".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,8 +36,13 @@ stop() {
 }
 trap stop EXIT
 
-CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --quiet --release --bin fencelock
-fencelock=target/release/fencelock
+# FENCELOCK=path: take the scripts from that build of the CLI (e.g. one of an older commit, for a
+# before/after table) instead of building this tree's.
+fencelock=${FENCELOCK:-}
+if [ -z "$fencelock" ]; then
+  CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --quiet --release --bin fencelock
+  fencelock=${CARGO_TARGET_DIR:-target}/release/fencelock
+fi
 
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
@@ -45,10 +55,11 @@ cli() { redis-cli -p "$port" "$@"; }
 instructions() {
   callgrind_control -e Ir "$pid" 2>/dev/null | awk '$1 == "Th" && $2 == "1" { gsub(",", "", $3); print $3 }'
 }
-# measure LABEL FILE: sends FILE's commands (RESP) through redis-cli --pipe on an empty
-# database, prints instructions per pair.
+# measure LABEL FILE [SETUP]: sends FILE's commands (RESP) through redis-cli --pipe on an empty
+# database (after SETUP's, which are not counted), prints instructions per pair.
 measure() {
   cli flushall >/dev/null
+  if [ -n "${3:-}" ]; then redis-cli -p "$port" --pipe <"$3" >/dev/null; fi
   callgrind_control -z "$pid" >/dev/null 2>&1
   redis-cli -p "$port" --pipe <"$2" >/dev/null
   local ir
@@ -72,6 +83,13 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'until', ARGV[2], 'fence', ARGV[3]
 redis.call('PEXPIREAT', KEYS[1], ARGV[4]) return {1, ARGV[3], 0}")
 bare_release=$(cli script load "local l = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds', 'waiters')
 if l[1] ~= ARGV[1] then return 0 end redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters') return 1")
+rw_read=$(cli script load "$($fencelock script rw_read)")
+rw_write=$(cli script load "$($fencelock script rw_write)")
+rw_release=$(cli script load "$($fencelock script rw_release)")
+sem_acquire=$(cli script load "$($fencelock script semaphore_acquire)")
+sem_release=$(cli script load "$($fencelock script semaphore_release)")
+latch_set=$(cli script load "$($fencelock script latch_set)")
+latch_count_down=$(cli script load "$($fencelock script latch_count_down)")
 owner=0123456789abcdef0123456789abcdef
 ttl=10000
 grace=10000
@@ -107,8 +125,49 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_release" 1 "{b$i}:lock" "$owner"; done
 } >"$dir/bare"
 
+# The read-write lock: read holds, then write holds (a waiting call's intent id), on fresh names.
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$rw_read" 1 "fencelock:{w$i}:rw" "$owner" "$ttl" 0 clock 256 "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$rw_release" 1 "fencelock:{w$i}:rw" "$owner" "" p "$grace"; done
+} >"$dir/rw_read"
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$rw_write" 1 "fencelock:{w$i}:rw" "$owner" "$ttl" 0 clock "w$owner" "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$rw_release" 1 "fencelock:{w$i}:rw" "$owner" "" p "$grace"; done
+} >"$dir/rw_write"
+# The semaphore, one permit per acquire: limit 8 on fresh names (permit 0 each) ...
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$sem_acquire" 1 "fencelock:{s$i}:sem" "$owner" 1 8 "$ttl" 0 clock "" "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$sem_release" 1 "fencelock:{s$i}:sem" "$owner" 0 p "$grace"; done
+} >"$dir/sem8"
+# ... and limit 256 with permits 0..199 held by other owners for an hour (not counted): each
+# pair takes permit 200 and gives it back.
+{
+  for ((i = 0; i < 200; i++)); do resp EVALSHA "$sem_acquire" 1 "fencelock:{s}:sem" "$(printf 'held%028d' "$i")" 1 256 3600000 0 clock "" "$grace"; done
+} >"$dir/sem256_setup"
+{
+  for ((i = 0; i < n; i++)); do
+    resp EVALSHA "$sem_acquire" 1 "fencelock:{s}:sem" "$(printf 'pair%028d' "$i")" 1 256 "$ttl" 0 clock "" "$grace"
+    resp EVALSHA "$sem_release" 1 "fencelock:{s}:sem" "$(printf 'pair%028d' "$i")" 200 p "$grace"
+  done
+} >"$dir/sem256"
+# The latch: N / 8 latches of count 8 (set, not counted), each counted down by 8 ids; the last
+# count-down of each opens it.
+{
+  for ((i = 0; i < n; i += 8)); do resp EVALSHA "$latch_set" 1 "fencelock:{l$i}:latch" 8 "set$i" 0 clock p 60000 "$grace"; done
+} >"$dir/latch_setup"
+{
+  for ((i = 0; i < n; i += 8)); do
+    for ((j = 0; j < 8; j++)); do resp EVALSHA "$latch_count_down" 1 "fencelock:{l$i}:latch" "id$j" "" p 60000 "$grace"; done
+  done
+} >"$dir/latch"
+
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), callgrind, $n pairs per line"
 measure rslock "$dir/rslock"
 measure fencelock-single "$dir/single"
 measure fencelock-batched-16 "$dir/batched"
 measure bare-hash-commands "$dir/bare"
+measure rw-read "$dir/rw_read"
+measure rw-write "$dir/rw_write"
+measure semaphore-limit-8 "$dir/sem8"
+measure semaphore-limit-256-held-200 "$dir/sem256" "$dir/sem256_setup"
+measure latch-count-down "$dir/latch" "$dir/latch_setup"

@@ -1,7 +1,8 @@
 //! The semaphore with expiring permits, on real servers: the limit holds under races, crashed
 //! holders' permits come back, many-permit acquisitions are all-or-nothing and not starved,
 //! releases of unknown permits change nothing, limits are checked and changed in one call,
-//! resent scripts have no second effect, and fences survive a forced-loss failover.
+//! resent scripts have no second effect, and fences survive a forced-loss failover (the number
+//! index: `semaphore_index.rs`).
 
 mod common;
 

@@ -3,9 +3,10 @@
 //! `guard.rs` the [`PermitGuard`], a thin wrapper around [`Held`].
 //!
 //! The state is one hash, `<prefix>:{NAME}:sem` (see `docs/primitives.md`): the limit, the
-//! fence counter, one entry per permit number (`p:<n>` = owner, lease end, fence) and the
-//! reservation of the first waiting many-permit requester (`r`). Available permits are derived
-//! from the live entries, never counted separately.
+//! fence counter, one entry per permit number (`p:<n>` = owner, lease end, fence), the
+//! reservation of the first waiting many-permit requester (`r`) and an index of free numbers
+//! and holders, so a grant reads only what it takes (`script/lua/semaphore.lua`). Available
+//! permits are derived from the live entries, never from the index.
 
 mod guard;
 
@@ -34,9 +35,10 @@ pub use guard::{Permit, PermitGuard};
 /// The most permits a semaphore can have: the highest limit [`Client::semaphore`] and
 /// [`Semaphore::set_limit`] accept.
 ///
-/// Every script call on a semaphore reads all of its permit entries (one per live permit, plus
-/// those that died since the last acquire), so the limit bounds how long one call blocks the
-/// server: at this limit, with every permit held by another owner, no call ran longer than a
+/// An acquire that finds no trusted index, or too few free numbers in it, and `available`,
+/// `set_limit`, inspection and forced unlocks read all of a semaphore's permit entries (one per
+/// live permit, plus those that died since the last scan), so the limit bounds how long one
+/// call blocks the server: at this limit, with every permit held by another owner, no call ran longer than a
 /// few milliseconds on a loaded test machine (`docs/design.md`, "Bounded script work"; test
 /// `script_bounds::calls_at_the_documented_maxima_stay_within_a_few_milliseconds`). A larger
 /// limit is refused with [`Error::InvalidOptions`] before anything is sent.
@@ -62,8 +64,8 @@ pub const MAX_PERMITS: u32 = 256;
 pub const MAX_PERMITS_PER_CALL: u32 = MAX_PERMITS;
 
 /// What a call that reads `entries` permit entries weighs in a batch, in mutex calls: an
-/// acquire reads every entry (up to the limit), a release, extend or renewal only its own
-/// permits; a semaphore call costs about two mutex calls, and each entry about a quarter more.
+/// acquire may scan every entry (up to the limit), a release, extend or renewal reads only its
+/// own permits; a semaphore call costs about two mutex calls, and each entry about a quarter more.
 fn weight(entries: u32) -> u32 {
     2 + entries / 4
 }
@@ -269,7 +271,8 @@ impl Semaphore {
         let request = self.request(count, options, waiter)?;
         // A many-permit waiter may leave a reservation: withdrawn unless the grant consumed it.
         let withdraw = (!request.waiter.is_empty()).then(|| {
-            // Without permit numbers the release reads every entry.
+            // Without permit numbers the release reads the waiter's index entry (none: a waiter
+            // holds no permit), weighed as before the index.
             let call = SEMAPHORE
                 .release_call(&self.core, self.keys.lock_key(), &request.waiter, "")
                 .weighted(weight(self.limit()));
@@ -488,7 +491,8 @@ impl Request for Acquire<'_> {
                 limit: requested,
             });
         }
-        // Without permit numbers the release reads every entry.
+        // The undo's release has no permit numbers: it reads them from the owner's index entry,
+        // weighed as an acquire for the batch (as before the index).
         let granting = Granting::new(core, &SEMAPHORE, keys, Operation::Acquire, &owner, options)
             .undo_weighted(weight(requested));
         let ttl_ms = ttl_millis(granting.lease());

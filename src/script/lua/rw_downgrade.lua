@@ -1,5 +1,6 @@
 -- rw_downgrade: turn this owner's write hold into a read hold with the same fence and lease, and
--- announce it (waiting readers may enter) (lock prologue, fence rule, rw prologue first).
+-- announce it when `waiters` is set (waiting readers may enter; `waiters` is removed) (lock
+-- prologue, fence rule, rw prologue first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] announce (`s`/`p`/empty), ARGV[3]
 -- expiry grace.
@@ -10,17 +11,16 @@
 -- gone and `forced` names it: a forced unlock freed it (see rw_force_unlock.lua; -3, as -2 is
 -- taken). allow-oom: it only rewrites this owner's fields.
 #!lua flags=allow-oom
-local role, expires = role_of(ARGV[1])
+local role, expires = role()
 if not role then
-  if was_forced(KEYS[1], ARGV[1]) then return {-3, 0} end
+  if was_forced(ARGV[1]) then return {-3, 0} end
   if writer_live then return {-1, 0} end
   return {0, 0}
 end
 if expires <= now_ms then return {0, 0} end
 if role == 'r' then return {1, expires - now_ms} end
-if redis.call('HEXISTS', KEYS[1], 'c:' .. ARGV[1]) == 1 then return {-2, 0} end
-redis.call('HDEL', KEYS[1], 'w', 'wu')
-redis.call('HSET', KEYS[1], 'r:' .. ARGV[1],
-  string.format('%.0f', expires) .. ':' .. string.format('%.0f', tonumber(lock[3])))
-announce(ARGV[2])
+if holds then return {-2, 0} end
+redis.call('HDEL', KEYS[1], 'w', 'wu', 'waiters')
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], string.format('%.0f:%.0f', expires, tonumber(lock[3])))
+if lock[5] then announce(ARGV[2]) end
 return {1, expires - now_ms}

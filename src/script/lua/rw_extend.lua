@@ -7,15 +7,15 @@
 -- and another owner writes; {-2, 0} (before -1/0) it is gone and `forced` names the owner: a
 -- forced unlock freed it (see rw_force_unlock.lua). Touches only this owner's entry. allow-oom.
 #!lua flags=allow-oom
-local role, expires, value = role_of(ARGV[1])
+local role, expires, value = role()
 if not role then
-  if was_forced(KEYS[1], ARGV[1]) then return {-2, 0} end
+  if was_forced(ARGV[1]) then return {-2, 0} end
   if writer_live then return {-1, 0} end
   return {0, 0}
 end
 if expires <= now_ms then return {0, 0} end
 local ends = now_ms + tonumber(ARGV[2])
-if redis.call('HEXISTS', KEYS[1], 'c:' .. ARGV[1]) == 1 and expires > ends then ends = expires end
+if holds and expires > ends then ends = expires end
 set_until(ARGV[1], role, ends, value)
 raise(lock[3], ends)
 return {1, ends - now_ms}

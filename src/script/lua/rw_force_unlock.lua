@@ -31,7 +31,11 @@ for n = 1, #flat, 2 do
     end
   end
 end
-if #owners > 0 then redis.call('HSET', KEYS[1], 'forced', table.concat(owners, ' ')) end
+extra.rs = nil
+if #owners > 0 then
+  extra.forced = table.concat(owners, ' ')
+  redis.call('HSET', KEYS[1], 'forced', extra.forced)
+end
 if freed > 0 then
   settle()
   if before[2] == 1 then announce(ARGV[1]) end

@@ -14,19 +14,29 @@
 -- Replies: {1, fence, behind} granted: `r:<owner>` = `<now + TTL>:<fence>`, the fence a new
 -- value of the counter; {2, fence, 0} this owner already reads (a resent script: its fence, no
 -- write); {0, ms, 0} refused: a live writer, or a live writer intent (a writer waits: new
--- readers queue behind it), with the ms until that lease ends; an error reply (no write) as the
+-- readers queue behind it), with the ms until that lease ends (every refusal leaves `waiters`
+-- set, so the release, downgrade or withdrawal that may let it in announces); an error reply (no write) as the
 -- fence rule says; {0, ms, readers} refused at ARGV[5] live readers, ms until the first of them
 -- ends (at most a third of ARGV[2]). Not allow-oom.
 #!lua
-local mine = redis.call('HGET', KEYS[1], 'r:' .. ARGV[1])
+local mine = rw[5]
 if mine and (until_of(mine) or 0) > now_ms then return {2, fence_of(mine) or 0, 0} end
-if writer_live then return {0, writer_until - now_ms, 0} end
-if intent_live then return {0, intent_until - now_ms, 0} end
+if writer_live then
+  waiting()
+  return {0, writer_until - now_ms, 0}
+end
+if intent_live then
+  waiting()
+  return {0, intent_until - now_ms, 0}
+end
 local cap = tonumber(ARGV[5])
 local third = math.max(1, math.floor(tonumber(ARGV[2]) / 3))
 if not mine and redis.call('HLEN', KEYS[1]) >= cap then
-  local full = tonumber(redis.call('HGET', KEYS[1], 'rs'))
-  if full and full > now_ms then return {0, math.min(full - now_ms, third), cap} end
+  local full = tonumber(rw[8])
+  if full and full > now_ms then
+    waiting()
+    return {0, math.min(full - now_ms, third), cap}
+  end
   local fields, readers, first = redis.call('HGETALL', KEYS[1]), 0, nil
   for n = 1, #fields, 2 do
     local field = fields[n]
@@ -41,15 +51,14 @@ if not mine and redis.call('HLEN', KEYS[1]) >= cap then
     end
   end
   if readers >= cap then
-    redis.call('HSET', KEYS[1], 'rs', string.format('%.0f', first))
+    redis.call('HSET', KEYS[1], 'rs', first, 'waiters', 1)
     return {0, math.min(first - now_ms, third), readers}
   end
 end
 local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local ends = now_ms + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'r:' .. ARGV[1],
-  string.format('%.0f', ends) .. ':' .. string.format('%.0f', fence),
-  'fence', string.format('%.0f', fence))
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], string.format('%.0f:%.0f', ends, fence),
+  'fence', fence)
 raise(fence, ends)
 return {1, fence, behind}

@@ -12,15 +12,15 @@
 -- gone and `forced` names it: a forced unlock freed it (see rw_force_unlock.lua; -3, as -2 is
 -- taken). Not allow-oom.
 #!lua
-local role, expires, value = role_of(ARGV[1])
+local role, expires, value = role()
 if not role then
-  if was_forced(KEYS[1], ARGV[1]) then return {-3, 0, 0} end
+  if was_forced(ARGV[1]) then return {-3, 0, 0} end
   if writer_live then return {-1, 0, 0} end
   return {0, 0, 0}
 end
 if expires <= now_ms then return {0, 0, 0} end
 if role == 'r' and ARGV[4] == 'w' then return {-2, 0, 0} end
-local count = tonumber(redis.call('HGET', KEYS[1], 'c:' .. ARGV[1]))
+local count = holds
 local prefix = 'h:' .. ARGV[1] .. ':'
 if not count then
   redis.call('HSET', KEYS[1], prefix, 1, prefix .. ARGV[2], 1, 'c:' .. ARGV[1], 2)

@@ -1,5 +1,6 @@
 -- rw_release: end one hold (read or write) of this owner; the last hold of the owner removes
--- its entry and announces it on the lock's channel (lock prologue, fence rule, rw prologue first).
+-- its entry and, when `waiters` is set (a refused acquire set it), removes that too and
+-- announces the release on the lock's channel (lock prologue, fence rule, rw prologue first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel
@@ -10,9 +11,9 @@
 -- owner writes; -2 (before -1/0) the owner's entry is gone and `forced` names it: a forced
 -- unlock freed it (see rw_force_unlock.lua). Touches only this owner's fields. allow-oom.
 #!lua flags=allow-oom
-local role, ends = role_of(ARGV[1])
+local role, ends = role()
 if not role then
-  if was_forced(KEYS[1], ARGV[1]) then return -2 end
+  if was_forced(ARGV[1]) then return -2 end
   if writer_live then return -1 end
   return 0
 end
@@ -21,16 +22,14 @@ if ends <= now_ms then
   settle()
   return 0
 end
-local count = tonumber(redis.call('HGET', KEYS[1], 'c:' .. ARGV[1]))
-if count or ARGV[2] ~= '' then
+if holds or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1] .. ':' .. ARGV[2]) == 0 then return 1 end
-  local holds = (count or 1) - 1
-  if holds > 0 then
-    redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], holds)
+  if (holds or 1) > 1 then
+    redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], holds - 1)
     return 1
   end
 end
-forget(ARGV[1], role)
+forget(ARGV[1], role, lock[5] and 'waiters')
 settle()
-announce(ARGV[3])
+if lock[5] then announce(ARGV[3]) end
 return 1

@@ -12,8 +12,8 @@
 -- call keeps an intent (so the intent is refreshed before it lapses), and the hash's field
 -- count (what this call read: the caller weighs its next call by it); the intent `i`/`iu` is
 -- set (or refreshed) to this call's id and now + TTL unless another call's live intent is
--- first. Dead reader entries seen are deleted. An error reply (no write) as the fence rule
--- says. Not allow-oom.
+-- first; `waiters` is set (so the release that may let it in announces). Dead reader entries
+-- seen are deleted. An error reply (no write) as the fence rule says. Not allow-oom.
 #!lua
 if writer_live then
   if writer == ARGV[1] then return {2, tonumber(lock[3]), 0} end
@@ -38,19 +38,22 @@ end
 if blocked > 0 then
   if ARGV[5] ~= '' and not theirs then
     local ends = now_ms + ttl
-    redis.call('HSET', KEYS[1], 'i', ARGV[5], 'iu', string.format('%.0f', ends))
+    redis.call('HSET', KEYS[1], 'i', ARGV[5], 'iu', ends, 'waiters', 1)
     raise(lock[3], ends)
     local third = math.max(1, math.floor(ttl / 3))
     if blocked > third then blocked = third end
+  else
+    waiting()
   end
   return {0, blocked, #fields / 2}
 end
 local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
-if intent then redis.call('HDEL', KEYS[1], 'i', 'iu') end
 if writer then forget(writer, 'w') end
 local ends = now_ms + ttl
-redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wu', string.format('%.0f', ends),
-  'fence', string.format('%.0f', fence))
+if intent then
+  redis.call('HDEL', KEYS[1], 'i', 'iu')
+end
+redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wu', ends, 'fence', fence)
 raise(fence, ends)
 return {1, fence, behind}

@@ -6,105 +6,193 @@
 -- ARGV[6] fence mode (as acquire), ARGV[7] waiter id: a waiting call's id that
 -- may reserve the permits it waits for (empty: no reservation), ARGV[8] expiry grace.
 --
--- Takes the `count` lowest numbers below the limit that are free (absent, expired or released)
--- and grants each its own fence, consecutive from the `fence` counter (the first by the fence
--- rule, as acquire's). While another waiter's
+-- Takes `count` free numbers below the limit (absent, expired or released) and grants each its
+-- own fence, consecutive from the `fence` counter (the first by the fence rule, as acquire's).
+-- With a trusted index (see semaphore.lua) it reads one `HMGET` (the limit, the reservation,
+-- the index, `o:<owner>`), takes numbers from `free`, then from `top`, and writes one `HSET`:
+-- O(count), whatever the limit and the permits held. Else (no trusted index, too few numbers
+-- in it: then expired permits may be reclaimed) it scans every entry as before, takes the
+-- lowest free numbers and writes the index afresh. While another waiter's
 -- live reservation exists, a request is granted only if the reservation can still be met
 -- after it; a reservation for more permits than the limit can never be met and blocks no one.
 -- A refused request of a waiter for more than one permit reserves them (`r`) unless another
--- waiter's live reservation exists; granting the reserving waiter removes it. Every dead
--- entry it reads (expired or released) that it does not reuse is deleted, so the hash holds
--- the live permits plus those that died since the last acquire: the call costs O(entries +
--- count), entries at most the limit plus what outlives a lowered one, never a scan of 0..limit.
--- The client keeps count <= limit <= MAX_PERMITS (src/semaphore/mod.rs).
+-- waiter's live reservation exists; granting the reserving waiter removes it. A scan deletes
+-- every dead entry it reads (expired or released) that it does not reuse, and the `o:` fields
+-- of owners without a live permit, so the hash holds the live permits plus those that died
+-- since: a scan costs O(entries + count), entries at most the limit plus what outlives a
+-- lowered one. The key's expiry is only raised by a grant (`sem_expire`). The client keeps
+-- count <= limit <= MAX_PERMITS (src/semaphore/mod.rs).
 --
 -- Replies:
 -- - {1, fence1, behind, n1, fence1, n2, fence2, ...} granted (the first permit's fence, then
 --   behind as for acquire: the layout every granting script shares, src/acquire/grant.rs);
 -- - {2, fence1, 0, n1, fence1, ...} this owner already holds permits (a resent script): the
 --   permits granted then, nothing changed;
--- - {0, retry after ms, available} not enough free permits (or they are reserved);
+-- - {0, retry after ms, available} not enough free permits (or they are reserved); the index
+--   is written afresh only where the scan found it off (a refusal on a key with a sound index
+--   writes nothing);
 -- - {-1, stored limit} the semaphore has another limit (no write);
 -- - an error reply (no write) as for acquire's fence rule.
 -- Not allow-oom: refused with OOM at maxmemory.
 #!lua
 local key, owner, waiter = KEYS[1], ARGV[1], ARGV[7]
 local count, limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local s = sem_read(key)
-if s.limit and s.limit ~= limit then return {-1, s.limit} end
-local mine, used, taken, earliest, dead = {}, {}, 0, nil, {}
-for _, p in ipairs(s.permits) do
-  if p.live then
-    used[p.n] = true
-    taken = taken + 1
-    if p.owner == owner then mine[#mine + 1] = p end
-    if not earliest or p.ends < earliest then earliest = p.ends end
-  else
-    dead[#dead + 1] = p.n
-  end
+local c = redis.call('HMGET', key, 'limit', 'r', 'top', 'free', 'sf', 'o:' .. owner)
+local stored = tonumber(c[1])
+if stored and stored ~= limit then return {-1, stored} end
+local stamp = ' ' .. ARGV[3]
+if limit > 32 then stamp = stamp .. ' ' .. string.rep('-', 64) end
+if c[6] then
+  local _, mine = sem_mine(key, owner .. ' ' .. c[6])
+  if #mine > 0 then return sem_held(mine) end
 end
-if #mine > 0 then
-  table.sort(mine, function(a, b) return a.n < b.n end)
-  local reply = {2, tonumber(mine[1].fence), 0}
-  for _, p in ipairs(mine) do
-    reply[#reply + 1] = p.n
-    reply[#reply + 1] = tonumber(p.fence)
-  end
-  return reply
-end
-local function sweep(reused)
-  local fields = {}
-  for _, n in ipairs(dead) do
-    if not (reused and reused[n]) then fields[#fields + 1] = 'p:' .. n end
-  end
-  sem_call('HDEL', key, fields)
-end
-local free = limit - taken
-local res = s.res
+local res = sem_parse_res(c[2])
+local reserved = res and res.owner == waiter
 if res and res.count > limit then res = nil end
 local blocked = res and res.live and res.owner ~= waiter
-local need = count
-if blocked then need = count + res.count end
-if free >= need then
-  local fence, behind = next_fence(s.fence, ARGV[5], ARGV[6], count)
-  if not fence then return behind end
-  local ends = now_ms + ttl
-  local last = fence + count - 1
-  local reply = {1, fence, behind}
-  local fields = {'limit', limit, 'fence', string.format('%.0f', last)}
-  local reused = {}
-  local n = 0
-  for i = 1, count do
+local top, free = tonumber(c[3]), c[4] or ''
+if not stored then
+  top, free = 0, ''
+elseif c[5] ~= (lock[3] or '') .. stamp then
+  top = nil
+end
+local numbers, index
+if top then
+  numbers, index = {}, {}
+  while #numbers < count and free ~= '' do
+    local n, rest = string.match(free, '^(%d+) ?(.*)$')
+    free = rest or ''
+    if n and tonumber(n) < limit then numbers[#numbers + 1] = n end
+  end
+  if free ~= (c[4] or '') then
+    index[1], index[2] = 'free', free
+  end
+  local from = top
+  while #numbers < count and top < limit do
+    numbers[#numbers + 1] = top
+    top = top + 1
+  end
+  if top ~= from then
+    index[#index + 1] = 'top'
+    index[#index + 1] = top
+  end
+  local enough = #numbers == count
+  if enough and blocked then
+    -- the reservation must still be met: count what is left free below the limit
+    local left = limit - top
+    for n in string.gmatch(free, '%d+') do
+      if tonumber(n) < limit then left = left + 1 end
+    end
+    enough = left >= res.count
+  end
+  if not enough then numbers = nil end
+end
+if not numbers then
+  -- The scan: every entry, the exact state, the index written afresh.
+  local s = sem_read(key)
+  local mine, used, taken, earliest, dead, holders, high = {}, {}, 0, nil, {}, {}, -1
+  for _, p in ipairs(s.permits) do
+    if p.live then
+      used[p.n] = true
+      holders[p.owner] = true
+      taken = taken + 1
+      if p.n > high then high = p.n end
+      if p.owner == owner then mine[#mine + 1] = p end
+      if not earliest or p.ends < earliest then earliest = p.ends end
+    else
+      dead[#dead + 1] = p.n
+    end
+  end
+  if #mine > 0 then return sem_held(mine) end
+  local function sweep(reused)
+    local fields = {}
+    for _, n in ipairs(dead) do
+      if not (reused and reused[n]) then fields[#fields + 1] = 'p:' .. n end
+    end
+    for _, o in ipairs(s.index) do
+      if not holders[o] then fields[#fields + 1] = 'o:' .. o end
+    end
+    sem_call('HDEL', key, fields)
+  end
+  -- sweep_index(also): the index fields after the numbers `also` (a set) are granted too:
+  -- `top` one above the highest number in use, `free` the unused ones below it; `untrusted`
+  -- (written as an empty `sf`) while a live number is at or above the limit.
+  local function sweep_index(also)
+    local top = high
+    for n in pairs(also) do
+      if n > top then top = n end
+    end
+    local list = {}
+    for n = 0, top do
+      if not used[n] and not also[n] then list[#list + 1] = n end
+    end
+    return {'top', top + 1, 'free', table.concat(list, ' '), untrusted = high >= limit}
+  end
+  local need = count
+  if blocked then need = count + res.count end
+  local available = limit - taken
+  if available < need then
+    sweep(nil)
+    local fresh = sweep_index({})
+    fresh[#fresh + 1] = 'sf'
+    fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
+    if not (tonumber(c[3]) == fresh[2] and (c[4] or '') == fresh[4] and c[5] == fresh[6]) then
+      redis.call('HSET', key, unpack(fresh))
+    end
+    local wake = earliest
+    if blocked and (not wake or res.ends < wake) then wake = res.ends end
+    local retry = (wake or now_ms) - now_ms
+    if waiter ~= '' and count > 1 and not blocked then
+      local ends = now_ms + ttl
+      redis.call('HSET', key, 'limit', limit,
+        'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
+      s.res = {owner = waiter, count = count, ends = ends, live = true}
+      keep(key, s.fence, sem_end(s))
+      local half = math.ceil(ttl / 2)
+      if retry > half then retry = half end
+    end
+    if available < 0 then available = 0 end
+    return {0, retry, available}
+  end
+  local reused, n = {}, 0
+  numbers = {}
+  for _ = 1, count do
     while used[n] do n = n + 1 end
     reused[n] = true
-    fields[#fields + 1] = 'p:' .. n
-    fields[#fields + 1] = sem_permit(owner, ends, fence + i - 1)
-    reply[#reply + 1] = n
-    reply[#reply + 1] = fence + i - 1
+    numbers[#numbers + 1] = tostring(n)
     n = n + 1
   end
   sweep(reused)
-  sem_call('HSET', key, fields)
-  if s.res and s.res.owner == waiter then
-    redis.call('HDEL', key, 'r')
-    s.res = nil
+  index = sweep_index(reused)
+end
+-- The grant: the permits `numbers` (decimal strings or numbers), each with its fence, and
+-- the index fields in `index` as they stand after it.
+local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[5], ARGV[6], count)
+if not fence then return behind end
+local ends = now_ms + ttl
+local last = string.format('%.0f', fence + count - 1)
+local reply = {1, fence, behind}
+index[#index + 1] = 'fence'
+index[#index + 1] = last
+index[#index + 1] = 'sf'
+index[#index + 1] = index.untrusted and '' or last .. stamp
+index[#index + 1] = 'o:' .. owner
+index[#index + 1] = table.concat(numbers, ' ')
+if not stored then
+  index[#index + 1] = 'limit'
+  index[#index + 1] = ARGV[3]
+end
+for i, n in ipairs(numbers) do
+  index[#index + 1] = 'p:' .. n
+  if count == 1 then
+    index[#index + 1] = string.format('%s %.0f %s', owner, ends, last)
+  else
+    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
   end
-  local keep_until = sem_end(s)
-  if ends > keep_until then keep_until = ends end
-  keep(key, last, keep_until)
-  return reply
+  reply[#reply + 1] = tonumber(n)
+  reply[#reply + 1] = fence + i - 1
 end
-sweep(nil)
-local wake = earliest
-if blocked and (not wake or res.ends < wake) then wake = res.ends end
-local retry = (wake or now_ms) - now_ms
-if waiter ~= '' and count > 1 and not blocked then
-  local ends = now_ms + ttl
-  redis.call('HSET', key, 'limit', limit, 'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
-  s.res = {owner = waiter, count = count, ends = ends, live = true}
-  keep(key, s.fence, sem_end(s))
-  local half = math.ceil(ttl / 2)
-  if retry > half then retry = half end
-end
-if free < 0 then free = 0 end
-return {0, retry, free}
+sem_call('HSET', key, index)
+if reserved then redis.call('HDEL', key, 'r') end
+sem_expire(key, not stored, fence + count - 1, ends)
+return reply
