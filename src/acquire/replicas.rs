@@ -34,10 +34,14 @@ pub(crate) async fn run_granting<'c>(
     match wait {
         None => Ok((core.transport.run(call, name, operation).await?, None)),
         Some((required, timeout)) => {
-            let (reply, acked) = core
-                .transport
-                .run_then_wait(&call.into(), name, operation, required, timeout)
-                .await?;
+            // Boxed, as the release in `confirm`: the rarer paths allocate their future when
+            // taken, so the common path's future (boxed per attempt by the wait loop) stays small.
+            let call = call.into();
+            let (reply, acked) = Box::pin(
+                core.transport
+                    .run_then_wait(&call, name, operation, required, timeout),
+            )
+            .await?;
             Ok((reply, Some(Acks { required, acked })))
         }
     }
@@ -59,10 +63,11 @@ pub(crate) async fn confirm(
     let acked = u32::try_from(acked).unwrap_or(0);
     if acked < required {
         let undo = undo();
-        let _ = core
-            .transport
-            .run(&undo, undo.first_key(), Operation::Release)
-            .await;
+        let _ = Box::pin(
+            core.transport
+                .run(&undo, undo.first_key(), Operation::Release),
+        )
+        .await;
         return Err(Error::ReplicasNotConfirmed {
             name: name.to_owned(),
             acked,
