@@ -3,7 +3,9 @@
 # each (N = 2, 8, 32), for the fencelock mutex, the fencelock fair lock and rslock side by side
 # in one run (examples/hot_lock.rs). Starts its own standalone server on a free port from
 # BASE_PORT (default 7400) and stops it (by pid) on exit.
-#   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] scripts/bench-hot-lock.sh
+#   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] [TARGET=cluster] scripts/bench-hot-lock.sh
+# TARGET=cluster runs against a 3-master/3-replica cluster on BASE_PORT+1..+6 instead
+# (scripts/cluster.sh; the lock's slot on one master, as every single lock is).
 # Results: docs/benchmarks.md, "A hot lock across processes (issue 25)".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,8 +21,12 @@ hold=${HOLD_MS:-0}
 procs=${PROCS:-2 8 32}
 dir=$(mktemp -d)
 
+target=${TARGET:-standalone}
 stop() {
   local pid
+  if [ "$target" = cluster ]; then
+    scripts/cluster.sh down --base-port $((port + 1)) >/dev/null 2>&1 || true
+  fi
   pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
   if [ -n "$pid" ]; then
     kill "$pid" 2>/dev/null || true
@@ -40,11 +46,16 @@ fi
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+url="redis://127.0.0.1:$port"
+if [ "$target" = cluster ]; then
+  scripts/cluster.sh up --base-port $((port + 1)) >/dev/null
+  url="redis://127.0.0.1:$((port + 1)),redis://127.0.0.1:$((port + 2)),redis://127.0.0.1:$((port + 3))"
+fi
 
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
-  "port $port, hold ${hold} ms, ${seconds}s per measurement"
+  "port $port, target $target, hold ${hold} ms, ${seconds}s per measurement"
 for n in $procs; do
-  "$hot" --url "redis://127.0.0.1:$port" --seconds "$seconds" --hold-ms "$hold" --procs "$n" \
+  "$hot" --url "$url" --target "$target" --seconds "$seconds" --hold-ms "$hold" --procs "$n" \
     --libs fencelock,fair,rslock
 done | tee "$dir/lines"
 

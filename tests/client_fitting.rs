@@ -73,10 +73,7 @@ async fn a_client_is_built_from_a_cluster_client_and_waiters_wake_on_release() {
     };
     // The waiter is subscribed once the server counts a subscriber on the lock's channel.
     eventually("the waiter subscribes", Duration::from_secs(5), || {
-        let counts: Vec<redis::Value> = cluster
-            .master_of_slot(slot)
-            .cmd(redis::cmd("PUBSUB").arg("SHARDNUMSUB").arg(KEY));
-        matches!(counts.get(1), Some(redis::Value::Int(n)) if *n > 0)
+        cluster.master_of_slot(slot).lock_waiters_subscribed(KEY) > 0
     })
     .await;
     let fence = first.fence();

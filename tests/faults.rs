@@ -359,7 +359,7 @@ async fn over_a_delayed_lossy_link_the_watchdog_keeps_the_lease_and_a_waiter_fol
         }
     });
     common::eventually("the waiter's subscription", timeout, || {
-        master.sharded_subscribers(keys.lock_key()) == 1
+        master.lock_waiters_subscribed(keys.lock_key()) == 1
     })
     .await;
     let subscribed = started.elapsed();

@@ -105,12 +105,10 @@ async fn mutex_inspection_and_forced_unlock() {
         (guard.fence(), Box::new(guard) as _)
     });
     eventually("the waiter's subscription", Duration::from_secs(10), || {
-        let reply: Vec<redis::Value> = server.node.cmd(
-            redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg("fencelock:{orders:42}:lock"),
-        );
-        reply.get(1) == Some(&redis::Value::Int(1))
+        server
+            .node
+            .lock_waiters_subscribed_plain("fencelock:{orders:42}:lock")
+            == 1
     })
     .await;
     let (freed, _new_holder) = force_and_check_handoff(&admin, Kind::Mutex, name, waiter).await;
@@ -580,12 +578,7 @@ async fn on_a_cluster_list_finds_every_kind_on_every_master_and_force_unlock_wak
     let slot = guards[0].keys().slot();
     let master = cluster.master_of_slot(slot);
     eventually("the waiter's subscription", Duration::from_secs(10), || {
-        let reply: Vec<redis::Value> = master.cmd(
-            redis::cmd("PUBSUB")
-                .arg("SHARDNUMSUB")
-                .arg("fencelock:{a}:lock"),
-        );
-        reply.get(1) == Some(&redis::Value::Int(1))
+        master.lock_waiters_subscribed("fencelock:{a}:lock") == 1
     })
     .await;
     let _a = force_and_check_handoff(&admin, Kind::Mutex, "a", mutex_waiter).await;

@@ -25,7 +25,9 @@ async fn a_grant_and_a_release_are_reported_through_the_facade() {
     let guard = client.lock("orders:42", &options).await.unwrap();
     assert!(client.try_lock("orders:42", &options).await.is_err());
     guard.release().await.unwrap();
-    // Other kinds: a read hold and a semaphore permit.
+    // Other kinds: a fair lock, a read hold and a semaphore permit.
+    let fair = client.fair_lock("printer", &options).await.unwrap();
+    fair.release().await.unwrap();
     let read = client.read_lock("catalog", &options).await.unwrap();
     read.release().await.unwrap();
     let permit = client
@@ -56,12 +58,12 @@ async fn a_grant_and_a_release_are_reported_through_the_facade() {
     assert_eq!(counter("fencelock_busy_total", "mutex"), 1);
     assert_eq!(counter("fencelock_acquire_attempts_total", "mutex"), 2);
     assert_eq!(counter("fencelock_releases_total", "mutex"), 1);
-    for kind in ["rwlock", "semaphore"] {
+    for kind in ["fair", "rwlock", "semaphore"] {
         assert_eq!(counter("fencelock_grants_total", kind), 1, "{kind}");
         assert_eq!(counter("fencelock_releases_total", kind), 1, "{kind}");
     }
-    assert_eq!(client.stats().grants, 3, "the facade and Stats agree");
-    for kind in ["mutex", "rwlock", "semaphore"] {
+    assert_eq!(client.stats().grants, 4, "the facade and Stats agree");
+    for kind in ["mutex", "fair", "rwlock", "semaphore"] {
         for histogram in ["fencelock_wait_seconds", "fencelock_hold_seconds"] {
             match metrics.get(&(histogram.to_owned(), kind.to_owned())) {
                 Some(DebugValue::Histogram(values)) => {

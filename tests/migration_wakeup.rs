@@ -67,7 +67,10 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
         })
     };
     eventually("the waiter to subscribe", Duration::from_secs(5), || {
-        cluster.node(source).sharded_subscribers(keys.lock_key()) == 1
+        cluster
+            .node(source)
+            .lock_waiters_subscribed(keys.lock_key())
+            == 1
     })
     .await;
     eventually("the waiter to wait", Duration::from_secs(5), || {
@@ -89,7 +92,9 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
     match at {
         ReleaseAt::DuringMigration => cluster.migrate_slot(slot, source, target, || {
             assert_eq!(
-                cluster.node(source).sharded_subscribers(keys.lock_key()),
+                cluster
+                    .node(source)
+                    .lock_waiters_subscribed(keys.lock_key()),
                 1,
                 "the subscription stays on the migrating master until SETSLOT NODE"
             );
@@ -105,9 +110,17 @@ async fn handoff_across_migration(at: ReleaseAt) -> Duration {
             // SETSLOT NODE made the old master drop the subscription (`sunsubscribe`); the
             // client subscribed again on the new one.
             wait_until("the re-subscription", Duration::from_secs(5), || {
-                cluster.node(target).sharded_subscribers(keys.lock_key()) == 1
+                cluster
+                    .node(target)
+                    .lock_waiters_subscribed(keys.lock_key())
+                    == 1
             });
-            assert_eq!(cluster.node(source).sharded_subscribers(keys.lock_key()), 0);
+            assert_eq!(
+                cluster
+                    .node(source)
+                    .lock_waiters_subscribed(keys.lock_key()),
+                0
+            );
             release();
         }
     }

@@ -86,7 +86,7 @@ async fn cluster_over_tls_locks_wakes_waiters_and_waits_for_replicas() {
         async move { client.lock(name, &options).await }
     });
     eventually("the waiter's subscription", Duration::from_secs(5), || {
-        master.sharded_subscribers(keys.lock_key()) == 1
+        master.lock_waiters_subscribed(keys.lock_key()) == 1
     })
     .await;
     let (released, first_fence) = (Instant::now(), first.fence());

@@ -33,7 +33,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
         }));
     }
     eventually("the waiters' subscription", Duration::from_secs(5), || {
-        master.sharded_subscribers(keys.lock_key()) == 1
+        master.lock_waiters_subscribed(keys.lock_key()) == 1
     })
     .await;
     // One waiter of the client asks Redis (it has the client's turn) and subscribes; the
@@ -45,7 +45,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
     )
     .await;
     assert_eq!(
-        master.sharded_subscribers(keys.lock_key()),
+        master.lock_waiters_subscribed(keys.lock_key()),
         1,
         "five waiters of one client share one subscription"
     );
@@ -73,7 +73,7 @@ async fn waiters_share_one_subscription_and_wake_on_release() {
     assert_eq!(stats.waits.count(), 5);
 
     eventually("the subscription to end", Duration::from_secs(5), || {
-        master.sharded_subscribers(keys.lock_key()) == 0
+        master.lock_waiters_subscribed(keys.lock_key()) == 0
     })
     .await;
 }
@@ -99,7 +99,7 @@ async fn a_dropped_waiter_leaves_no_lock_subscription_or_task() {
     eventually(
         "the warm-up subscription to end",
         Duration::from_secs(5),
-        || master.sharded_subscribers(keys.lock_key()) == 0,
+        || master.lock_waiters_subscribed(keys.lock_key()) == 0,
     )
     .await;
     let baseline = alive_tasks();
@@ -110,13 +110,13 @@ async fn a_dropped_waiter_leaves_no_lock_subscription_or_task() {
             tokio::spawn(async move { client.lock(name, &options).await })
         };
         eventually("the waiter to subscribe", Duration::from_secs(5), || {
-            master.sharded_subscribers(keys.lock_key()) == 1
+            master.lock_waiters_subscribed(keys.lock_key()) == 1
         })
         .await;
         waiting.abort();
         assert!(waiting.await.unwrap_err().is_cancelled());
         eventually("the subscription to end", Duration::from_secs(5), || {
-            master.sharded_subscribers(keys.lock_key()) == 0
+            master.lock_waiters_subscribed(keys.lock_key()) == 0
         })
         .await;
         eventually("the dispatcher task to end", Duration::from_secs(5), || {
@@ -171,7 +171,7 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
     eventually("the waiter to subscribe", Duration::from_secs(5), || {
         cluster
             .node(old_master)
-            .sharded_subscribers(keys.lock_key())
+            .lock_waiters_subscribed(keys.lock_key())
             == 1
     })
     .await;
@@ -184,13 +184,16 @@ async fn waiters_resubscribe_after_failover_and_still_wake_on_release() {
     // Bounded generously: in the full suite three clusters run at once on two cores, and the
     // re-subscription waits for the failover's gossip to reach the client's slot map.
     eventually("the re-subscription", Duration::from_secs(20), || {
-        cluster.node(replica).sharded_subscribers(keys.lock_key()) == 1
+        cluster
+            .node(replica)
+            .lock_waiters_subscribed(keys.lock_key())
+            == 1
     })
     .await;
     assert_eq!(
         cluster
             .node(old_master)
-            .sharded_subscribers(keys.lock_key()),
+            .lock_waiters_subscribed(keys.lock_key()),
         0
     );
     assert!(
@@ -246,7 +249,7 @@ async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
     eventually("the five subscriptions", Duration::from_secs(10), || {
         cluster
             .node(old_master)
-            .sharded_subscribers(keys.lock_key())
+            .lock_waiters_subscribed(keys.lock_key())
             == 5
     })
     .await;
@@ -285,13 +288,18 @@ async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
     eventually(
         "every client re-subscribed on the new master",
         Duration::from_secs(15),
-        || cluster.node(replica).sharded_subscribers(keys.lock_key()) == 5,
+        || {
+            cluster
+                .node(replica)
+                .lock_waiters_subscribed(keys.lock_key())
+                == 5
+        },
     )
     .await;
     assert_eq!(
         cluster
             .node(old_master)
-            .sharded_subscribers(keys.lock_key()),
+            .lock_waiters_subscribed(keys.lock_key()),
         0,
         "no subscription left on the demoted master"
     );
@@ -320,14 +328,10 @@ async fn standalone_waiters_wake_on_release_too() {
         tokio::spawn(async move { client.lock("wake:standalone", &options).await })
     };
     eventually("the waiter to subscribe", Duration::from_secs(5), || {
-        let n: Vec<redis::Value> = server.node.cmd(
-            redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg("fencelock:{wake:standalone}:lock"),
-        );
-        n.get(1)
-            .map(|v| redis::from_redis_value::<i64>(v.clone()).unwrap())
-            == Some(1)
+        server
+            .node
+            .lock_waiters_subscribed_plain("fencelock:{wake:standalone}:lock")
+            == 1
     })
     .await;
     // Once subscribed the waiter looks again (a release may have come before the

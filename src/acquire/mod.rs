@@ -4,6 +4,7 @@
 
 mod backoff;
 mod grant;
+mod place;
 pub(crate) mod replicas;
 mod step;
 #[cfg(test)]
@@ -26,6 +27,7 @@ use crate::stats::{kind_of, Counters};
 
 pub(crate) use backoff::Backoff;
 pub(crate) use grant::{GrantReply, Granting};
+pub(crate) use place::Place;
 use step::RECHECK;
 use step::{Heard, Outcome, Step};
 pub(crate) use undo::InFlight;
@@ -40,6 +42,19 @@ pub(crate) trait Request {
 
     /// The channel the releasing script publishes on when the resource frees up.
     fn channel(&self) -> &str;
+
+    /// Whether a grant a release made to this request on the server has been announced to
+    /// this client and not taken yet (the next attempt takes it without a call). Requests
+    /// without a place in a queue have none.
+    fn handed_pending(&self, _core: &Arc<Core>) -> bool {
+        false
+    }
+
+    /// The `kind` label of this request's metrics; the default reads it from the channel's
+    /// last part (the primitive's key, see [`kind_of`]).
+    fn kind(&self) -> &'static str {
+        kind_of(self.channel())
+    }
 
     /// The error a call returns when the resource stayed busy: after one attempt (`waited`
     /// zero) or at the timeout; `retry_after` is what the last busy answer reported. The
@@ -127,7 +142,7 @@ pub(crate) async fn once<R: Request>(core: &Arc<Core>, request: &R) -> Result<R:
         Attempt::Granted(granted) => {
             core.counters
                 .waits
-                .record(kind_of(request.channel()), started.elapsed());
+                .record(request.kind(), started.elapsed());
             Ok(granted)
         }
         Attempt::Busy { retry_after } => Err(request.busy(Duration::ZERO, retry_after)),
@@ -173,9 +188,20 @@ pub(crate) trait Listen {
     ///
     /// Must be cancel safe.
     async fn wait(&mut self, pause: Duration) -> bool;
+
+    /// Whether the registration has heard its channel without a break since `before` (it was
+    /// kept from an earlier wait): then nothing published after an attempt sent at `before`
+    /// can have been missed, and the wait loop need not look again after subscribing.
+    fn heard_since(&self, _before: Instant) -> bool {
+        false
+    }
 }
 
 impl Listen for Subscription {
+    fn heard_since(&self, before: Instant) -> bool {
+        Subscription::heard_since(self, before.into_std())
+    }
+
     async fn ready(&mut self, limit: Duration) -> Readiness {
         Subscription::ready(self, limit).await
     }
@@ -220,6 +246,11 @@ pub(crate) trait Waiter {
 
     /// Woken by a release, for the stats.
     fn woken(&self);
+
+    /// See [`Request::handed_pending`].
+    fn handed_pending(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Request`] on a client's [`Core`].
@@ -257,18 +288,15 @@ impl<R: Request> Waiter for OnCore<'_, R> {
     }
 
     fn granted_after(&self, waited: Duration) {
-        self.core
-            .counters
-            .waits
-            .record(kind_of(self.request.channel()), waited);
+        self.core.counters.waits.record(self.request.kind(), waited);
+    }
+
+    fn handed_pending(&self) -> bool {
+        self.request.handed_pending(self.core)
     }
 
     fn woken(&self) {
-        Counters::add(
-            &self.core.counters.wakeups,
-            kind_of(self.request.channel()),
-            1,
-        );
+        Counters::add(&self.core.counters.wakeups, self.request.kind(), 1);
     }
 }
 
@@ -359,6 +387,7 @@ async fn drive_unbounded<W: Waiter>(
                 Local::NotHeld => queued = false,
             }
         }
+        let sent = Instant::now();
         let reply = waiter.attempt().await;
         let outcome = match &reply {
             Ok(Attempt::Granted(_)) => Outcome::Granted,
@@ -395,6 +424,11 @@ async fn drive_unbounded<W: Waiter>(
             };
             state.now = Instant::now();
             state.heard = listening.heard();
+            if let Listening::Subscribed(subscription) = &listening {
+                if subscription.heard_since(sent) {
+                    state.heard_before = Heard::Subscribed;
+                }
+            }
             state.listened = true;
             step = step::next(&state, outcome, &mut backoff);
         }
@@ -418,6 +452,11 @@ async fn drive_unbounded<W: Waiter>(
             (Step::Pause(pause), _) => pause,
             (step, _) => unreachable!("step {step:?} after {outcome:?}"),
         };
+        if waiter.handed_pending() {
+            // A grant made on the server reached this client before the wait began.
+            waiter.woken();
+            continue;
+        }
         match &mut listening {
             Listening::Subscribed(subscription) | Listening::Pending(subscription) => {
                 if subscription.wait(pause).await {
@@ -451,7 +490,7 @@ async fn attempt<R: Request>(core: &Arc<Core>, request: &R) -> Result<Attempt<R:
     let attempt: Pin<Box<dyn Future<Output = _> + Send + '_>> = Box::pin(request.attempt(core));
     let outcome = attempt.await;
     let counters = &core.counters;
-    let kind = kind_of(request.channel());
+    let kind = request.kind();
     Counters::add(&counters.acquire_attempts, kind, 1);
     match &outcome {
         Ok(Attempt::Granted(_)) => Counters::add(&counters.grants, kind, 1),

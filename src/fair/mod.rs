@@ -1,6 +1,6 @@
 //! The fair lock: grants in arrival order. This file is its acquire [`Request`] (one place in
 //! the queue per waiting call, kept alive by the watchdog, withdrawn when the call ends without
-//! the lock, and granted the lock by a release on the server: see [`Acquire::handed`]);
+//! the lock, and granted the lock by a release on the server: see [`Place`]);
 //! `guard.rs` its guard, a thin wrapper around [`Held`].
 //!
 //! Re-entry is not supported: a second `fair_lock` call of the same task queues behind the
@@ -8,32 +8,23 @@
 
 mod guard;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::Instrument;
 
-use crate::acquire::{self, Attempt, GrantReply, Granting, Request};
+use crate::acquire::{self, Attempt, GrantReply, Granting, Place, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Operation, Result};
-use crate::held::{Grant, Held};
+use crate::held::Held;
 use crate::keys::LockKeys;
+use crate::kind::Kind;
 use crate::options::{instant_after, LockOptions};
-use crate::runtime::lease::lease_end;
-use crate::runtime::watchdog::Watch;
-use crate::script::{
-    parse_fence, ttl_millis, EntriesSeen, ScriptCall, FAIR_ACQUIRE, FAIR_RENEW_PLACE,
-    FAIR_WITHDRAW, SCAN_WEIGHT,
-};
+use crate::script::{ttl_millis, ScriptCall, FAIR_ACQUIRE};
 
 pub use guard::FairLockGuard;
 use guard::FAIR;
-
-/// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
-/// long once it is at the head. Shorter when the lock's TTL is shorter.
-pub(crate) const PLACE_LEASE: Duration = Duration::from_secs(3);
 
 /// The most waiting places one fair lock's queue holds, across all clients. Every release,
 /// forced unlock, withdrawal, inspection and acquire of a fair lock reads the whole queue, so
@@ -49,29 +40,12 @@ pub(crate) const PLACE_LEASE: Duration = Duration::from_secs(3);
 /// ```
 pub const MAX_FAIR_WAITERS: u32 = 128;
 
-/// One acquisition of a fair lock: its keys, options and the owner token that names its place
-/// in the queue for the whole wait.
+/// One acquisition of a fair lock: its keys, options and its place in the queue (one owner
+/// token for the whole wait).
 pub(crate) struct Acquire<'a> {
-    core: Arc<Core>,
     keys: &'a LockKeys,
     options: &'a LockOptions,
-    owner: String,
-    /// `<key>:w:<owner>`: the channel a release announces on when this call's place is the head.
-    channel: String,
-    /// Place lease in ms; `"0"` for a one-shot try, which never queues.
-    place: String,
-    place_lease: Duration,
-    /// The watchdog's id of this call's place, while it watches it.
-    watch: Mutex<Option<u64>>,
-    /// Redis may hold something of this owner (a place, or a grant whose reply was not read).
-    dirty: AtomicBool,
-    /// Granted: the guard owns what this owner holds.
-    granted: AtomicBool,
-    /// The queue's length as the replies reported it: the weight of this call's scripts.
-    seen: EntriesSeen,
-    /// When the last attempt answered busy was sent: a grant a release made on the server
-    /// came after that attempt ran, so its lease is measured from here.
-    busy_sent: Mutex<Option<Instant>>,
+    place: Place,
 }
 
 impl<'a> Acquire<'a> {
@@ -83,169 +57,16 @@ impl<'a> Acquire<'a> {
         options: &'a LockOptions,
         queue: bool,
     ) -> Self {
-        let owner = crate::owner::token(core.tag());
-        let place_lease = options.get_ttl().min(PLACE_LEASE);
         Self {
-            core: Arc::clone(core),
-            channel: format!("{}:w:{owner}", keys.lock_key()),
             keys,
             options,
-            owner,
-            place: if queue {
-                ttl_millis(place_lease)
-            } else {
-                "0".into()
-            },
-            place_lease,
-            watch: Mutex::new(None),
-            dirty: AtomicBool::new(false),
-            granted: AtomicBool::new(false),
-            seen: EntriesSeen::new(keys.slot(), SCAN_WEIGHT),
-            busy_sent: Mutex::new(None),
+            place: Place::new(core, keys, Kind::Fair, options.get_ttl(), queue),
         }
     }
 
-    /// The grant a release made to this call's place on the server, announced on its channel
-    /// as "<fence> <behind µs> <lease ms>" (`hand` in `script/lua/fair.lua`): the lock is held
-    /// without another call. `None` when no such message came, or when it cannot be used and
-    /// the next `fair_acquire` is to confirm the grant instead (it answers `{2, fence}` for it,
-    /// moving the lease end to now + TTL): the options ask for replicas' acknowledgements, or
-    /// too little of the lease would be left.
-    ///
-    /// The lease: the release set it to end at its own time + TTL. The waiter cannot know that
-    /// time, but it knows a time before it: when its last attempt answered busy was sent. That
-    /// attempt ran on the server before the release (once granted, an attempt answers
-    /// `{2, ...}`, never busy), so the lease measured from its sending ends no later than the
-    /// server's, as every lease measured from the request that set it (`docs/design.md`,
-    /// "Leases"). The waiter's re-checks (at most the wait loop's re-check period apart while
-    /// subscribed) keep that time recent; a grant left with less than half its lease falls back
-    /// to the call.
-    fn handed(&self, core: &Arc<Core>) -> Result<Option<FairLockGuard>> {
-        let Some(message) = core.wakeups.take_message(&self.channel) else {
-            return Ok(None);
-        };
-        let parsed = std::str::from_utf8(&message).ok().and_then(|text| {
-            let mut fields = text.split(' ').map(str::parse::<i64>);
-            match (fields.next(), fields.next(), fields.next(), fields.next()) {
-                (Some(Ok(fence)), Some(Ok(behind)), Some(Ok(lease)), None) => {
-                    Some((fence, behind, lease))
-                }
-                _ => None,
-            }
-        });
-        let sent = *self
-            .busy_sent
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let (Some((fence, behind, lease)), Some(sent)) = (parsed, sent) else {
-            return Ok(None);
-        };
-        let ttl = Duration::from_millis(u64::try_from(lease).unwrap_or(0));
-        if self.options.wait.is_some() || lease_end(sent, ttl) < Instant::now() + ttl / 2 {
-            return Ok(None);
-        }
-        let name = self.keys.name();
-        if behind > 0 {
-            core.clock_behind(crate::kind::Kind::Fair.as_str(), name, behind);
-        }
-        let fence = parse_fence(name, Operation::FairAcquire, "fence", fence)?;
-        self.unwatch_place();
-        self.granted.store(true, Ordering::Relaxed);
-        tracing::debug!(
-            lock = name,
-            kind = crate::kind::Kind::Fair.as_str(),
-            %fence,
-            "granted by the release"
-        );
-        let grant = Grant {
-            keys: self.keys.clone(),
-            owner: self.owner.clone(),
-            hold: String::new(),
-            fence,
-            sent,
-            ttl,
-            replicas_acked: None,
-            weight: self.seen.weight(),
-        };
-        let held = Held::new(core, &FAIR, grant, self.options);
-        Ok(Some(FairLockGuard::new(held)))
-    }
-
-    /// The call that gives up this owner's place (and a grant it may not have seen).
-    fn withdraw_call(&self) -> ScriptCall {
-        ScriptCall::new(
-            &FAIR_WITHDRAW,
-            &[self.keys.lock_key()],
-            &[
-                &self.owner,
-                self.core.transport.announce(),
-                self.core.expiry(),
-            ],
-        )
-        .weighted(self.seen.weight())
-    }
-
-    /// Gives up this call's place (and a grant it did not see) now, when the call ends with an
-    /// error: so a caller that exits right after (the CLI) leaves no place behind. When this
-    /// fails too, the drop tries again in the background.
+    /// Gives up this call's place (see [`Place::withdraw`]).
     pub(crate) async fn withdraw(&self) {
-        self.unwatch_place();
-        if !self.dirty.load(Ordering::Relaxed) || self.granted.load(Ordering::Relaxed) {
-            return;
-        }
-        let call = self.withdraw_call();
-        if self
-            .core
-            .transport
-            .run_undo(call, self.keys.name(), Operation::Withdraw)
-            .await
-            .is_ok()
-        {
-            self.dirty.store(false, Ordering::Relaxed);
-        }
-    }
-
-    /// Hands the (new) place to the watchdog, which renews its lease in its per-node batch.
-    fn watch_place(&self, sent: Instant) {
-        let watch = Watch {
-            lock_key: self.keys.lock_key(),
-            owner: &self.owner,
-            slot: self.keys.slot(),
-            renew: LazyLock::force(&FAIR_RENEW_PLACE),
-            weight: 1,
-            ttl: self.place_lease,
-            every: self.place_lease / 3,
-            hold_until: None,
-            valid_until: lease_end(sent, self.place_lease).into(),
-        };
-        let id = self.core.watchdog.watch(watch).map(|(id, _)| id);
-        let old = std::mem::replace(&mut *self.lock_watch(), id);
-        if let Some(old) = old {
-            self.core.watchdog.unwatch(old);
-        }
-    }
-
-    fn unwatch_place(&self) {
-        if let Some(id) = self.lock_watch().take() {
-            self.core.watchdog.unwatch(id);
-        }
-    }
-
-    fn lock_watch(&self) -> std::sync::MutexGuard<'_, Option<u64>> {
-        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Drop for Acquire<'_> {
-    /// A call that ends without the lock (timed out, failed, dropped) gives up its place at
-    /// once, in the background.
-    fn drop(&mut self) {
-        self.unwatch_place();
-        if self.dirty.load(Ordering::Relaxed) && !self.granted.load(Ordering::Relaxed) {
-            self.core
-                .transport
-                .undo_detached(self.withdraw_call(), Operation::Withdraw);
-        }
+        self.place.withdraw().await;
     }
 }
 
@@ -257,7 +78,16 @@ impl Request for Acquire<'_> {
     }
 
     fn channel(&self) -> &str {
-        &self.channel
+        self.place.channel()
+    }
+
+    /// The channel (`<key>:w:<client>`) does not end in the key's kind.
+    fn handed_pending(&self, _core: &Arc<Core>) -> bool {
+        Some(&self.place).is_some_and(Place::handed_pending)
+    }
+
+    fn kind(&self) -> &'static str {
+        Kind::Fair.as_str()
     }
 
     /// One `fair_acquire` under this call's owner token. The token stays the same for the
@@ -265,17 +95,18 @@ impl Request for Acquire<'_> {
     /// the withdrawal when the call ends, and a resent or repeated attempt of the same owner is
     /// answered with the same grant or the same place.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<FairLockGuard>> {
-        if let Some(guard) = self.handed(core)? {
-            return Ok(Attempt::Granted(guard));
+        let (keys, options, place) = (self.keys, self.options, &self.place);
+        if let Some(grant) = place.handed(Operation::FairAcquire, options.wait.is_some())? {
+            let held = Held::new(core, &FAIR, grant, options);
+            return Ok(Attempt::Granted(FairLockGuard::new(held)));
         }
-        let (keys, options) = (self.keys, self.options);
         // The place's withdrawal gives back a grant whose reply was not read.
         let granting = Granting::new(
             core,
             &FAIR,
             keys,
             Operation::FairAcquire,
-            &self.owner,
+            place.owner(),
             options,
         )
         .without_undo();
@@ -286,27 +117,26 @@ impl Request for Acquire<'_> {
             &FAIR_ACQUIRE,
             &[keys.lock_key()],
             &[
-                &self.owner,
+                place.owner(),
                 &ttl_ms,
                 &floor,
                 core.fence_arg(),
-                &self.place,
+                place.lease_arg(),
                 &cap,
                 core.expiry(),
             ],
         )
-        .weighted(self.seen.weight());
-        self.dirty.store(true, Ordering::Relaxed);
+        .weighted(place.weight());
+        place.sending();
         match granting.send(&call).await? {
             (GrantReply::Granted { fence, behind, .. }, acks) => {
-                self.unwatch_place();
                 // Its release reads the queue (its extensions and renewals weigh the same).
-                let weight = self.seen.weight();
-                let withdraw = Some(self.withdraw_call());
+                let weight = place.weight();
+                let withdraw = Some(place.withdraw_call());
                 let grant = granting
                     .finish(fence, behind, acks, String::new(), weight, withdraw)
                     .await?;
-                self.granted.store(true, Ordering::Relaxed);
+                place.granted();
                 let held = Held::new(core, &FAIR, grant, options);
                 Ok(Attempt::Granted(FairLockGuard::new(held)))
             }
@@ -315,29 +145,8 @@ impl Request for Acquire<'_> {
                     [ahead, queued] => (ahead, queued),
                     _ => return Err(unexpected(keys, &rest)),
                 };
-                self.seen.note(ahead);
-                *self
-                    .busy_sent
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(granting.started());
-                if self.place == "0" {
-                    self.dirty.store(false, Ordering::Relaxed);
-                } else if queued == 1 {
-                    tracing::debug!(
-                        lock = keys.name(),
-                        kind = crate::kind::Kind::Fair.as_str(),
-                        ahead,
-                        "queued"
-                    );
-                    self.watch_place(granting.started());
-                } else if queued == -1 {
-                    tracing::debug!(
-                        lock = keys.name(),
-                        kind = crate::kind::Kind::Fair.as_str(),
-                        places = ahead,
-                        "queue full ({MAX_FAIR_WAITERS} places): trying again without a place"
-                    );
-                }
+                place.note(ahead);
+                place.busy(granting.started(), queued);
                 Ok(granting.busy(retry_after))
             }
             (GrantReply::Own { status, rest }, _) => {
@@ -368,7 +177,7 @@ impl Client {
             &self.core().prefix,
             name,
             &options.placement,
-            crate::kind::Kind::Fair.key_suffix(),
+            Kind::Fair.key_suffix(),
         )
     }
 
@@ -402,7 +211,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.try_fair_lock",
             lock = name,
-            kind = crate::kind::Kind::Fair.as_str(),
+            kind = Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, false);
@@ -461,7 +270,7 @@ impl Client {
         let span = tracing::debug_span!(
             "fencelock.fair_lock",
             lock = name,
-            kind = crate::kind::Kind::Fair.as_str(),
+            kind = Kind::Fair.as_str(),
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, true);

@@ -10,14 +10,15 @@ use std::time::Instant;
 
 use tracing::Instrument;
 
-use crate::acquire::{self, Attempt, GrantReply, Granting, Local, Request};
+use crate::acquire::{self, Attempt, GrantReply, Granting, Local, Place, Request};
 use crate::client::Client;
 use crate::core::Core;
 use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
-use crate::held::Held;
+use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
-use crate::options::LockOptions;
+use crate::kind::Kind;
+use crate::options::{instant_after, LockOptions};
 use crate::owner;
 use crate::script::{ttl_ms, ScriptCall, ACQUIRE};
 
@@ -25,10 +26,50 @@ pub use guard::LockGuard;
 pub(crate) use guard::MUTEX;
 pub use reentry::Reentry;
 
-/// One acquisition of a mutex: its keys and options.
+/// One acquisition of a mutex: its keys and options, and for a call that waits across
+/// processes its place in the lock's queue (issue 25: a release grants the lock to the head
+/// place on the server and announces the grant on that waiter's client's channel only).
 pub(crate) struct Acquire<'a> {
     pub(crate) keys: &'a LockKeys,
     pub(crate) options: &'a LockOptions,
+    /// `Some` for [`Client::lock`] without `wait_replicas`: one owner token for the whole wait.
+    pub(crate) place: Option<Place>,
+}
+
+impl<'a> Acquire<'a> {
+    /// A one-shot attempt, or a wait without a place (a multi-lock's member).
+    pub(crate) fn new(keys: &'a LockKeys, options: &'a LockOptions) -> Self {
+        Self {
+            keys,
+            options,
+            place: None,
+        }
+    }
+
+    /// A wait that takes a place in the lock's queue (unless grants wait for replicas: a
+    /// grant made on the server could not be confirmed by the waiter).
+    fn queued(core: &Arc<Core>, keys: &'a LockKeys, options: &'a LockOptions) -> Self {
+        let place = options
+            .wait
+            .is_none()
+            .then(|| Place::new(core, keys, Kind::Mutex, options.get_ttl(), true));
+        Self {
+            keys,
+            options,
+            place,
+        }
+    }
+
+    /// The guard of a grant: handed on within this client by its release when the grant is
+    /// the client's own (no replicas to wait for).
+    fn guard(&self, core: &Arc<Core>, grant: Grant) -> LockGuard {
+        let mut held = Held::new(core, &MUTEX, grant, self.options);
+        if self.options.wait.is_none() {
+            held = held.handing(&handoff::HANDING);
+            core.handoffs.hold(self.keys);
+        }
+        LockGuard::new(held)
+    }
 }
 
 impl Request for Acquire<'_> {
@@ -39,7 +80,18 @@ impl Request for Acquire<'_> {
     }
 
     fn channel(&self) -> &str {
-        self.keys.lock_key()
+        match &self.place {
+            Some(place) => place.channel(),
+            None => self.keys.lock_key(),
+        }
+    }
+
+    fn handed_pending(&self, _core: &Arc<Core>) -> bool {
+        self.place.as_ref().is_some_and(Place::handed_pending)
+    }
+
+    fn kind(&self) -> &'static str {
+        Kind::Mutex.as_str()
     }
 
     /// Waits behind this client's task that holds the lock, if one does: handed the lock by
@@ -54,34 +106,62 @@ impl Request for Acquire<'_> {
     /// its token does not carry the client's tag: the handoff treats it as another client.
     async fn attempt(&self, core: &Arc<Core>) -> Result<Attempt<LockGuard>> {
         let (keys, options) = (self.keys, self.options);
-        let owner = match options.wait {
-            None => owner::token(core.tag()),
-            Some(_) => owner::id(),
+        if let Some(place) = &self.place {
+            if let Some(grant) = place.handed(Operation::Acquire, false)? {
+                return Ok(Attempt::Granted(self.guard(core, grant)));
+            }
+        }
+        let fresh;
+        let owner = match (&self.place, options.wait) {
+            (Some(place), _) => place.owner(),
+            (None, None) => {
+                fresh = owner::token(core.tag());
+                fresh.as_str()
+            }
+            (None, Some(_)) => {
+                fresh = owner::id();
+                fresh.as_str()
+            }
         };
         let key = keys.lock_key();
         let (mode, expiry) = (core.fence_arg(), core.expiry());
-        // Owner, TTL, floor, fence mode, expiry grace; the numbers take at most 40 bytes.
-        let bytes = key.len() + owner.len() + 40 + mode.len() + expiry.len();
-        let granting = Granting::new(core, &MUTEX, keys, Operation::Acquire, &owner, options);
-        let call = ScriptCall::start(&ACQUIRE, &[key], 5, bytes)
-            .arg(owner.as_str())
+        // Owner, TTL, floor, fence mode, place lease, expiry grace; the numbers take at most
+        // 60 bytes.
+        let bytes = key.len() + owner.len() + 60 + mode.len() + expiry.len();
+        let granting = Granting::new(core, &MUTEX, keys, Operation::Acquire, owner, options);
+        // A place's withdrawal gives back a grant whose reply was not read.
+        let granting = match &self.place {
+            Some(_) => granting.without_undo(),
+            None => granting,
+        };
+        let args = if self.place.is_some() { 6 } else { 5 };
+        let mut call = ScriptCall::start(&ACQUIRE, &[key], args, bytes)
+            .arg(owner)
             .arg(ttl_ms(granting.lease()))
             .arg(core.floor(options))
-            .arg(mode)
-            .arg(expiry);
+            .arg(mode);
+        if let Some(place) = &self.place {
+            call = call.arg(place.lease_arg()).weighted(place.weight());
+            place.sending();
+        }
+        let call = call.arg(expiry);
         match granting.send(&call).await? {
             (GrantReply::Granted { fence, behind, .. }, acks) => {
+                let undo = self.place.as_ref().map(Place::withdraw_call);
                 let grant = granting
-                    .finish(fence, behind, acks, String::new(), 1, None)
+                    .finish(fence, behind, acks, String::new(), 1, undo)
                     .await?;
-                let mut held = Held::new(core, &MUTEX, grant, options);
-                if options.wait.is_none() {
-                    held = held.handing(&handoff::HANDING);
-                    core.handoffs.hold(keys);
+                if let Some(place) = &self.place {
+                    place.granted();
                 }
-                Ok(Attempt::Granted(LockGuard::new(held)))
+                Ok(Attempt::Granted(self.guard(core, grant)))
             }
-            (GrantReply::Busy { retry_after, .. }, _) => Ok(granting.busy(retry_after)),
+            (GrantReply::Busy { retry_after, rest }, _) => {
+                if let Some(place) = &self.place {
+                    place.busy(granting.started(), rest.get(1).copied().unwrap_or(0));
+                }
+                Ok(granting.busy(retry_after))
+            }
             (GrantReply::Own { status, .. }, _) => Err(Error::UnexpectedReply {
                 name: keys.name().to_owned(),
                 operation: Operation::Acquire,
@@ -140,15 +220,9 @@ impl Client {
             kind = crate::kind::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
-        acquire::once(
-            self.core(),
-            &Acquire {
-                keys: &keys,
-                options,
-            },
-        )
-        .instrument(span)
-        .await
+        acquire::once(self.core(), &Acquire::new(&keys, options))
+            .instrument(span)
+            .await
     }
 
     /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly
@@ -210,18 +284,21 @@ impl Client {
             kind = crate::kind::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
-        let request = Acquire {
-            keys: &keys,
-            options,
-        };
-        acquire::wait_observed(
+        let request = Acquire::queued(self.core(), &keys, options);
+        let deadline = instant_after(Instant::now(), options.timeout);
+        let outcome = acquire::wait_observed(
             self.core(),
             &request,
             options.timeout,
             options.on_wait.as_ref(),
         )
-        .instrument(span)
-        .await
+        .instrument(span.clone())
+        .await;
+        if let (Err(_), Some(place)) = (&outcome, &request.place) {
+            let withdraw = place.withdraw().instrument(span);
+            acquire::undo_within_bound(self.core(), deadline, withdraw).await;
+        }
+        outcome
     }
 
     /// Runs `work` while holding lock `name`, and releases the lock on every path: acquires it

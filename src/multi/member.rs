@@ -119,7 +119,7 @@ async fn take_mutex(
     options: &LockOptions,
     deadline: Option<Instant>,
 ) -> Result<LockGuard> {
-    take_one(core, &Acquire { keys, options }, options, deadline).await
+    take_one(core, &Acquire::new(keys, options), options, deadline).await
 }
 
 /// Takes one fair-lock member; on failure its place in the queue is withdrawn.

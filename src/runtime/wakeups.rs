@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::mpsc::error::TryRecvError;
@@ -60,8 +60,16 @@ struct Channel {
     /// the lock is being released (see [`Wakeups::wake_one`]).
     next: Arc<Notify>,
     /// The last non-empty message on the channel, until a waiter takes it: a fair lock's
-    /// release that granted the lock on the server names the grant in it (`fair/mod.rs`).
+    /// release that granted the lock on the server names the grant (and its owner) in it
+    /// (`fair/mod.rs`).
     message: Option<Vec<u8>>,
+    /// Since when the channel has been subscribed without a break, as the dispatcher saw it
+    /// confirmed; `None` while it is not (yet, or any more).
+    since: Option<Instant>,
+    /// When the last waiter left: the subscription is kept for [`CHANNEL_LINGER`] more, so a
+    /// process that waits on the same lock again soon neither subscribes anew nor misses a
+    /// message meanwhile.
+    idle_since: Option<Instant>,
 }
 
 enum Command {
@@ -122,8 +130,11 @@ impl Wakeups {
                 rung: watch::Sender::new(0),
                 next: Arc::new(Notify::new()),
                 message: None,
+                since: None,
+                idle_since: None,
             });
         entry.waiters += 1;
+        entry.idle_since = None;
         let rung = entry.rung.subscribe();
         let next = Arc::clone(&entry.next);
         let (done, confirmed) = oneshot::channel();
@@ -167,16 +178,85 @@ impl Wakeups {
     /// Keeps `message` (when not empty) for a waiter on `channel` to take, then wakes one.
     fn deliver(&self, channel: &str, message: &[u8]) {
         if let Some(entry) = self.state().channels.get_mut(channel) {
-            if !message.is_empty() {
+            if message.is_empty() {
+                entry.next.notify_one();
+            } else {
+                // A grant to one waiter of this client: each waiter on the channel looks (a
+                // waiter that is not yet waiting checks `has_message` before it sleeps).
+                // `notify_one` would leave a permit behind when the waiter woke by the ring,
+                // and wake the next wait of this process for nothing.
                 entry.message = Some(message.to_vec());
+                entry.rung.send_modify(|n| *n = n.wrapping_add(1));
             }
-            entry.next.notify_one();
         }
     }
 
-    /// Takes the last non-empty message heard on `channel`, if any.
-    pub(crate) fn take_message(&self, channel: &str) -> Option<Vec<u8>> {
-        self.state().channels.get_mut(channel)?.message.take()
+    /// Takes the last non-empty message heard on `channel` when it is for `owner`
+    /// ("<owner> <rest>"), and returns its rest; a message for another owner stays (a waiter
+    /// of this client that gave up leaves its grant's message behind until the next one).
+    pub(crate) fn take_message(&self, channel: &str, owner: &str) -> Option<Vec<u8>> {
+        let mut state = self.state();
+        let slot = &mut state.channels.get_mut(channel)?.message;
+        let mine = slot.as_ref().is_some_and(|message| is_for(message, owner));
+        if !mine {
+            return None;
+        }
+        let mut message = slot.take()?;
+        message.drain(..=owner.len());
+        Some(message)
+    }
+
+    /// Whether a message for `owner` (see [`Wakeups::take_message`]) waits on `channel`.
+    pub(crate) fn has_message(&self, channel: &str, owner: &str) -> bool {
+        self.state()
+            .channels
+            .get(channel)
+            .and_then(|entry| entry.message.as_ref())
+            .is_some_and(|message| is_for(message, owner))
+    }
+
+    /// Whether `channel` has been subscribed without a break since `before`: a message
+    /// published after then has reached this client (or is on its way), so a waiter whose
+    /// attempt was sent at `before` need not look again after subscribing.
+    pub(crate) fn heard_since(&self, channel: &str, before: Instant) -> bool {
+        self.state()
+            .channels
+            .get(channel)
+            .and_then(|entry| entry.since)
+            .is_some_and(|since| since <= before)
+    }
+
+    /// Marks `channel` subscribed (since now, unless it was already) or not.
+    fn mark(&self, channel: &str, subscribed: bool) {
+        if let Some(entry) = self.state().channels.get_mut(channel) {
+            if !subscribed {
+                entry.since = None;
+            } else if entry.since.is_none() {
+                entry.since = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Forgets the channels nobody has waited on for [`CHANNEL_LINGER`]: returns them (the
+    /// dispatcher unsubscribes) and when the next lingering one is due.
+    fn reap(&self) -> (Vec<String>, Option<Instant>) {
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut due = None;
+        let mut gone = Vec::new();
+        state.channels.retain(|channel, entry| {
+            let Some(idle) = entry.idle_since else {
+                return true;
+            };
+            let end = idle + CHANNEL_LINGER;
+            if end <= now {
+                gone.push(channel.clone());
+                return false;
+            }
+            due = Some(due.map_or(end, |due: Instant| due.min(end)));
+            true
+        });
+        (gone, due)
     }
 
     /// Wakes every waiter on `channel`.
@@ -211,6 +291,13 @@ impl Wakeups {
             }
         }
     }
+}
+
+/// Whether `message` is "<owner> ..." for `owner`.
+fn is_for(message: &[u8], owner: &str) -> bool {
+    message.len() > owner.len()
+        && message.starts_with(owner.as_bytes())
+        && message[owner.len()] == b' '
 }
 
 enum Next {
@@ -256,6 +343,11 @@ impl Subscription {
     /// # Cancel safety
     ///
     /// Cancel safe: a wake-up that reached this waiter as it was dropped goes to another.
+    /// See [`Wakeups::heard_since`].
+    pub(crate) fn heard_since(&self, before: Instant) -> bool {
+        self.wakeups.heard_since(&self.channel, before)
+    }
+
     pub(crate) async fn wait(&mut self, pause: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + pause;
         let rung = async {
@@ -280,7 +372,7 @@ impl Drop for Subscription {
         };
         entry.waiters -= 1;
         if entry.waiters == 0 {
-            state.channels.remove(&self.channel);
+            entry.idle_since = Some(Instant::now());
             if let Some(commands) = &state.dispatcher {
                 let _ = commands.send(Command::Sync {
                     channel: std::mem::take(&mut self.channel),
@@ -321,15 +413,24 @@ async fn dispatch(
     let mut retrying = HashSet::new();
     let mut idle_since: Option<tokio::time::Instant> = None;
     loop {
+        let (gone, due) = wakeups.reap();
+        for channel in gone {
+            sync(&wakeups, &mut conn, &mut subscribed, &channel).await;
+        }
         let linger = idle_since.is_none_or(|since| since.elapsed() < LINGER);
         let command = match wakeups.next_or_retire(&mut queue, linger) {
             Next::Command(command) => command,
             Next::Retire => return,
             Next::Wait => {
                 idle_since = None;
-                match queue.recv().await {
-                    Some(command) => command,
-                    None => return,
+                let next = match due {
+                    Some(due) => tokio::time::timeout_at(due.into(), queue.recv()).await,
+                    None => Ok(queue.recv().await),
+                };
+                match next {
+                    Ok(Some(command)) => command,
+                    Ok(None) => return,
+                    Err(_) => continue,
                 }
             }
             Next::Idle => {
@@ -358,6 +459,7 @@ async fn dispatch(
                     continue;
                 }
                 subscribed.remove(&channel);
+                wakeups.mark(&channel, false);
                 wakeups.ring(&channel);
                 if renew(&wakeups, &mut conn, &mut subscribed, &channel).await {
                     schedule_retry(&retries, &mut retrying, channel, 1);
@@ -371,6 +473,9 @@ async fn dispatch(
             }
             Command::Disconnected => {
                 let channels: Vec<String> = subscribed.drain().collect();
+                for channel in &channels {
+                    wakeups.mark(channel, false);
+                }
                 wakeups.ring_all();
                 for channel in channels {
                     if renew(&wakeups, &mut conn, &mut subscribed, &channel).await {
@@ -385,6 +490,9 @@ async fn dispatch(
 /// How long the dispatcher keeps its connection once no waiter is left (issue 25, experiment):
 /// a process that waits again soon (a hot lock) does not open a new connection per wait.
 const LINGER: Duration = Duration::from_secs(2);
+
+/// How long a channel stays subscribed after its last waiter left (see `Channel::idle_since`).
+const CHANNEL_LINGER: Duration = Duration::from_secs(2);
 
 /// How often a renewed subscription that landed on a node not serving its slot is tried again,
 /// and the pause before each try: 50 ms, doubling up to 1 s, about 25 s in all. A stale slot
@@ -425,6 +533,7 @@ async fn renew(
                 tracing::debug!(channel, error = %err, "unsubscribe failed");
             }
             subscribed.remove(channel);
+            wakeups.mark(channel, false);
             true
         }
         // Serving, or no answer: keep the subscription (waiters re-check in any case).
@@ -467,10 +576,13 @@ async fn sync(
 ) -> bool {
     let wanted = wakeups.is_wanted(channel);
     let limit = wakeups.transport.request_timeout();
-    if wanted && !subscribed.contains(channel) {
+    if wanted && subscribed.contains(channel) {
+        wakeups.mark(channel, true);
+    } else if wanted {
         match tokio::time::timeout(limit, conn.subscribe(channel)).await {
             Ok(Ok(())) => {
                 subscribed.insert(channel.to_owned());
+                wakeups.mark(channel, true);
                 tracing::trace!(channel, "subscribed");
             }
             Ok(Err(err)) => {

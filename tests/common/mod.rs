@@ -461,6 +461,38 @@ impl Node {
             .unwrap_or(0)
     }
 
+    /// Subscribers this node counts for waiters of the lock `key` (sharded channels): the
+    /// lock's own channel (waiters without a place in its queue) and its clients' channels
+    /// `<key>:w:<client>` (waiters with a place, issue 25).
+    pub fn lock_waiters_subscribed(&self, key: &str) -> i64 {
+        let channels: Vec<String> = self.cmd(
+            redis::cmd("PUBSUB")
+                .arg("SHARDCHANNELS")
+                .arg(format!("{key}:w:*")),
+        );
+        self.sharded_subscribers(key)
+            + channels
+                .iter()
+                .map(|channel| self.sharded_subscribers(channel))
+                .sum::<i64>()
+    }
+
+    /// [`Node::lock_waiters_subscribed`] on a standalone server (plain channels).
+    pub fn lock_waiters_subscribed_plain(&self, key: &str) -> i64 {
+        let mut channels: Vec<String> = self.cmd(
+            redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg(format!("{key}:w:*")),
+        );
+        channels.push(key.to_owned());
+        let reply: Vec<redis::Value> = self.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channels));
+        reply
+            .chunks(2)
+            .filter_map(|pair| pair.get(1))
+            .map(|n| redis::from_redis_value::<i64>(n.clone()).unwrap_or(0))
+            .sum()
+    }
+
     /// The remaining lease of fencelock lock `key` on this node in ms, or `None` when nobody
     /// holds it (the key itself stays: it keeps the fence).
     pub fn lease_ms(&self, key: &str) -> Option<i64> {

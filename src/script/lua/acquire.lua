@@ -1,31 +1,84 @@
--- acquire: grant the lock to an owner and advance its fence (lock prologue and fence rule
--- first).
+-- acquire: grant the lock to an owner and advance its fence, or keep a waiting caller's place in
+-- the lock's queue (lock prologue, fence rule, raise.lua and the queue snippet fair.lua first).
 --
 -- KEYS[1] the lock key (hash).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: the token granted is above it
 --   (decimal, 0 for none, below 2^53), ARGV[4] fence mode: `clock` (raise the floor to TIME in
 --   µs), `epoch` (to cluster_my_epoch × 2^32, cluster only), `hybrid` (both, cluster only) or
---   `counter` (a plain counter), see fence.lua; ARGV[5] expiry grace (see prologue.lua).
+--   `counter` (a plain counter), see fence.lua; then, for a caller that waits across processes
+--   (issue 25), ARGV[5] its place lease in ms (absent or 0: no place, a one-shot try or a wait
+--   without one); the last ARGV the expiry grace (see prologue.lua).
+--
+-- The queue: a caller with a place lease that finds the lock busy (held, or free with a live
+-- place ahead of it) keeps a place `q:<owner>` = "<seq> <place lease end>" with its grant
+-- arguments `g:<owner>` = "<TTL> <place lease> <floor> <mode>" (the fair lock's layout, fair.lua;
+-- seq = ++`qseq`, kept across its attempts), and `waiters` is set to `q`. While `waiters` is `q`
+-- a free lock goes to the head place (the live place with the lowest seq) only: a caller that is
+-- not the head gets busy (no barging ahead of the queue); a release grants the lock to the head
+-- on the server and announces it on the head's client's channel (release.lua, `hand`). Dead
+-- places go when a scan sees them; the watchdog renews live ones (fair_renew_place.lua); a caller
+-- that gives up withdraws its place (fair_withdraw.lua). A caller finding the hash at 272 fields
+-- or more (128 places and the lock's own) gets no place and polls.
 --
 -- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
--- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, no write);
--- {0, pttl, 0} held by another owner (`waiters` set, so the release announces: to the first
--- 8 characters of the owner token, which name the client, or `*` once several clients wait),
--- or yielded by this client to another one for pttl ms more (see handoff.lua); an error
--- reply (no write) when the next fence would pass 2^53 - 1 or the epoch cannot be read. Not
--- allow-oom: refused with OOM at maxmemory.
+-- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, or a grant a
+-- release made to its place on the server: the lease end moves to now + TTL, so the caller may
+-- measure its lease from this call); {0, wait ms, 0} or, for a caller with a place lease,
+-- {0, wait ms, 0, queued} (queued: 1 this call created its place, 0 it had one, -1 the queue
+-- was full: no place) busy: held by another owner (wait: its
+-- lease left; `waiters` set, so the release announces: to the first 8 characters of the owner
+-- token, which name the client, `*` once several clients wait, or `q` with a queue), or free
+-- with a live place ahead (wait: the head place's lease left), or yielded by this client to
+-- another one for pttl ms more (see handoff.lua); an error reply (no write) when the next fence
+-- would pass 2^53 - 1 or the epoch cannot be read. Not allow-oom: refused with OOM at maxmemory.
 #!lua
+local place = 0
+if #ARGV >= 6 then place = tonumber(ARGV[5]) or 0 end
+local function enqueue(wait, latest)
+  local me = ARGV[1]
+  local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
+  local seq, queued = nil, 0
+  if mine then
+    seq = string.match(mine, '^(%d+) ')
+  elseif redis.call('HLEN', KEYS[1]) >= 272 then
+    return {0, wait, 0, -1}
+  else
+    seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
+  end
+  local ends = now_ms + place
+  redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
+    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
+  if ends > latest then latest = ends end
+  raise(lock[3], latest)
+  return {0, wait, 0, queued}
+end
 if live then
-  if owner == ARGV[1] then return {2, tonumber(lock[3]), 0} end
+  if owner == ARGV[1] then
+    local ends = now_ms + tonumber(ARGV[2])
+    if ends > expires then
+      redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
+      raise(lock[3], ends)
+    end
+    return {2, tonumber(lock[3]), 0}
+  end
+  if place > 0 then return enqueue(expires - now_ms, expires) end
   local tag = string.sub(ARGV[1], 1, 8)
   local w = lock[5]
   if not w then redis.call('HSET', KEYS[1], 'waiters', tag)
-  elseif w ~= '*' and w ~= tag and w ~= 'y' .. tag then redis.call('HSET', KEYS[1], 'waiters', '*') end
+  elseif w ~= '*' and w ~= 'q' and w ~= tag and w ~= 'y' .. tag then redis.call('HSET', KEYS[1], 'waiters', '*') end
   return {0, expires - now_ms, 0}
 end
 if lock[5] and lock[5] == 'y' .. string.sub(ARGV[1], 1, 8) then
   if expires and expires > now_ms then return {0, expires - now_ms, 0} end
   redis.call('HDEL', KEYS[1], 'waiters')
+end
+local q
+if lock[5] == 'q' then
+  q = scan(ARGV[1])
+  if q.head and q.head ~= ARGV[1] then
+    if place > 0 then return enqueue(q.head_end - now_ms, q.latest) end
+    return {0, q.head_end - now_ms, 0}
+  end
 end
 local stored = tonumber(lock[3]) or 0
 local fence, behind = next_fence(stored, tonumber(ARGV[3]), ARGV[4])
@@ -35,5 +88,13 @@ local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%d', ends),
   'fence', string.format('%d', fence))
+if q then
+  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1], 'g:' .. ARGV[1]) end
+  if q.count <= (q.mine and 1 or 0) then redis.call('HDEL', KEYS[1], 'waiters') end
+  if q.latest > ends then
+    raise(fence, q.latest)
+    return {1, fence, behind}
+  end
+end
 keep(KEYS[1], fence, ends)
 return {1, fence, behind}

@@ -9,9 +9,10 @@
 -- `count` (live places, `me`'s included).
 -- `raise(fence, ends)` (raise.lua, inserted before this snippet) is the expiry a live place
 -- needs, never shortened.
--- `wake(owner, how, message)` announces on `owner`'s own channel, `<key>:w:<owner>` (same hash
--- tag): `s` SPUBLISH, `p` PUBLISH, anything else not at all; the message is empty for a plain
--- wake-up.
+-- `wake(owner, how, message)` announces on the channel of `owner`'s client, `<key>:w:<client>`
+-- (`<client>`: the owner token's first 8 characters; same hash tag), so a process that waits on
+-- the lock again keeps one subscription: `s` SPUBLISH, `p` PUBLISH, anything else not at all;
+-- the message is empty for a plain wake-up, else "<owner> " and `message`.
 -- A waiting place may carry its grant arguments, `g:<owner>` = "<TTL ms> <place lease ms>
 -- <floor> <fence mode>" (fair_acquire writes them with the place; deleted with it).
 -- `hand(q, how, stored, latest)` grants the free lock to the head of `q` (a `scan` taken after
@@ -20,7 +21,7 @@
 -- within the watchdog's last period, so its owner was alive a moment ago), the head's place
 -- goes, the head becomes the owner with a lease of its TTL and the next fence above `stored`
 -- (the fence rule, as fair_acquire), and the grant is announced on the head's channel as
--- "<fence> <behind µs> <lease ms>": the waiter holds the lock on receipt. Otherwise (no head, a
+-- "<owner> <fence> <behind µs> <lease ms>": the waiter holds the lock on receipt. Otherwise (no head, a
 -- stale place, an older client's place without arguments, a fence error) the head, if any, is
 -- only woken and takes the lock with its own fair_acquire, as before. Either way it sets the
 -- key's lifetime to cover `latest` (the latest lease end the key must outlive) and the grant:
@@ -61,9 +62,10 @@ local function scan(me)
   return q
 end
 local function wake(who, how, message)
-  local channel = KEYS[1] .. ':w:' .. who
-  if how == 's' then redis.call('SPUBLISH', channel, message or '')
-  elseif how == 'p' then redis.call('PUBLISH', channel, message or '') end
+  local channel = KEYS[1] .. ':w:' .. string.sub(who, 1, 8)
+  if message then message = who .. ' ' .. message else message = '' end
+  if how == 's' then redis.call('SPUBLISH', channel, message)
+  elseif how == 'p' then redis.call('PUBLISH', channel, message) end
 end
 local function handed(q, how, stored)
   if not q.head then return nil end

@@ -5,7 +5,7 @@
 -- ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none, ARGV[4] expiry grace.
 --
 -- Dead places are deleted; the live place with the lowest seq (the head) is granted the lock
--- here and told so on its own channel `<key>:w:<owner>` (`hand`, fair.lua), or, when its place
+-- here and told so on its client's channel `<key>:w:<client>` (`hand`, fair.lua), or, when its place
 -- does not qualify, only woken there; no other waiter hears of the release.
 --
 -- Replies: 1 released; 0 no live lease (expired; this owner's leftovers are cleared and the

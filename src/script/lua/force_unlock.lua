@@ -1,7 +1,9 @@
--- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
--- snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
+-- force_unlock: an operator frees a mutex whoever holds it (lock prologue, fence rule,
+-- raise.lua, the queue snippet fair.lua and the inspection snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
 -- fields), the fence stays, so the next grant is above the freed one; the key's expiry follows
--- the rule of every write (`keep`), and a freed live lock is announced on the lock's channel.
+-- the rule of every write (`keep`), and a freed live lock is announced on the lock's channel; with
+-- a queue (`waiters` is `q`, acquire.lua) the lock goes to the head place instead, as release.lua
+-- hands it.
 -- A freed live hold leaves its owner token in the field `forced` (one field, replaced by the
 -- next forced unlock, gone with the key), so that owner's next call can tell a forced unlock
 -- from an expiry.
@@ -19,11 +21,20 @@
 local before = inspect('lock')
 if owner then
   clear(KEYS[1], lock)
-  keep(KEYS[1], lock[3], now_ms)
-  if live then
-    redis.call('HSET', KEYS[1], 'forced', owner)
-    if ARGV[1] == 's' then redis.call('SPUBLISH', KEYS[1], '')
-    elseif ARGV[1] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+  if live then redis.call('HSET', KEYS[1], 'forced', owner) end
+  local q
+  if lock[5] == 'q' then q = scan(nil) end
+  if q and q.head then
+    local latest = q.latest
+    if now_ms > latest then latest = now_ms end
+    local handed = hand(q, ARGV[1], lock[3], latest)
+    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+  else
+    keep(KEYS[1], lock[3], now_ms)
+    if live then
+      if ARGV[1] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+      elseif ARGV[1] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+    end
   end
 end
 return before

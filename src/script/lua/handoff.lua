@@ -1,6 +1,6 @@
 -- handoff: release one hold of owner A and, when that frees the lock, grant it in the same call
--- to owner B, a waiting task of the same client, with the fence rule (lock prologue and fence
--- rule first). A grant costs one call when the next holder waits in the releasing client.
+-- to owner B, a waiting task of the same client, with the fence rule (lock prologue, fence
+-- rule, raise.lua and the queue snippet fair.lua first). A grant costs one call when the next holder waits in the releasing client.
 --
 -- KEYS[1] the lock key. ARGV[1] owner A's token, ARGV[2] A's hold id (empty for the hold the
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[4] owner
@@ -10,7 +10,9 @@
 -- itself under B's token: the stored `fence` is then the last of them); ARGV[10] expiry grace.
 --
 -- The lock is handed to B only while no other client waits: `waiters` is unset or names this
--- client (the first 8 characters of an owner token, `y` before them for a yield). Else it is
+-- client (the first 8 characters of an owner token, `y` before them for a yield), or is `q` with
+-- no live place queued. With a live place queued (acquire.lua) the lock goes to the head place
+-- as release.lua hands it, and B asks on its own (it takes a place). Else it is
 -- freed and announced as by release, and `waiters` is left as `y<client>` with `until` ARGV[8]
 -- ms ahead: until then acquires of this client find it busy (and the release of whoever takes
 -- it meanwhile announces), so the other client's woken waiter gets in first.
@@ -37,12 +39,25 @@ elseif lock[4] or ARGV[2] ~= '' then
   end
 end
 local tag = string.sub(ARGV[1], 1, 8)
-local others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
+local q, others
+if lock[5] == 'q' then
+  q = scan(ARGV[1])
+  others = q.head ~= nil
+else
+  others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
+end
 local fence, behind
 local take = tonumber(ARGV[9]) or 1
 if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7], take) end
 if not fence then
   clear(KEYS[1], lock)
+  if q and q.head then
+    local latest = q.latest
+    if now_ms > latest then latest = now_ms end
+    local handed = hand(q, ARGV[3], lock[3], latest)
+    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    return {code, 2, 0, 0}
+  end
   if others then
     redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
       'until', string.format('%d', now_ms + tonumber(ARGV[8])))

@@ -1,20 +1,24 @@
--- release: end one hold of this owner; the last hold frees the lock (keeping the fence) and,
+-- release: end one hold of this owner; the last frees the lock (keeping the fence) and,
 -- when an acquire found it busy meanwhile (`waiters`), announces it on the lock's channel (lock
--- prologue first). Without waiters nothing is published: in a cluster every SPUBLISH is also
--- sent to the shard's replicas.
+-- prologue, fence rule, raise.lua and the queue snippet fair.lua first). With a queue (`waiters`
+-- is `q`, see acquire.lua) it grants the lock to the head place instead, on the server, and
+-- announces the grant on the head's client's channel only (`hand`, fair.lua: the fence by the
+-- head's own arguments, its TTL from now); a head whose place was not renewed lately is only
+-- woken there. Without waiters nothing is published: in a cluster every SPUBLISH is also sent
+-- to the shard's replicas.
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the acquire
 -- granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel is the
--- lock key); ARGV[4] expiry grace (unused: a release leaves the key's expiry as the grant or
--- the last extension set it, lease end or fence plus the grace, which already covers what the
--- key must outlive).
+-- lock key); ARGV[4] expiry grace (a release that only frees leaves the key's expiry as the
+-- grant or the last extension set it, lease end or fence plus the grace, which already covers
+-- what the key must outlive; a handoff to a queued place sets it as a grant does).
 --
 -- Replies: 1 released (or one hold of several; a hold released twice answers 1 both times and
 -- counts once; a hold never added, a re-entry cut before it reached Redis, answers 1 and
 -- changes nothing); 0 no live lease (expired; this owner's leftovers are cleared); -1 held by
 -- another owner (left alone); -2 (before -1/0) this owner's hold was freed by a forced unlock
--- (`forced`, see force_unlock.lua). allow-oom: it only removes fields, so it runs at
--- maxmemory too.
+-- (`forced`, see force_unlock.lua). allow-oom: it only removes fields (or hands the lock to a
+-- queued place, which adds none), so it runs at maxmemory too.
 #!lua flags=allow-oom
 if owner ~= ARGV[1] then
   if redis.call('HGET', KEYS[1], 'forced') == ARGV[1] then return -2 end
@@ -35,6 +39,16 @@ if lock[4] or ARGV[2] ~= '' then
 end
 clear(KEYS[1], lock)
 if not lock[5] then return 1 end
+if lock[5] == 'q' then
+  local q = scan(ARGV[1])
+  if q.head then
+    local latest = q.latest
+    if now_ms > latest then latest = now_ms end
+    local handed = hand(q, ARGV[3], lock[3], latest)
+    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    return 1
+  end
+end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
 return 1

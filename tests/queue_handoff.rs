@@ -1,0 +1,388 @@
+//! The handoff on the server (issue 25) on a real server, for the fair lock and for the mutex's
+//! waits across processes: a release grants the lock to the head's place and announces the
+//! grant on the head's client's channel, so the head holds it without another call; a grant to
+//! a head that vanished or cancelled goes back to the queue; a stale place is only woken;
+//! arrival order and rising fences are kept.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, Standalone};
+use fencelock::{Client, FairLockGuard, LockGuard, LockOptions};
+
+/// The two primitives whose waiters queue: every test runs for both.
+#[derive(Clone, Copy, Debug)]
+enum Queue {
+    Fair,
+    Mutex,
+}
+
+const BOTH: [Queue; 2] = [Queue::Fair, Queue::Mutex];
+
+/// A guard of either.
+enum Guard {
+    Fair(FairLockGuard),
+    Mutex(LockGuard),
+}
+
+impl Guard {
+    fn fence(&self) -> fencelock::FenceToken {
+        match self {
+            Self::Fair(guard) => guard.fence(),
+            Self::Mutex(guard) => guard.fence(),
+        }
+    }
+
+    fn valid_until(&self) -> Instant {
+        match self {
+            Self::Fair(guard) => guard.valid_until(),
+            Self::Mutex(guard) => guard.valid_until(),
+        }
+    }
+
+    async fn extend(&mut self, ttl: Duration) -> fencelock::Result<Instant> {
+        match self {
+            Self::Fair(guard) => guard.extend(ttl).await,
+            Self::Mutex(guard) => guard.extend(ttl).await,
+        }
+    }
+
+    async fn release(self) -> fencelock::Result<()> {
+        match self {
+            Self::Fair(guard) => guard.release().await,
+            Self::Mutex(guard) => guard.release().await,
+        }
+    }
+}
+
+impl Queue {
+    fn key(self, name: &str) -> String {
+        match self {
+            Self::Fair => format!("fencelock:{{{name}}}:fair"),
+            Self::Mutex => format!("fencelock:{{{name}}}:lock"),
+        }
+    }
+
+    async fn try_take(self, client: &Client, name: &str, options: &LockOptions) -> Guard {
+        match self {
+            Self::Fair => Guard::Fair(client.try_fair_lock(name, options).await.unwrap()),
+            Self::Mutex => Guard::Mutex(client.try_lock(name, options).await.unwrap()),
+        }
+    }
+
+    async fn take(self, client: &Client, name: &str, options: &LockOptions) -> Guard {
+        match self {
+            Self::Fair => Guard::Fair(client.fair_lock(name, options).await.unwrap()),
+            Self::Mutex => Guard::Mutex(client.lock(name, options).await.unwrap()),
+        }
+    }
+
+    /// The acquire script run by hand for `owner` with a place: its name and arguments.
+    fn queue_call(
+        self,
+        key: &str,
+        owner: &str,
+        ttl: &str,
+        place: &str,
+    ) -> (&'static str, Vec<String>) {
+        let mut args = vec![
+            key.to_owned(),
+            owner.to_owned(),
+            ttl.to_owned(),
+            "0".into(),
+            "clock".into(),
+            place.to_owned(),
+        ];
+        let name = match self {
+            Self::Fair => {
+                args.push("128".into());
+                "fair_acquire"
+            }
+            Self::Mutex => "acquire",
+        };
+        args.push("10000".into());
+        (name, args)
+    }
+}
+
+fn places(node: &common::Node, key: &str) -> Vec<String> {
+    let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+    fields
+        .into_iter()
+        .filter_map(|f| f.strip_prefix("q:").map(str::to_owned))
+        .collect()
+}
+
+fn run_script<T: redis::FromRedisValue>(node: &common::Node, name: &str, args: &[String]) -> T {
+    let source = fencelock::lua_scripts()
+        .find(|s| s.name == name)
+        .unwrap()
+        .source;
+    let key = &args[0];
+    node.cmd(
+        redis::cmd("EVAL")
+            .arg(source)
+            .arg(1)
+            .arg(key)
+            .arg(&args[1..]),
+    )
+}
+
+/// Calls clients sent that ran a script (`cmdstat_evalsha` and `cmdstat_eval`; an `EVALSHA`
+/// answered `NOSCRIPT`, a failed call, does not count).
+fn script_calls(node: &common::Node) -> u64 {
+    let info: String = node.cmd(redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .filter_map(|l| {
+            let l = l.trim_end();
+            let stats = l
+                .strip_prefix("cmdstat_evalsha:")
+                .or_else(|| l.strip_prefix("cmdstat_eval:"))?;
+            let field = |name: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(name))
+                    .and_then(|n| n.parse::<u64>().ok())
+            };
+            Some(field("calls=")? - field("failed_calls=").unwrap_or(0))
+        })
+        .sum()
+}
+
+fn server_ms(node: &common::Node) -> u64 {
+    let time: (u64, u64) = node.cmd(&mut redis::cmd("TIME"));
+    time.0 * 1000 + time.1 / 1000
+}
+
+async fn connect(url: &str) -> Client {
+    Client::connect([url.to_owned()]).await.unwrap()
+}
+
+/// Waits until the channel of `owner`'s client on the lock `key` has a subscriber.
+async fn subscribed(node: &common::Node, key: &str, owner: &str) {
+    let channel = format!("{key}:w:{}", &owner[..8]);
+    eventually("the waiter to subscribe", Duration::from_secs(5), || {
+        let reply: Vec<redis::Value> = node.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel));
+        reply.get(1) == Some(&redis::Value::Int(1))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_release_grants_the_head_which_holds_the_lock_without_another_call() {
+    for kind in BOTH {
+        let server = Standalone::start();
+        let name = "handed";
+        let key = kind.key(name);
+        let holder = connect(&server.url()).await;
+        let options = LockOptions::new().ttl(Duration::from_secs(30));
+        let guard = kind.try_take(&holder, name, &options).await;
+        let waiter = connect(&server.url()).await;
+        let task = {
+            let waiter = waiter.clone();
+            let options = options.clone().timeout(Duration::from_secs(20));
+            tokio::spawn(async move { kind.take(&waiter, name, &options).await })
+        };
+        eventually("the waiter to queue", Duration::from_secs(5), || {
+            places(&server.node, &key).len() == 1
+        })
+        .await;
+        let owner = places(&server.node, &key).remove(0);
+        subscribed(&server.node, &key, &owner).await;
+        let before = script_calls(&server.node);
+        let others = |h: &Client, w: &Client| h.stats().renewal_calls + w.stats().renewal_calls;
+        let (renewals, busy) = (others(&holder, &waiter), waiter.stats().busy);
+        let stored_before = guard.fence();
+        guard.release().await.unwrap();
+        let handed = task.await.unwrap();
+        let calls = script_calls(&server.node) - before;
+        // Besides the release: watchdog renewals, and the waiter's re-checks that answered
+        // busy (right after subscribing, then every 250 ms), none of them part of the handoff.
+        let renewals = others(&holder, &waiter) - renewals;
+        let busy = waiter.stats().busy - busy;
+        assert!(
+            (1..=1 + renewals + busy).contains(&calls),
+            "{kind:?}: the release is the only script call of the handoff: {calls} ({renewals} renewals, {busy} busy)"
+        );
+        assert!(handed.fence() > stored_before, "{kind:?}: fences rise");
+        let stored: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
+        assert_eq!(i64::from(handed.fence()), stored, "{kind:?}");
+        let remaining = handed
+            .valid_until()
+            .saturating_duration_since(Instant::now());
+        assert!(
+            remaining > Duration::from_secs(25) && remaining <= Duration::from_secs(30),
+            "{kind:?}: the lease is the waiter's TTL, measured from before the grant: {remaining:?}"
+        );
+        assert!(places(&server.node, &key).is_empty(), "{kind:?}");
+        // The grant is a real hold: extend and release work, and the lock is free after.
+        let mut handed = handed;
+        handed.extend(Duration::from_secs(10)).await.unwrap();
+        handed.release().await.unwrap();
+        kind.try_take(&holder, name, &LockOptions::new())
+            .await
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handed_grants_keep_arrival_order_and_rising_fences_across_many_clients() {
+    for kind in BOTH {
+        let server = Standalone::start();
+        let name = "chain";
+        let key = kind.key(name);
+        let holder = connect(&server.url()).await;
+        let guard = kind.try_take(&holder, name, &LockOptions::new()).await;
+        let (mut tasks, mut clients) = (Vec::new(), Vec::new());
+        for i in 0..6 {
+            let client = connect(&server.url()).await;
+            clients.push(client.clone());
+            tasks.push(tokio::spawn(async move {
+                let options = LockOptions::new().timeout(Duration::from_secs(30));
+                let guard = kind.take(&client, name, &options).await;
+                let fence = guard.fence();
+                guard.release().await.unwrap();
+                (i, fence)
+            }));
+            eventually("the place to be queued", Duration::from_secs(5), || {
+                places(&server.node, &key).len() == i + 1
+            })
+            .await;
+        }
+        // Not part of a handoff: watchdog renewals and the re-checks that answered busy.
+        let others = |clients: &[Client]| -> u64 {
+            clients
+                .iter()
+                .map(|c| c.stats().renewal_calls + c.stats().busy)
+                .sum()
+        };
+        let (before, others_before) = (script_calls(&server.node), others(&clients));
+        guard.release().await.unwrap();
+        let mut done = Vec::new();
+        for task in tasks {
+            done.push(task.await.unwrap());
+        }
+        let calls = script_calls(&server.node) - before;
+        let others = others(&clients) - others_before;
+        // Granted in arrival order: the fences rise in the order the places were queued.
+        done.sort_by_key(|(_, fence)| *fence);
+        let order: Vec<usize> = done.iter().map(|(i, _)| *i).collect();
+        assert_eq!(order, [0, 1, 2, 3, 4, 5], "{kind:?}");
+        // Seven releases (the holder's and each waiter's), and no acquire after a wake-up.
+        // (A busy answer counted by a client just after the first sample ran on the server
+        // before it, so `others` may count one too many, never too few.)
+        assert!(
+            (7..=7 + others).contains(&calls),
+            "{kind:?}: {calls} script calls for 6 handoffs ({others} renewals and busy answers)"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_grant_to_a_head_that_withdraws_goes_to_the_next_in_line() {
+    for kind in BOTH {
+        let server = Standalone::start();
+        let name = "cancelled";
+        let key = kind.key(name);
+        let holder = connect(&server.url()).await;
+        let guard = kind.try_take(&holder, name, &LockOptions::new()).await;
+        // A head that queued (its acquire, place 30 s) and will cancel as the grant comes.
+        let (script, args) = kind.queue_call(&key, "ghost", "30000", "30000");
+        let queued: Vec<i64> = run_script(&server.node, script, &args);
+        assert_eq!(queued[0], 0, "{kind:?}");
+        let waiter = connect(&server.url()).await;
+        let task = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let options = LockOptions::new().timeout(Duration::from_secs(20));
+                let guard = kind.take(&waiter, name, &options).await;
+                (Instant::now(), guard)
+            })
+        };
+        eventually("the waiter to queue", Duration::from_secs(5), || {
+            places(&server.node, &key).len() == 2
+        })
+        .await;
+        guard.release().await.unwrap();
+        let owner: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        assert_eq!(
+            owner, "ghost",
+            "{kind:?}: the release granted the head on the server"
+        );
+        // The head's resent acquire (a waiter that missed the message) sees its grant.
+        let resent: Vec<i64> = run_script(&server.node, script, &args);
+        assert_eq!(resent[0], 2, "{kind:?}: {resent:?}");
+        // The cancel: the withdrawal gives the grant back, and it goes to the next in line.
+        let withdrawn = Instant::now();
+        let withdraw = [&key, "ghost", "p", "10000"].map(str::to_owned);
+        let w: i64 = run_script(&server.node, "fair_withdraw", &withdraw);
+        assert_eq!(w, 1, "{kind:?}");
+        let (granted_at, guard) = task.await.unwrap();
+        assert!(
+            granted_at - withdrawn < Duration::from_secs(1),
+            "{kind:?}: the next waiter was handed the lock at once"
+        );
+        assert!(i64::from(guard.fence()) > resent[1], "{kind:?}");
+        guard.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vanished_head_stalls_the_lock_no_longer_than_its_place_lease() {
+    for kind in BOTH {
+        let server = Standalone::start();
+        let name = "vanished";
+        let key = kind.key(name);
+        let holder = connect(&server.url()).await;
+        for fresh in [true, false] {
+            let guard = kind.try_take(&holder, name, &LockOptions::new()).await;
+            // A head that crashed: queued with a 900 ms place (its TTL 900 ms when fresh,
+            // 30 s when stale), never renewed, never listening.
+            let ttl = if fresh { "900" } else { "30000" };
+            let ghost = if fresh { "fresh-ghost" } else { "stale-ghost" };
+            let (script, args) = kind.queue_call(&key, ghost, ttl, "900");
+            let _: Vec<i64> = run_script(&server.node, script, &args);
+            let place_end = server_ms(&server.node) + 900;
+            let waiter = connect(&server.url()).await;
+            let task = tokio::spawn(async move {
+                let options = LockOptions::new().timeout(Duration::from_secs(20));
+                let guard = kind.take(&waiter, name, &options).await;
+                (Instant::now(), guard)
+            });
+            eventually("the waiter to queue", Duration::from_secs(5), || {
+                places(&server.node, &key).len() == 2
+            })
+            .await;
+            if !fresh {
+                // Past a third of its place lease unrenewed: no longer handed the lock.
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            let released = Instant::now();
+            guard.release().await.unwrap();
+            let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+            if fresh {
+                assert_eq!(
+                    owner.as_deref(),
+                    Some(ghost),
+                    "{kind:?}: a fresh head is handed the lock"
+                );
+            } else {
+                assert_eq!(owner, None, "{kind:?}: a stale head is only woken");
+            }
+            let (granted_at, guard) = task.await.unwrap();
+            let waited = granted_at - released;
+            assert!(
+                waited < Duration::from_millis(2000),
+                "{kind:?}: stalled {waited:?} (fresh {fresh})"
+            );
+            assert!(
+                server_ms(&server.node) + 5 >= place_end,
+                "{kind:?}: granted before the head's place (and grant) ended"
+            );
+            guard.release().await.unwrap();
+        }
+    }
+}
