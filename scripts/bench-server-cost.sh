@@ -8,7 +8,12 @@
 # the read-write lock's read and write holds, the semaphore (limit 8 on fresh names; limit 256
 # with 200 permits held by others, one acquire + release after another on the same key) and the
 # latch's count-down (latches of count 8; a "pair" is one count-down), sent as the client sends
-# them on a standalone server (announce `p`).
+# them on a standalone server (announce `p`). Issue 22 item 3: the default fence mode
+# (epoch-clock, `hybrid` in the scripts) reads `CLUSTER INFO` only on a cluster, so the last
+# lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
+# the mutex pair in that mode, and what the epoch read and the cheaper reads considered for it
+# cost inside a script (one call per "pair": TIME alone, TIME + CLUSTER INFO, TIME + INFO
+# replication, TIME + INFO replication + a plain find of `master_replid:<id>`).
 #   PORT=7930 PAIRS=2000 scripts/bench-server-cost.sh
 #   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
 # Results: docs/benchmarks.md, "What one grant costs the server".
@@ -171,3 +176,54 @@ measure rw-write "$dir/rw_write"
 measure semaphore-limit-8 "$dir/sem8"
 measure semaphore-limit-256-held-200 "$dir/sem256" "$dir/sem256_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
+
+# The default fence mode where it reads the epoch: a cluster-mode node serving every slot.
+cluster_port=$((port + 1))
+kill "$pid" 2>/dev/null || true
+while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+rm -f "$dir/callgrind.out"*
+valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+  redis-server --port "$cluster_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+  --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" >"$dir/valgrind-cluster.log" 2>&1 &
+pid=$!
+port=$cluster_port
+until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+cli cluster addslotsrange 0 16383 >/dev/null
+until cli cluster info | grep -q 'cluster_state:ok'; do sleep 0.2; done
+acquire=$(cli script load "$($fencelock script acquire)")
+release=$(cli script load "$($fencelock script release)")
+acquire_batch=$(cli script load "$($fencelock script acquire_batch)")
+release_batch=$(cli script load "$($fencelock script release_batch)")
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$acquire" 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 hybrid "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$release" 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
+} >"$dir/single_hybrid"
+{
+  for ((i = 0; i < n; i += 16)); do
+    args=()
+    for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 5 "$owner" "$ttl" 0 hybrid "$grace"); done
+    resp EVALSHA "$acquire_batch" 1 "fencelock:{f$i}:lock" "${args[@]}"
+  done
+  for ((i = 0; i < n; i += 16)); do
+    args=()
+    for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 4 "$owner" "" "" "$grace"); done
+    resp EVALSHA "$release_batch" 1 "fencelock:{f$i}:lock" "${args[@]}"
+  done
+} >"$dir/batched_hybrid"
+replid=$(cli info replication | tr -d '\r' | sed -n 's/^master_replid://p')
+read_time=$(cli script load "local t = redis.call('TIME') return 1")
+read_cluster_info=$(cli script load "local t = redis.call('TIME') local i = redis.call('CLUSTER', 'INFO') return tonumber(string.match(i, 'cluster_my_epoch:(%d+)'))")
+read_info_replication=$(cli script load "local t = redis.call('TIME') local i = redis.call('INFO', 'replication') return 1")
+read_replid_find=$(cli script load "local t = redis.call('TIME') local i = redis.call('INFO', 'replication') if string.find(i, 'master_replid:' .. ARGV[1], 1, true) then return 1 end return 0")
+for name in read_time read_cluster_info read_info_replication; do
+  for ((i = 0; i < n; i++)); do resp EVALSHA "${!name}" 0; done >"$dir/$name"
+done
+for ((i = 0; i < n; i++)); do resp EVALSHA "$read_replid_find" 0 "$replid"; done >"$dir/read_replid_find"
+
+echo "redis cluster mode (one node, every slot), fence mode epoch-clock; read-* lines: one script call per pair"
+measure fencelock-single-epoch-clock-cluster "$dir/single_hybrid"
+measure fencelock-batched-16-epoch-clock-cluster "$dir/batched_hybrid"
+measure read-time "$dir/read_time"
+measure read-cluster-info "$dir/read_cluster_info"
+measure read-info-replication "$dir/read_info_replication"
+measure read-info-replication-find-replid "$dir/read_replid_find"

@@ -150,6 +150,80 @@ async fn forced_loss_keeps_clock_and_epoch_fences_monotonic_while_a_plain_counte
     regressed.release().await.unwrap();
 }
 
+/// `cluster_my_epoch` and `master_replid` of a node, as a granting script would read them.
+fn epoch_and_replid(node: &common::Node) -> (u64, String) {
+    let info: String = node.cmd(redis::cmd("CLUSTER").arg("INFO"));
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .expect("field present")
+    };
+    let epoch = field(&info, "cluster_my_epoch:").parse().unwrap();
+    (epoch, field(&node.info("replication"), "master_replid:"))
+}
+
+/// Why the default fence mode reads the epoch afresh in every granting call (docs/safety.md,
+/// "A cheaper epoch read"): a slot leaves master A, its lock is granted on B, B loses those
+/// grants in a forced failover, and the slot comes back to A before the promoted replica
+/// grants. The key is back on the same incarnation of A (same replication id) with nothing
+/// of B's grants in it, yet they were handed out with B's higher epoch; only A's fresh epoch,
+/// bumped by the import, lifts its next fence above them. An epoch cached in the key with A's
+/// replication id would have granted below them.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_round_trip_with_forced_loss_keeps_epoch_clock_fences_monotonic() {
+    let mut cluster = Cluster::start();
+    let client = Client::connect(cluster.urls()).await.unwrap();
+    let options = LockOptions::new()
+        .tag("trip")
+        .timeout(Duration::from_secs(20));
+    let name = "round";
+    let slot = client.keys(name, &options).unwrap().slot();
+    grant(&client, name, &options, 3).await;
+    let a = cluster.master_of_slot(slot).port;
+    let b = cluster
+        .nodes
+        .iter()
+        .find(|n| n.port != a && n.info("replication").contains("role:master"))
+        .unwrap()
+        .port;
+    let b_replica = cluster.replica_of(b).port;
+    let (a_epoch, a_replid) = epoch_and_replid(cluster.node(a));
+
+    cluster.migrate_slot(slot, a, b, || {});
+    let synced: i64 = cluster.node(b).cmd(redis::cmd("WAIT").arg(1).arg(5000));
+    assert_eq!(synced, 1, "B's replica holds the migrated key");
+    cluster.cut_off_replica(b, b_replica);
+    let lost = grant(&client, name, &options, 8).await;
+    let (b_epoch, _) = epoch_and_replid(cluster.node(b));
+    cluster.take_over_with_lagging_replica(b, b_replica, slot);
+    cluster.migrate_slot(slot, b_replica, a, || {});
+
+    let (a_epoch_after, a_replid_after) = epoch_and_replid(cluster.node(a));
+    assert_eq!(a_replid_after, a_replid, "A is the same incarnation");
+    assert!(
+        a_epoch_after > b_epoch && b_epoch > a_epoch,
+        "epochs: A {a_epoch} -> {a_epoch_after}, B {b_epoch}"
+    );
+    let time: Vec<u64> = cluster.node(a).cmd(&mut redis::cmd("TIME"));
+    let cached = time[0] * 1_000_000 + time[1] + (a_epoch << 34) + 1;
+    assert!(
+        cached <= lost.get(),
+        "a grant with A's cached epoch ({cached}) would have gone below B's lost {lost}"
+    );
+    let after = client.lock(name, &options).await.expect("grant back on A");
+    eprintln!(
+        "slot round trip: lost on B {lost}, after on A {} (with A's old epoch: {cached})",
+        after.fence()
+    );
+    assert!(
+        after.fence() > lost,
+        "token {} after the round trip must exceed {lost}",
+        after.fence()
+    );
+    after.release().await.unwrap();
+}
+
 /// Runs `fencelock exec` against every node of `cluster` and returns its exit code, the token
 /// the command saw, and how long it took.
 fn cli_exec(cluster: &Cluster, args: &[&str]) -> (Option<i32>, Option<u64>, Duration) {
