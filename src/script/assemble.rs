@@ -117,6 +117,29 @@ impl LuaScript {
     }
 }
 
+/// `file` with its `--@queue` line (if any) replaced by `snippets`' code, headers dropped and
+/// `--@key` lines removed: code a script needs only on a rare path (the mutex's queue), placed
+/// inside the block that takes that path, so a call that does not take it creates none of its
+/// functions (a closure costs the server about 2–3k instructions per call, measured with
+/// `scripts/bench-server-cost.sh`). Built once per process.
+pub(super) fn inline_at_queue(file: &'static str, snippets: &[&str]) -> &'static str {
+    let Some(at) = file.find("\n--@queue\n").map(|at| at + 1) else {
+        return file;
+    };
+    let mut text = String::with_capacity(file.len() + 8192);
+    text.push_str(&file[..at]);
+    for snippet in snippets {
+        for line in without_header(snippet).lines() {
+            if line != KEY_MARKER.trim_end() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+    }
+    text.push_str(&file[at + "--@queue\n".len()..]);
+    Box::leak(text.into_boxed_str())
+}
+
 /// The `#!lua` line of `file` (header skipped) and the rest.
 fn split_shebang(file: &str) -> (&str, &str) {
     let file = without_header(file);

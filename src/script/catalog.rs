@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use super::assemble::LuaScript;
+use super::assemble::{inline_at_queue, LuaScript};
 
 /// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
 ///
@@ -127,6 +127,13 @@ const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
 
+/// A mutex script whose `--@queue` line (inside the block that meets a queue) is replaced by
+/// the fence rule, [`RAISE`] and the [`FAIR`] queue: the fair lock's queue functions, created
+/// only by a call that meets a queue (`assemble::inline_at_queue`).
+fn with_queue(file: &'static str) -> &'static str {
+    inline_at_queue(file, &[FENCE_RULE, RAISE, FAIR])
+}
+
 /// The semaphore's state (`sem_read`, `sem_mine`, ...). Contract: `script/lua/semaphore.lua`.
 const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
 
@@ -149,14 +156,13 @@ fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::batchable(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
 }
 
-/// A script of a lock with a queue of waiting places (the fair lock, and the mutex's hot path):
-/// the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
-fn queue_script(name: &'static str, file: &'static str) -> LuaScript {
+/// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
+fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
-/// [`queue_script`], with a batch twin (the calls on the hot path).
-fn queue_batchable(name: &'static str, file: &'static str) -> LuaScript {
+/// [`fair_script`], with a batch twin (the calls on the hot path).
+fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
@@ -173,8 +179,13 @@ fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
 // The mutex.
 
 /// Grant the lock to an owner and advance its fence. Contract: `script/lua/acquire.lua`.
-pub(crate) static ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_batchable("acquire", include_str!("lua/acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable(
+        "acquire",
+        &[FENCE_RULE],
+        with_queue(include_str!("lua/acquire.lua")),
+    )
+});
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
 /// Contract: `script/lua/lock_all.lua`.
@@ -183,13 +194,14 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
 
 /// End one hold; the last frees the lock. Replies an [`Outcome`](super::Outcome) code.
 /// Contract: `script/lua/release.lua`.
-pub(crate) static RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_batchable("release", include_str!("lua/release.lua")));
+pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable("release", &[], with_queue(include_str!("lua/release.lua")))
+});
 
 /// Release A's hold and grant B of the same client in one call. No batch twin: it
 /// is sent on its own (`Transport::run_direct`). Contract: `script/lua/handoff.lua`.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_script("handoff", include_str!("lua/handoff.lua")));
+    LazyLock::new(|| fenced("handoff", with_queue(include_str!("lua/handoff.lua"))));
 
 /// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
 pub(crate) static EXTEND: LazyLock<LuaScript> =
@@ -266,20 +278,20 @@ pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
 /// Grant the fair lock in arrival order, or keep the caller's place.
 /// Contract: `script/lua/fair_acquire.lua`.
 pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_batchable("fair_acquire", include_str!("lua/fair_acquire.lua")));
+    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("lua/fair_acquire.lua")));
 
 /// Free the fair lock and wake the head of its queue. Contract: `script/lua/fair_release.lua`.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_batchable("fair_release", include_str!("lua/fair_release.lua")));
+    LazyLock::new(|| fair_batchable("fair_release", include_str!("lua/fair_release.lua")));
 
 /// Give up a waiting call's place (and a grant it never read).
 /// Contract: `script/lua/fair_withdraw.lua`.
 pub(crate) static FAIR_WITHDRAW: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_script("fair_withdraw", include_str!("lua/fair_withdraw.lua")));
+    LazyLock::new(|| fair_script("fair_withdraw", include_str!("lua/fair_withdraw.lua")));
 
 /// Move the fair lock's lease end to now + TTL. Contract: `script/lua/fair_extend.lua`.
 pub(crate) static FAIR_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| queue_batchable("fair_extend", include_str!("lua/fair_extend.lua")));
+    LazyLock::new(|| fair_batchable("fair_extend", include_str!("lua/fair_extend.lua")));
 
 /// The watchdog's batch for held fair locks. Contract: `script/lua/fair_renew.lua`.
 pub(crate) static FAIR_RENEW: LazyLock<LuaScript> =
@@ -352,8 +364,8 @@ pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "force_unlock",
-        &[FENCE_RULE, RAISE, FAIR, INSPECT_SNIPPET],
-        include_str!("lua/force_unlock.lua"),
+        &[INSPECT_SNIPPET],
+        with_queue(include_str!("lua/force_unlock.lua")),
     )
 });
 

@@ -1,5 +1,7 @@
 -- acquire: grant the lock to an owner and advance its fence, or keep a waiting caller's place in
--- the lock's queue (lock prologue, fence rule, raise.lua and the queue snippet fair.lua first).
+-- the lock's queue (lock prologue and fence rule first; a call that meets a queue, or keeps a
+-- place, runs raise.lua and the queue snippet fair.lua, inlined at its `--@queue` line, so an
+-- uncontended grant creates none of their functions).
 --
 -- KEYS[1] the lock key (hash).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: the token granted is above it
@@ -34,26 +36,11 @@
 #!lua
 local place = 0
 if #ARGV >= 6 then place = tonumber(ARGV[5]) or 0 end
-local function enqueue(wait, latest)
-  local me = ARGV[1]
-  local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
-  local seq, queued = nil, 0
-  if mine then
-    seq = string.match(mine, '^(%d+) ')
-  elseif redis.call('HLEN', KEYS[1]) >= 272 then
-    return {0, wait, 0, -1}
-  else
-    seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
-  end
-  local ends = now_ms + place
-  redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
-    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
-  if ends > latest then latest = ends end
-  raise(lock[3], latest)
-  return {0, wait, 0, queued}
-end
-if live then
-  if owner == ARGV[1] then
+-- A scan of the queue, when the caller met one and may be granted.
+local q
+if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') then
+--@queue
+  if live and owner == ARGV[1] then
     local ends = now_ms + tonumber(ARGV[2])
     if ends > expires then
       redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
@@ -61,7 +48,36 @@ if live then
     end
     return {2, tonumber(lock[3]), 0}
   end
-  if place > 0 then return enqueue(expires - now_ms, expires) end
+  local wait, latest
+  if live then
+    wait, latest = expires - now_ms, expires
+  else
+    q = scan(ARGV[1])
+    if q.head and q.head ~= ARGV[1] then
+      if place <= 0 then return {0, q.head_end - now_ms, 0} end
+      wait, latest = q.head_end - now_ms, q.latest
+    end
+  end
+  if wait then
+    local me = ARGV[1]
+    local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
+    local seq, queued = nil, 0
+    if mine then
+      seq = string.match(mine, '^(%d+) ')
+    elseif redis.call('HLEN', KEYS[1]) >= 272 then
+      return {0, wait, 0, -1}
+    else
+      seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
+    end
+    local ends = now_ms + place
+    redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
+      'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
+    if ends > latest then latest = ends end
+    raise(lock[3], latest)
+    return {0, wait, 0, queued}
+  end
+end
+if live then
   local tag = string.sub(ARGV[1], 1, 8)
   local w = lock[5]
   if not w then redis.call('HSET', KEYS[1], 'waiters', tag)
@@ -72,14 +88,6 @@ if lock[5] and lock[5] == 'y' .. string.sub(ARGV[1], 1, 8) then
   if expires and expires > now_ms then return {0, expires - now_ms, 0} end
   redis.call('HDEL', KEYS[1], 'waiters')
 end
-local q
-if lock[5] == 'q' then
-  q = scan(ARGV[1])
-  if q.head and q.head ~= ARGV[1] then
-    if place > 0 then return enqueue(q.head_end - now_ms, q.latest) end
-    return {0, q.head_end - now_ms, 0}
-  end
-end
 local stored = tonumber(lock[3]) or 0
 local fence, behind = next_fence(stored, tonumber(ARGV[3]), ARGV[4])
 if not fence then return behind end
@@ -88,13 +96,11 @@ local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%d', ends),
   'fence', string.format('%d', fence))
+local latest = ends
 if q then
   if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1], 'g:' .. ARGV[1]) end
   if q.count <= (q.mine and 1 or 0) then redis.call('HDEL', KEYS[1], 'waiters') end
-  if q.latest > ends then
-    raise(fence, q.latest)
-    return {1, fence, behind}
-  end
+  if q.latest > latest then latest = q.latest end
 end
-keep(KEYS[1], fence, ends)
+keep(KEYS[1], fence, latest)
 return {1, fence, behind}

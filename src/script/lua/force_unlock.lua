@@ -1,5 +1,6 @@
--- force_unlock: an operator frees a mutex whoever holds it (lock prologue, fence rule,
--- raise.lua, the queue snippet fair.lua and the inspection snippet first). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
+-- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
+-- snippet first; a call that meets a queue runs the fence rule, raise.lua and the queue snippet
+-- fair.lua, inlined at its `--@queue` line). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
 -- fields), the fence stays, so the next grant is above the freed one; the key's expiry follows
 -- the rule of every write (`keep`), and a freed live lock is announced on the lock's channel; with
 -- a queue (`waiters` is `q`, acquire.lua) the lock goes to the head place instead, as release.lua
@@ -22,14 +23,19 @@ local before = inspect('lock')
 if owner then
   clear(KEYS[1], lock)
   if live then redis.call('HSET', KEYS[1], 'forced', owner) end
-  local q
-  if lock[5] == 'q' then q = scan(nil) end
-  if q and q.head then
-    local latest = q.latest
-    if now_ms > latest then latest = now_ms end
-    local handed = hand(q, ARGV[1], lock[3], latest)
-    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
-  else
+  local handed_on = false
+  if lock[5] == 'q' then
+--@queue
+    local q = scan(nil)
+    if q.head then
+      local latest = q.latest
+      if now_ms > latest then latest = now_ms end
+      local handed = hand(q, ARGV[1], lock[3], latest)
+      if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+      handed_on = true
+    end
+  end
+  if not handed_on then
     keep(KEYS[1], lock[3], now_ms)
     if live then
       if ARGV[1] == 's' then redis.call('SPUBLISH', KEYS[1], '')

@@ -1,6 +1,7 @@
 -- handoff: release one hold of owner A and, when that frees the lock, grant it in the same call
--- to owner B, a waiting task of the same client, with the fence rule (lock prologue, fence
--- rule, raise.lua and the queue snippet fair.lua first). A grant costs one call when the next holder waits in the releasing client.
+-- to owner B, a waiting task of the same client, with the fence rule (lock prologue and fence
+-- rule first; a call that meets a queue runs raise.lua and the queue snippet fair.lua, inlined
+-- at its `--@queue` line). A grant costs one call when the next holder waits in the releasing client.
 --
 -- KEYS[1] the lock key. ARGV[1] owner A's token, ARGV[2] A's hold id (empty for the hold the
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[4] owner
@@ -39,10 +40,19 @@ elseif lock[4] or ARGV[2] ~= '' then
   end
 end
 local tag = string.sub(ARGV[1], 1, 8)
-local q, others
+local others
 if lock[5] == 'q' then
-  q = scan(ARGV[1])
-  others = q.head ~= nil
+--@queue
+  local q = scan(ARGV[1])
+  if q.head then
+    clear(KEYS[1], lock)
+    local latest = q.latest
+    if now_ms > latest then latest = now_ms end
+    local handed = hand(q, ARGV[3], lock[3], latest)
+    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    return {code, 2, 0, 0}
+  end
+  others = false
 else
   others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
 end
@@ -51,13 +61,6 @@ local take = tonumber(ARGV[9]) or 1
 if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7], take) end
 if not fence then
   clear(KEYS[1], lock)
-  if q and q.head then
-    local latest = q.latest
-    if now_ms > latest then latest = now_ms end
-    local handed = hand(q, ARGV[3], lock[3], latest)
-    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
-    return {code, 2, 0, 0}
-  end
   if others then
     redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
       'until', string.format('%d', now_ms + tonumber(ARGV[8])))

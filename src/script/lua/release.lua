@@ -1,6 +1,7 @@
 -- release: end one hold of this owner; the last frees the lock (keeping the fence) and,
 -- when an acquire found it busy meanwhile (`waiters`), announces it on the lock's channel (lock
--- prologue, fence rule, raise.lua and the queue snippet fair.lua first). With a queue (`waiters`
+-- prologue first; a call that meets a queue runs the fence rule, raise.lua and the queue
+-- snippet fair.lua, inlined at its `--@queue` line). With a queue (`waiters`
 -- is `q`, see acquire.lua) it grants the lock to the head place instead, on the server, and
 -- announces the grant on the head's client's channel only (`hand`, fair.lua: the fence by the
 -- head's own arguments, its TTL from now); a head whose place was not renewed lately is only
@@ -40,6 +41,7 @@ end
 clear(KEYS[1], lock)
 if not lock[5] then return 1 end
 if lock[5] == 'q' then
+--@queue
   local q = scan(ARGV[1])
   if q.head then
     local latest = q.latest
