@@ -121,8 +121,34 @@ fn renew_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_head(name, RENEW_HEAD, file)
 }
 
-/// The read-write lock's fields and helpers. Contract: `script/lua/rw_prologue.lua`.
+/// The lock prologue's expiry rule `keep` for the scripts on the own prologue.
+/// Contract: `script/lua/own_keep.lua`.
+const OWN_KEEP: &str = include_str!("lua/own_keep.lua");
+
+/// The read-write lock's state, read with one `HMGET`. Contract: `script/lua/rw_prologue.lua`.
 const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
+
+/// The read-write lock's state, read with one `HGETALL` (for `rw_write`).
+/// Contract: `script/lua/rw_state_all.lua`.
+const RW_STATE_ALL: &str = include_str!("lua/rw_state_all.lua");
+
+/// The read-write lock's `forget` (remove an entry and its holds).
+/// Contract: `script/lua/rw_forget.lua`.
+const RW_FORGET: &str = include_str!("lua/rw_forget.lua");
+
+/// The read-write lock's `raise` (the key's expiry, never shortened).
+/// Contract: `script/lua/rw_raise.lua`.
+const RW_RAISE: &str = include_str!("lua/rw_raise.lua");
+
+/// The read-write lock's `set_until` (move an owner's lease). Contract: `script/lua/rw_lease.lua`.
+const RW_LEASE: &str = include_str!("lua/rw_lease.lua");
+
+/// The read-write lock's `role` and `settle` (an owner's own entry).
+/// Contract: `script/lua/rw_entry.lua`.
+const RW_ENTRY: &str = include_str!("lua/rw_entry.lua");
+
+/// The read-write lock's `was_forced` and `announce`. Contract: `script/lua/rw_notice.lua`.
+const RW_NOTICE: &str = include_str!("lua/rw_notice.lua");
 
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
@@ -138,15 +164,15 @@ fn fenced(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE], file)
 }
 
-/// A read-write lock script: the prologue, the fence rule, [`RAISE`], the [`RW_PROLOGUE`],
-/// then `file`.
-fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+/// A read-write lock script: the own prologue, then `snippets` (the state and the helpers it
+/// calls, and no others: each function a script defines costs it per call), then `file`.
+fn rw_script(name: &'static str, snippets: &[&'static str], file: &'static str) -> LuaScript {
+    LuaScript::own(name, snippets, file)
 }
 
 /// [`rw_script`], with a batch twin (the calls on the hot path).
-fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+fn rw_batchable(name: &'static str, snippets: &[&'static str], file: &'static str) -> LuaScript {
+    LuaScript::own_batchable(name, snippets, file)
 }
 
 /// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
@@ -228,38 +254,87 @@ pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
 // The read-write lock.
 
 /// Grant a read hold. Contract: `script/lua/rw_read.lua`.
-pub(crate) static RW_READ: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_read", include_str!("lua/rw_read.lua")));
+pub(crate) static RW_READ: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_read",
+        &[FENCE_RULE, RW_PROLOGUE, RW_FORGET, RW_RAISE],
+        include_str!("lua/rw_read.lua"),
+    )
+});
 
 /// Grant the write hold, or record the waiting writer's intent.
 /// Contract: `script/lua/rw_write.lua`.
-pub(crate) static RW_WRITE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_write", include_str!("lua/rw_write.lua")));
+pub(crate) static RW_WRITE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_write",
+        &[FENCE_RULE, RW_STATE_ALL, RW_FORGET, RW_RAISE],
+        include_str!("lua/rw_write.lua"),
+    )
+});
 
 /// End a read or write hold (the release of its [`Kind`](crate::held::Scripts)).
 /// Contract: `script/lua/rw_release.lua`.
-pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_release", include_str!("lua/rw_release.lua")));
+pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_release",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_FORGET],
+        include_str!("lua/rw_release.lua"),
+    )
+});
 
 /// Move a read or write hold's lease end to now + TTL. Contract: `script/lua/rw_extend.lua`.
-pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_extend", include_str!("lua/rw_extend.lua")));
+pub(crate) static RW_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_extend",
+        &[
+            OWN_KEEP,
+            RW_PROLOGUE,
+            RW_ENTRY,
+            RW_NOTICE,
+            RW_LEASE,
+            RW_RAISE,
+        ],
+        include_str!("lua/rw_extend.lua"),
+    )
+});
 
 /// The watchdog's batch for read and write holds. Contract: `script/lua/rw_renew.lua`.
 pub(crate) static RW_RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| renew_script("rw_renew", include_str!("lua/rw_renew.lua")));
 
 /// Add a hold to this owner's read entry or write hold. Contract: `script/lua/rw_reenter.lua`.
-pub(crate) static RW_REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_reenter", include_str!("lua/rw_reenter.lua")));
+pub(crate) static RW_REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_reenter",
+        &[
+            OWN_KEEP,
+            RW_PROLOGUE,
+            RW_ENTRY,
+            RW_NOTICE,
+            RW_LEASE,
+            RW_RAISE,
+        ],
+        include_str!("lua/rw_reenter.lua"),
+    )
+});
 
 /// Turn a write hold into a read hold. Contract: `script/lua/rw_downgrade.lua`.
-pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_downgrade", include_str!("lua/rw_downgrade.lua")));
+pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_downgrade",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        include_str!("lua/rw_downgrade.lua"),
+    )
+});
 
 /// Withdraw a waiting writer's intent. Contract: `script/lua/rw_withdraw.lua`.
-pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_withdraw", include_str!("lua/rw_withdraw.lua")));
+pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_withdraw",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        include_str!("lua/rw_withdraw.lua"),
+    )
+});
 
 // The fair lock.
 
@@ -360,9 +435,9 @@ pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Free a read-write lock's writer and readers.
 /// Contract: `script/lua/rw_force_unlock.lua`.
 pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "rw_force_unlock",
-        &[FENCE_RULE, RAISE, RW_PROLOGUE, INSPECT_SNIPPET],
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE, INSPECT_SNIPPET],
         include_str!("lua/rw_force_unlock.lua"),
     )
 });
