@@ -153,8 +153,17 @@ const RW_NOTICE: &str = include_str!("lua/rw_notice.lua");
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
 
-/// The semaphore's state (`sem_read`, `sem_mine`, ...). Contract: `script/lua/semaphore.lua`.
+/// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).
+/// Contract: `script/lua/semaphore.lua`.
 const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
+
+/// The semaphore's scan and grant helpers (`sem_read`, `sem_expire`, ...).
+/// Contract: `script/lua/semaphore_scan.lua`.
+const SEMAPHORE_SCAN: &str = include_str!("lua/semaphore_scan.lua");
+
+/// The semaphore's helpers for a holder's own permits (`sem_forced`, `sem_raise`).
+/// Contract: `script/lua/semaphore_hold.lua`.
+const SEMAPHORE_HOLD: &str = include_str!("lua/semaphore_hold.lua");
 
 /// `inspect(kind)`, the state of one key of any kind. Contract: `script/lua/inspect.lua`.
 const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
@@ -185,14 +194,30 @@ fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
-/// A semaphore script: the prologue, the fence rule, the [`SEMAPHORE`] state, then `file`.
-fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, SEMAPHORE], file)
+/// What a semaphore script that scans or grants starts with (after the own prologue): the fence
+/// rule, `keep`, the [`SEMAPHORE`] helpers and [`SEMAPHORE_SCAN`].
+const SEMAPHORE_SCANNING: &[&str] = &[FENCE_RULE, OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN];
+
+/// What a semaphore script of a holder's own permits starts with (after the own prologue): the
+/// [`SEMAPHORE`] helpers and [`SEMAPHORE_HOLD`].
+const SEMAPHORE_HOLDING: &[&str] = &[SEMAPHORE, SEMAPHORE_HOLD];
+
+/// A semaphore script: the own prologue, `snippets`, then `file`.
+fn semaphore_script(
+    name: &'static str,
+    snippets: &[&'static str],
+    file: &'static str,
+) -> LuaScript {
+    LuaScript::own(name, snippets, file)
 }
 
 /// [`semaphore_script`], with a batch twin (the calls on the hot path).
-fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, SEMAPHORE], file)
+fn semaphore_batchable(
+    name: &'static str,
+    snippets: &[&'static str],
+    file: &'static str,
+) -> LuaScript {
+    LuaScript::own_batchable(name, snippets, file)
 }
 
 // The mutex.
@@ -370,6 +395,7 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> =
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_acquire",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_acquire.lua"),
     )
 });
@@ -379,6 +405,7 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_release",
+        SEMAPHORE_HOLDING,
         include_str!("lua/semaphore_release.lua"),
     )
 });
@@ -386,18 +413,28 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Move the lease end of an owner's permits to now + TTL.
 /// Contract: `script/lua/semaphore_extend.lua`.
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
-    semaphore_batchable("semaphore_extend", include_str!("lua/semaphore_extend.lua"))
+    semaphore_batchable(
+        "semaphore_extend",
+        SEMAPHORE_HOLDING,
+        include_str!("lua/semaphore_extend.lua"),
+    )
 });
 
 /// The watchdog's batch for semaphore holds. Contract: `script/lua/semaphore_renew.lua`.
-pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| semaphore_script("semaphore_renew", include_str!("lua/semaphore_renew.lua")));
+pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_renew",
+        SEMAPHORE_HOLDING,
+        include_str!("lua/semaphore_renew.lua"),
+    )
+});
 
 /// The stored limit and the live permits (`no-writes`).
 /// Contract: `script/lua/semaphore_available.lua`.
 pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_available",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_available.lua"),
     )
 });
@@ -406,6 +443,7 @@ pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_set_limit",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_set_limit.lua"),
     )
 });
@@ -455,9 +493,9 @@ pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Free every live permit of a semaphore.
 /// Contract: `script/lua/semaphore_force_unlock.lua`.
 pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "semaphore_force_unlock",
-        &[FENCE_RULE, SEMAPHORE, INSPECT_SNIPPET],
+        &[OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN, INSPECT_SNIPPET],
         include_str!("lua/semaphore_force_unlock.lua"),
     )
 });

@@ -1,5 +1,5 @@
--- semaphore_acquire: take `count` permits of a semaphore for one owner, all or none (prologue,
--- fence rule and semaphore state first).
+-- semaphore_acquire: take `count` permits of a semaphore for one owner, all or none (own_prologue.lua,
+-- fence rule, own_keep.lua, semaphore.lua and semaphore_scan.lua first).
 --
 -- KEYS[1] the semaphore key (hash). ARGV[1] owner token, ARGV[2] count, ARGV[3] limit (the
 -- caller's; the first use stores it), ARGV[4] TTL in ms, ARGV[5] floor (decimal, 0 for none),
@@ -36,8 +36,8 @@
 -- Not allow-oom: refused with OOM at maxmemory.
 #!lua
 local key, owner, waiter = KEYS[1], ARGV[1], ARGV[7]
-local count, limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local c = redis.call('HMGET', key, 'limit', 'r', 'top', 'free', 'sf', 'o:' .. owner)
+local count, limit, ttl = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
+local c = redis.call('HMGET', key, 'limit', 'r', 'top', 'free', 'sf', 'o:' .. owner, 'fence')
 local stored = tonumber(c[1])
 if stored and stored ~= limit then return {-1, stored} end
 local stamp = ' ' .. ARGV[3]
@@ -53,7 +53,7 @@ local blocked = res and res.live and res.owner ~= waiter
 local top, free = tonumber(c[3]), c[4] or ''
 if not stored then
   top, free = 0, ''
-elseif c[5] ~= (lock[3] or '') .. stamp then
+elseif c[5] ~= (c[7] or '') .. stamp then
   top = nil
 end
 local numbers, index
@@ -74,7 +74,7 @@ if top then
   end
   if top ~= from then
     index[#index + 1] = 'top'
-    index[#index + 1] = top
+    index[#index + 1] = string.format('%d', top)
   end
   local enough = #numbers == count
   if enough and blocked then
@@ -135,7 +135,7 @@ if not numbers then
     sweep(nil)
     local fresh = sweep_index({})
     fresh[#fresh + 1] = 'sf'
-    fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
+    fresh[#fresh + 1] = high < limit and ((c[7] or '') .. stamp) or ''
     if not (tonumber(c[3]) == fresh[2] and (c[4] or '') == fresh[4] and c[5] == fresh[6]) then
       redis.call('HSET', key, unpack(fresh))
     end
@@ -145,7 +145,7 @@ if not numbers then
     if waiter ~= '' and count > 1 and not blocked then
       local ends = now_ms + ttl
       redis.call('HSET', key, 'limit', limit,
-        'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
+        'r', waiter .. ' ' .. count .. ' ' .. string.format('%d', ends))
       s.res = {owner = waiter, count = count, ends = ends, live = true}
       keep(key, s.fence, sem_end(s))
       local half = math.ceil(ttl / 2)
@@ -167,10 +167,10 @@ if not numbers then
 end
 -- The grant: the permits `numbers` (decimal strings or numbers), each with its fence, and
 -- the index fields in `index` as they stand after it.
-local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[5], ARGV[6], count)
+local fence, behind = next_fence(tonumber(c[7]) or 0, ARGV[5], ARGV[6], count)
 if not fence then return behind end
 local ends = now_ms + ttl
-local last = string.format('%.0f', fence + count - 1)
+local last = string.format('%d', fence + count - 1)
 local reply = {1, fence, behind}
 index[#index + 1] = 'fence'
 index[#index + 1] = last
@@ -185,7 +185,7 @@ end
 for i, n in ipairs(numbers) do
   index[#index + 1] = 'p:' .. n
   if count == 1 then
-    index[#index + 1] = string.format('%s %.0f %s', owner, ends, last)
+    index[#index + 1] = string.format('%s %d %s', owner, ends, last)
   else
     index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
   end
