@@ -54,14 +54,17 @@
 -- the replies of `HMGET` chunks joined (one chunk: the command's own reply). The client bounds every table a script builds: at most
 -- `MAX_PERMITS` entries (src/semaphore/mod.rs). None of them reads a key's state but through
 -- its arguments: all of it runs once per script call (it ends with the `--@key` line, see
--- own_prologue.lua). A permit's parse of an absent value is nil without a `string.match`.
+-- own_prologue.lua). `sem_parse_permit` finds the owner with a plain
+-- `string.find` of the first space and matches only the two numbers after it (nil for an absent
+-- value, without a match).
 local function sem_parse_permit(n, value)
   if not value then return nil end
-  local o, e, f = string.match(value, '^(%S+) (%d+) (%d+)$')
-  if not o then return nil end
-  local p = {n = n, owner = o, ends = tonumber(e), fence = f}
-  p.live = p.ends > now_ms
-  return p
+  local at = string.find(value, ' ', 1, true)
+  if not at or at == 1 then return nil end
+  local e, f = string.match(value, '^(%d+) (%d+)$', at + 1)
+  if not e then return nil end
+  e = e + 0
+  return {n = n, owner = string.sub(value, 1, at - 1), ends = e, fence = f, live = e > now_ms}
 end
 local function sem_parse_res(value)
   if not value then return nil end

@@ -69,7 +69,7 @@ if top then
   end
   local from = top
   while #numbers < count and top < limit do
-    numbers[#numbers + 1] = top
+    numbers[#numbers + 1] = string.format('%d', top)
     top = top + 1
   end
   if top ~= from then
@@ -165,34 +165,41 @@ if not numbers then
   sweep(reused)
   index = sweep_index(reused)
 end
--- The grant: the permits `numbers` (decimal strings or numbers), each with its fence, and
--- the index fields in `index` as they stand after it.
+-- The grant: the permits `numbers` (decimal strings), each with its fence, and the index
+-- fields in `index` as they stand after it. One permit (the common case) is written with one
+-- table constructor: no number turned into a string twice, no table grown field by field.
 local fence, behind = next_fence(tonumber(c[7]) or 0, ARGV[5], ARGV[6], count)
 if not fence then return behind end
 local ends = now_ms + ttl
 local last = string.format('%d', fence + count - 1)
-local reply = {1, fence, behind}
-index[#index + 1] = 'fence'
-index[#index + 1] = last
-index[#index + 1] = 'sf'
-index[#index + 1] = index.untrusted and '' or last .. stamp
-index[#index + 1] = 'o:' .. owner
-index[#index + 1] = table.concat(numbers, ' ')
-if not stored then
-  index[#index + 1] = 'limit'
-  index[#index + 1] = ARGV[3]
-end
-for i, n in ipairs(numbers) do
-  index[#index + 1] = 'p:' .. n
-  if count == 1 then
-    index[#index + 1] = string.format('%s %d %s', owner, ends, last)
-  else
-    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
+local sf = index.untrusted and '' or last .. stamp
+local reply
+if count == 1 then
+  local n = numbers[1]
+  local w = {'fence', last, 'sf', sf, 'o:' .. owner, n, 'p:' .. n,
+    string.format('%s %d %s', owner, ends, last), index[1], index[2], index[3], index[4]}
+  if not stored then
+    w[#w + 1] = 'limit'
+    w[#w + 1] = ARGV[3]
   end
-  reply[#reply + 1] = tonumber(n)
-  reply[#reply + 1] = fence + i - 1
+  redis.call('HSET', key, unpack(w))
+  reply = {1, fence, behind, n + 0, fence}
+else
+  reply = {1, fence, behind}
+  local k = #index
+  index[k + 1], index[k + 2], index[k + 3], index[k + 4] = 'fence', last, 'sf', sf
+  index[k + 5], index[k + 6] = 'o:' .. owner, table.concat(numbers, ' ')
+  if not stored then
+    index[k + 7], index[k + 8] = 'limit', ARGV[3]
+  end
+  for i, n in ipairs(numbers) do
+    index[#index + 1] = 'p:' .. n
+    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
+    reply[#reply + 1] = n + 0
+    reply[#reply + 1] = fence + i - 1
+  end
+  sem_call('HSET', key, index)
 end
-sem_call('HSET', key, index)
 if reserved then redis.call('HDEL', key, 'r') end
 sem_expire(key, not stored, fence + count - 1, ends)
 return reply

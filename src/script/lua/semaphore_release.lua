@@ -25,11 +25,11 @@ local key, owner = KEYS[1], ARGV[1]
 local fields = {'r', 'o:' .. owner, 'free', 'sf'}
 local targets, found = {}, {}
 if ARGV[2] ~= '' and not string.find(ARGV[2], ' ', 1, true) then
-  targets[1] = ARGV[2] + 0
+  targets[1] = ARGV[2]
   fields[5] = 'p:' .. ARGV[2]
 else
   for n in string.gmatch(ARGV[2], '%d+') do
-    targets[#targets + 1] = tonumber(n)
+    targets[#targets + 1] = n
     fields[#fields + 1] = 'p:' .. n
   end
 end
