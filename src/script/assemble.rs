@@ -45,8 +45,35 @@ impl LuaScript {
         snippets: &[&'static str],
         file: &'static str,
     ) -> Self {
+        Self::on(PROLOGUE, name, snippets, file)
+    }
+
+    /// As [`with_snippets`](Self::with_snippets), on [`OWN_PROLOGUE`] in place of the lock
+    /// prologue: for the primitives that read their own fields (the read-write lock, the
+    /// semaphore), which need neither the mutex's state nor its helpers.
+    pub(super) fn own(name: &'static str, snippets: &[&'static str], file: &'static str) -> Self {
+        Self::on(OWN_PROLOGUE, name, snippets, file)
+    }
+
+    /// As [`batchable`](Self::batchable), on [`OWN_PROLOGUE`] (see [`own`](Self::own)).
+    pub(super) fn own_batchable(
+        name: &'static str,
+        snippets: &[&'static str],
+        file: &'static str,
+    ) -> Self {
+        Self::batchable_on(OWN_PROLOGUE, name, snippets, file)
+    }
+
+    /// A script on the prologue `base`, then `snippets`, then `file` (see
+    /// [`with_snippets`](Self::with_snippets)).
+    fn on(
+        base: &'static str,
+        name: &'static str,
+        snippets: &[&'static str],
+        file: &'static str,
+    ) -> Self {
         let (shebang, body) = split_shebang(file);
-        let (call, key) = op_source(snippets, body);
+        let (call, key) = op_source(base, snippets, body);
         let source = format!("{shebang}\nlocal memo = {{}}\n{call}{key}");
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
@@ -59,7 +86,17 @@ impl LuaScript {
         snippets: &[&'static str],
         file: &'static str,
     ) -> Self {
-        let mut script = Self::with_snippets(name, snippets, file);
+        Self::batchable_on(PROLOGUE, name, snippets, file)
+    }
+
+    /// [`batchable`](Self::batchable) on the prologue `base`.
+    fn batchable_on(
+        base: &'static str,
+        name: &'static str,
+        snippets: &[&'static str],
+        file: &'static str,
+    ) -> Self {
+        let mut script = Self::on(base, name, snippets, file);
         let (shebang, body) = split_shebang(file);
         let shebang = match shebang.split_once("flags=") {
             Some((head, flags)) => format!("{head}flags={flags},allow-cross-slot-keys"),
@@ -71,7 +108,7 @@ impl LuaScript {
         let (before, after) = head
             .split_once("--@call\n")
             .expect("batch.lua has a --@call line");
-        let (call, key) = op_source(snippets, body);
+        let (call, key) = op_source(base, snippets, body);
         let source = format!(
             "{shebang}\nlocal memo = {{}}\n{before}{call}{after}{}\n{tail}",
             key.trim_end_matches('\n')
@@ -146,13 +183,14 @@ fn split_shebang(file: &str) -> (&str, &str) {
     file.split_once('\n').unwrap_or((file, ""))
 }
 
-/// The code of a script built on the shared [`PROLOGUE`] and `snippets` (headers dropped), as
-/// what runs once per script call and what runs once per key: the part of the prologue and of
-/// each snippet above its `--@key` line (if it has one), then the rest of them and `body`. In a
-/// batch the keys share the first part (the time, helper functions that read no key).
-fn op_source(snippets: &[&str], body: &str) -> (String, String) {
+/// The code of a script built on the prologue `base` ([`PROLOGUE`] or [`OWN_PROLOGUE`]) and
+/// `snippets` (headers dropped), as what runs once per script call and what runs once per key:
+/// the part of the prologue and of each snippet above its `--@key` line (if it has one), then
+/// the rest of them and `body`. In a batch the keys share the first part (the time, helper
+/// functions that read no key).
+fn op_source(base: &'static str, snippets: &[&str], body: &str) -> (String, String) {
     let (mut call, mut key) = (String::new(), String::new());
-    for part in std::iter::once(&PROLOGUE).chain(snippets) {
+    for part in std::iter::once(&base).chain(snippets) {
         let text = without_header(part);
         let marker = if text.starts_with(KEY_MARKER) {
             Some(0)
@@ -186,6 +224,10 @@ fn without_header(file: &str) -> &str {
 /// The prologue every script built here starts with (time, the lock's state, `keep`, `clear`).
 /// Contract: `script/lua/prologue.lua`.
 const PROLOGUE: &str = include_str!("lua/prologue.lua");
+
+/// The prologue of the primitives that read their own fields (time and expiry grace only, no
+/// key read, no function). Contract: `script/lua/own_prologue.lua`.
+const OWN_PROLOGUE: &str = include_str!("lua/own_prologue.lua");
 
 /// The wrapper that runs a batchable script once per key of one node.
 /// Contract: `script/lua/batch.lua`.

@@ -121,8 +121,34 @@ fn renew_script(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_head(name, RENEW_HEAD, file)
 }
 
-/// The read-write lock's fields and helpers. Contract: `script/lua/rw_prologue.lua`.
+/// The lock prologue's expiry rule `keep` for the scripts on the own prologue.
+/// Contract: `script/lua/own_keep.lua`.
+const OWN_KEEP: &str = include_str!("lua/own_keep.lua");
+
+/// The read-write lock's state, read with one `HMGET`. Contract: `script/lua/rw_prologue.lua`.
 const RW_PROLOGUE: &str = include_str!("lua/rw_prologue.lua");
+
+/// The read-write lock's state, read with one `HGETALL` (for `rw_write`).
+/// Contract: `script/lua/rw_state_all.lua`.
+const RW_STATE_ALL: &str = include_str!("lua/rw_state_all.lua");
+
+/// The read-write lock's `forget` (remove an entry and its holds).
+/// Contract: `script/lua/rw_forget.lua`.
+const RW_FORGET: &str = include_str!("lua/rw_forget.lua");
+
+/// The read-write lock's `raise` (the key's expiry, never shortened).
+/// Contract: `script/lua/rw_raise.lua`.
+const RW_RAISE: &str = include_str!("lua/rw_raise.lua");
+
+/// The read-write lock's `set_until` (move an owner's lease). Contract: `script/lua/rw_lease.lua`.
+const RW_LEASE: &str = include_str!("lua/rw_lease.lua");
+
+/// The read-write lock's `role` and `settle` (an owner's own entry).
+/// Contract: `script/lua/rw_entry.lua`.
+const RW_ENTRY: &str = include_str!("lua/rw_entry.lua");
+
+/// The read-write lock's `was_forced` and `announce`. Contract: `script/lua/rw_notice.lua`.
+const RW_NOTICE: &str = include_str!("lua/rw_notice.lua");
 
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
@@ -134,8 +160,17 @@ fn with_queue(file: &'static str) -> &'static str {
     inline_at_queue(file, &[FENCE_RULE, RAISE, FAIR])
 }
 
-/// The semaphore's state (`sem_read`, `sem_mine`, ...). Contract: `script/lua/semaphore.lua`.
+/// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).
+/// Contract: `script/lua/semaphore.lua`.
 const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
+
+/// The semaphore's scan and grant helpers (`sem_read`, `sem_expire`, ...).
+/// Contract: `script/lua/semaphore_scan.lua`.
+const SEMAPHORE_SCAN: &str = include_str!("lua/semaphore_scan.lua");
+
+/// The semaphore's helpers for a holder's own permits (`sem_forced`, `sem_raise`).
+/// Contract: `script/lua/semaphore_hold.lua`.
+const SEMAPHORE_HOLD: &str = include_str!("lua/semaphore_hold.lua");
 
 /// `inspect(kind)`, the state of one key of any kind. Contract: `script/lua/inspect.lua`.
 const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
@@ -145,15 +180,15 @@ fn fenced(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::with_snippets(name, &[FENCE_RULE], file)
 }
 
-/// A read-write lock script: the prologue, the fence rule, [`RAISE`], the [`RW_PROLOGUE`],
-/// then `file`.
-fn rw_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+/// A read-write lock script: the own prologue, then `snippets` (the state and the helpers it
+/// calls, and no others: each function a script defines costs it per call), then `file`.
+fn rw_script(name: &'static str, snippets: &[&'static str], file: &'static str) -> LuaScript {
+    LuaScript::own(name, snippets, file)
 }
 
 /// [`rw_script`], with a batch twin (the calls on the hot path).
-fn rw_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, RAISE, RW_PROLOGUE], file)
+fn rw_batchable(name: &'static str, snippets: &[&'static str], file: &'static str) -> LuaScript {
+    LuaScript::own_batchable(name, snippets, file)
 }
 
 /// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
@@ -166,14 +201,30 @@ fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
     LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
 }
 
-/// A semaphore script: the prologue, the fence rule, the [`SEMAPHORE`] state, then `file`.
-fn semaphore_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, SEMAPHORE], file)
+/// What a semaphore script that scans or grants starts with (after the own prologue): the fence
+/// rule, `keep`, the [`SEMAPHORE`] helpers and [`SEMAPHORE_SCAN`].
+const SEMAPHORE_SCANNING: &[&str] = &[FENCE_RULE, OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN];
+
+/// What a semaphore script of a holder's own permits starts with (after the own prologue): the
+/// [`SEMAPHORE`] helpers and [`SEMAPHORE_HOLD`].
+const SEMAPHORE_HOLDING: &[&str] = &[SEMAPHORE, SEMAPHORE_HOLD];
+
+/// A semaphore script: the own prologue, `snippets`, then `file`.
+fn semaphore_script(
+    name: &'static str,
+    snippets: &[&'static str],
+    file: &'static str,
+) -> LuaScript {
+    LuaScript::own(name, snippets, file)
 }
 
 /// [`semaphore_script`], with a batch twin (the calls on the hot path).
-fn semaphore_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, SEMAPHORE], file)
+fn semaphore_batchable(
+    name: &'static str,
+    snippets: &[&'static str],
+    file: &'static str,
+) -> LuaScript {
+    LuaScript::own_batchable(name, snippets, file)
 }
 
 // The mutex.
@@ -240,38 +291,87 @@ pub(crate) static LATCH_STATE: LazyLock<LuaScript> =
 // The read-write lock.
 
 /// Grant a read hold. Contract: `script/lua/rw_read.lua`.
-pub(crate) static RW_READ: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_read", include_str!("lua/rw_read.lua")));
+pub(crate) static RW_READ: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_read",
+        &[FENCE_RULE, RW_PROLOGUE, RW_FORGET, RW_RAISE],
+        include_str!("lua/rw_read.lua"),
+    )
+});
 
 /// Grant the write hold, or record the waiting writer's intent.
 /// Contract: `script/lua/rw_write.lua`.
-pub(crate) static RW_WRITE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_write", include_str!("lua/rw_write.lua")));
+pub(crate) static RW_WRITE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_write",
+        &[FENCE_RULE, RW_STATE_ALL, RW_FORGET, RW_RAISE],
+        include_str!("lua/rw_write.lua"),
+    )
+});
 
 /// End a read or write hold (the release of its [`Kind`](crate::held::Scripts)).
 /// Contract: `script/lua/rw_release.lua`.
-pub(crate) static RW_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_release", include_str!("lua/rw_release.lua")));
+pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_release",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_FORGET],
+        include_str!("lua/rw_release.lua"),
+    )
+});
 
 /// Move a read or write hold's lease end to now + TTL. Contract: `script/lua/rw_extend.lua`.
-pub(crate) static RW_EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_batchable("rw_extend", include_str!("lua/rw_extend.lua")));
+pub(crate) static RW_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_batchable(
+        "rw_extend",
+        &[
+            OWN_KEEP,
+            RW_PROLOGUE,
+            RW_ENTRY,
+            RW_NOTICE,
+            RW_LEASE,
+            RW_RAISE,
+        ],
+        include_str!("lua/rw_extend.lua"),
+    )
+});
 
 /// The watchdog's batch for read and write holds. Contract: `script/lua/rw_renew.lua`.
 pub(crate) static RW_RENEW: LazyLock<LuaScript> =
     LazyLock::new(|| renew_script("rw_renew", include_str!("lua/rw_renew.lua")));
 
 /// Add a hold to this owner's read entry or write hold. Contract: `script/lua/rw_reenter.lua`.
-pub(crate) static RW_REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_reenter", include_str!("lua/rw_reenter.lua")));
+pub(crate) static RW_REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_reenter",
+        &[
+            OWN_KEEP,
+            RW_PROLOGUE,
+            RW_ENTRY,
+            RW_NOTICE,
+            RW_LEASE,
+            RW_RAISE,
+        ],
+        include_str!("lua/rw_reenter.lua"),
+    )
+});
 
 /// Turn a write hold into a read hold. Contract: `script/lua/rw_downgrade.lua`.
-pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_downgrade", include_str!("lua/rw_downgrade.lua")));
+pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_downgrade",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        include_str!("lua/rw_downgrade.lua"),
+    )
+});
 
 /// Withdraw a waiting writer's intent. Contract: `script/lua/rw_withdraw.lua`.
-pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> =
-    LazyLock::new(|| rw_script("rw_withdraw", include_str!("lua/rw_withdraw.lua")));
+pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
+    rw_script(
+        "rw_withdraw",
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        include_str!("lua/rw_withdraw.lua"),
+    )
+});
 
 // The fair lock.
 
@@ -307,6 +407,7 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> =
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_acquire",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_acquire.lua"),
     )
 });
@@ -316,6 +417,7 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_release",
+        SEMAPHORE_HOLDING,
         include_str!("lua/semaphore_release.lua"),
     )
 });
@@ -323,18 +425,28 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Move the lease end of an owner's permits to now + TTL.
 /// Contract: `script/lua/semaphore_extend.lua`.
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
-    semaphore_batchable("semaphore_extend", include_str!("lua/semaphore_extend.lua"))
+    semaphore_batchable(
+        "semaphore_extend",
+        SEMAPHORE_HOLDING,
+        include_str!("lua/semaphore_extend.lua"),
+    )
 });
 
 /// The watchdog's batch for semaphore holds. Contract: `script/lua/semaphore_renew.lua`.
-pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| semaphore_script("semaphore_renew", include_str!("lua/semaphore_renew.lua")));
+pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    semaphore_script(
+        "semaphore_renew",
+        SEMAPHORE_HOLDING,
+        include_str!("lua/semaphore_renew.lua"),
+    )
+});
 
 /// The stored limit and the live permits (`no-writes`).
 /// Contract: `script/lua/semaphore_available.lua`.
 pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_available",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_available.lua"),
     )
 });
@@ -343,6 +455,7 @@ pub(crate) static SEMAPHORE_AVAILABLE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_set_limit",
+        SEMAPHORE_SCANNING,
         include_str!("lua/semaphore_set_limit.lua"),
     )
 });
@@ -372,9 +485,9 @@ pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Free a read-write lock's writer and readers.
 /// Contract: `script/lua/rw_force_unlock.lua`.
 pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "rw_force_unlock",
-        &[FENCE_RULE, RAISE, RW_PROLOGUE, INSPECT_SNIPPET],
+        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE, INSPECT_SNIPPET],
         include_str!("lua/rw_force_unlock.lua"),
     )
 });
@@ -392,9 +505,9 @@ pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 /// Free every live permit of a semaphore.
 /// Contract: `script/lua/semaphore_force_unlock.lua`.
 pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "semaphore_force_unlock",
-        &[FENCE_RULE, SEMAPHORE, INSPECT_SNIPPET],
+        &[OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN, INSPECT_SNIPPET],
         include_str!("lua/semaphore_force_unlock.lua"),
     )
 });

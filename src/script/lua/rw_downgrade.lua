@@ -1,6 +1,6 @@
 -- rw_downgrade: turn this owner's write hold into a read hold with the same fence and lease, and
--- announce it when `waiters` is set (waiting readers may enter; `waiters` is removed) (lock
--- prologue, fence rule, rw prologue first).
+-- announce it when `waiters` is set (waiting readers may enter; `waiters` is removed)
+-- (own_prologue.lua, own_keep.lua, rw_prologue.lua, rw_entry.lua and rw_notice.lua first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] announce (`s`/`p`/empty), ARGV[3]
 -- expiry grace.
@@ -21,6 +21,6 @@ if expires <= now_ms then return {0, 0} end
 if role == 'r' then return {1, expires - now_ms} end
 if holds then return {-2, 0} end
 redis.call('HDEL', KEYS[1], 'w', 'wu', 'waiters')
-redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], string.format('%.0f:%.0f', expires, tonumber(lock[3])))
-if lock[5] then announce(ARGV[2]) end
+redis.call('HSET', KEYS[1], reader_field, string.format('%d:%d', expires, tonumber(last_fence)))
+if waiters then announce(ARGV[2]) end
 return {1, expires - now_ms}

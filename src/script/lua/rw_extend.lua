@@ -1,5 +1,6 @@
 -- rw_extend: move this owner's lease (its read entry or its write hold) to now + TTL, never
--- shortening it while the owner has several holds (lock prologue, fence rule, rw prologue first).
+-- shortening it while the owner has several holds (own_prologue.lua, own_keep.lua,
+-- rw_prologue.lua, rw_entry.lua, rw_notice.lua, rw_lease.lua and rw_raise.lua first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
 --
@@ -17,5 +18,5 @@ if expires <= now_ms then return {0, 0} end
 local ends = now_ms + tonumber(ARGV[2])
 if holds and expires > ends then ends = expires end
 set_until(ARGV[1], role, ends, value)
-raise(lock[3], ends)
+raise(last_fence, ends)
 return {1, ends - now_ms}

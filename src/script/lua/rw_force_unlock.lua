@@ -1,5 +1,5 @@
--- rw_force_unlock: an operator frees a read-write lock whoever holds it (lock prologue, fence
--- rule, rw prologue and the inspection snippet first). The writer and every reader go, with
+-- rw_force_unlock: an operator frees a read-write lock whoever holds it (own_prologue.lua,
+-- own_keep.lua, rw_prologue.lua, rw_entry.lua, rw_notice.lua and inspect.lua first). The writer and every reader go, with
 -- their hold counts and hold fields; the fence stays; a waiting writer's intent stays (it is
 -- a waiter, not a hold, and lapses on its own). When live holds were freed, their owners'
 -- tokens (the live writer's and each live reader's, space separated, at most one entry per
@@ -25,16 +25,16 @@ for n = 1, #flat, 2 do
     redis.call('HDEL', KEYS[1], field)
     freed = freed + 1
     local reader = string.sub(field, 3)
-    if head == 'r:' and (until_of(flat[n + 1]) or 0) > now_ms
+    if head == 'r:' and (tonumber(string.match(flat[n + 1], '^(%d+)')) or 0) > now_ms
       and not (writer_live and reader == writer) then
       owners[#owners + 1] = reader
     end
   end
 end
-extra.rs = nil
+rw[8] = false
 if #owners > 0 then
-  extra.forced = table.concat(owners, ' ')
-  redis.call('HSET', KEYS[1], 'forced', extra.forced)
+  rw[7] = table.concat(owners, ' ')
+  redis.call('HSET', KEYS[1], 'forced', rw[7])
 end
 if freed > 0 then
   settle()

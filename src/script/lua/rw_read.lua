@@ -1,4 +1,5 @@
--- rw_read: grant a read hold of a read-write lock (lock prologue, fence rule, rw prologue first).
+-- rw_read: grant a read hold of a read-write lock (own_prologue.lua, fence rule, rw_prologue.lua,
+-- rw_forget.lua and rw_raise.lua first).
 --
 -- KEYS[1] the lock's hash (`fencelock:{NAME}:rw`). ARGV[1] owner token, ARGV[2] TTL in ms,
 -- ARGV[3] floor (decimal, 0 for none), ARGV[4] fence mode (as acquire), ARGV[5] the most
@@ -20,28 +21,30 @@
 -- ends (at most a third of ARGV[2]). Not allow-oom.
 #!lua
 local mine = rw[5]
-if mine and (until_of(mine) or 0) > now_ms then return {2, fence_of(mine) or 0, 0} end
-if writer_live then
-  waiting()
-  return {0, writer_until - now_ms, 0}
+if mine and (tonumber(string.match(mine, '^(%d+)')) or 0) > now_ms then
+  return {2, tonumber(string.match(mine, ':(%d+)$')) or 0, 0}
 end
-if intent_live then
-  waiting()
-  return {0, intent_until - now_ms, 0}
+local blocked = writer_live and writer_until - now_ms or intent_live and intent_until - now_ms
+if blocked then
+  if not waiters then redis.call('HSET', KEYS[1], 'waiters', '1') end
+  return {0, blocked, 0}
 end
-local cap = tonumber(ARGV[5])
-local third = math.max(1, math.floor(tonumber(ARGV[2]) / 3))
-if not mine and redis.call('HLEN', KEYS[1]) >= cap then
+-- Without a stored fence no reader entry exists (every grant stores one, and it is never
+-- removed), so the hash's length need not be read: the key is new when nothing at all was read.
+local fresh = not (last_fence or intent or waiters or rw[7] or rw[8])
+if not mine and last_fence and redis.call('HLEN', KEYS[1]) >= ARGV[5] + 0 then
+  local cap = ARGV[5] + 0
+  local third = math.max(1, math.floor(ARGV[2] / 3))
   local full = tonumber(rw[8])
   if full and full > now_ms then
-    waiting()
+    if not waiters then redis.call('HSET', KEYS[1], 'waiters', '1') end
     return {0, math.min(full - now_ms, third), cap}
   end
   local fields, readers, first = redis.call('HGETALL', KEYS[1]), 0, nil
   for n = 1, #fields, 2 do
     local field = fields[n]
     if string.sub(field, 1, 2) == 'r:' then
-      local ends = until_of(fields[n + 1]) or 0
+      local ends = tonumber(string.match(fields[n + 1], '^(%d+)')) or 0
       if ends > now_ms then
         readers = readers + 1
         if not first or ends < first then first = ends end
@@ -51,14 +54,14 @@ if not mine and redis.call('HLEN', KEYS[1]) >= cap then
     end
   end
   if readers >= cap then
-    redis.call('HSET', KEYS[1], 'rs', first, 'waiters', 1)
+    redis.call('HSET', KEYS[1], 'rs', string.format('%d', first), 'waiters', '1')
     return {0, math.min(first - now_ms, third), readers}
   end
 end
-local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
-local ends = now_ms + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], string.format('%.0f:%.0f', ends, fence),
-  'fence', fence)
-raise(fence, ends)
+local ends = now_ms + ARGV[2]
+local stored = string.format('%d', fence)
+redis.call('HSET', KEYS[1], reader_field, string.format('%d:', ends) .. stored, 'fence', stored)
+raise(fence, ends, fresh)
 return {1, fence, behind}

@@ -1,5 +1,6 @@
--- rw_reenter: add a hold to this owner's read entry or write hold (lock prologue, fence rule,
--- rw prologue first). A writer may add read or write holds; a reader only read holds.
+-- rw_reenter: add a hold to this owner's read entry or write hold (own_prologue.lua,
+-- own_keep.lua, rw_prologue.lua, rw_entry.lua, rw_notice.lua, rw_lease.lua and rw_raise.lua
+-- first). A writer may add read or write holds; a reader only read holds.
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] a fresh hold id (hex), ARGV[3] TTL in
 -- ms (the lease moves to now + TTL unless it ends later), ARGV[4] `r` or `w` (the hold asked
@@ -25,11 +26,11 @@ local prefix = 'h:' .. ARGV[1] .. ':'
 if not count then
   redis.call('HSET', KEYS[1], prefix, 1, prefix .. ARGV[2], 1, 'c:' .. ARGV[1], 2)
 elseif redis.call('HSETNX', KEYS[1], prefix .. ARGV[2], 1) == 1 then
-  redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], count + 1)
+  redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], string.format('%d', count + 1))
 end
 local ends = now_ms + tonumber(ARGV[3])
 if ends > expires then set_until(ARGV[1], role, ends, value) else ends = expires end
-raise(lock[3], ends)
-local fence = tonumber(lock[3])
-if role == 'r' then fence = fence_of(value) end
+raise(last_fence, ends)
+local fence = tonumber(last_fence)
+if role == 'r' then fence = tonumber(string.match(value or '', ':(%d+)$')) end
 return {1, fence, ends - now_ms}

@@ -1,6 +1,7 @@
 -- rw_release: end one hold (read or write) of this owner; the last hold of the owner removes
 -- its entry and, when `waiters` is set (a refused acquire set it), removes that too and
--- announces the release on the lock's channel (lock prologue, fence rule, rw prologue first).
+-- announces the release on the lock's channel (own_prologue.lua, own_keep.lua,
+-- rw_prologue.lua, rw_entry.lua and rw_forget.lua first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] hold id (empty for the hold the
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none (the channel
@@ -13,7 +14,7 @@
 #!lua flags=allow-oom
 local role, ends = role()
 if not role then
-  if was_forced(ARGV[1]) then return -2 end
+  if rw[7] and string.find(' ' .. rw[7] .. ' ', ' ' .. ARGV[1] .. ' ', 1, true) then return -2 end
   if writer_live then return -1 end
   return 0
 end
@@ -25,11 +26,14 @@ end
 if holds or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[1] .. ':' .. ARGV[2]) == 0 then return 1 end
   if (holds or 1) > 1 then
-    redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], holds - 1)
+    redis.call('HSET', KEYS[1], 'c:' .. ARGV[1], string.format('%d', holds - 1))
     return 1
   end
 end
-forget(ARGV[1], role, lock[5] and 'waiters')
+forget(ARGV[1], role, waiters)
 settle()
-if lock[5] then announce(ARGV[3]) end
+if waiters then
+  if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+  elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+end
 return 1

@@ -1,5 +1,5 @@
 -- rw_write: grant the write hold of a read-write lock, or record this waiting writer's intent
--- (lock prologue, fence rule, rw prologue first).
+-- (own_prologue.lua, fence rule, rw_state_all.lua, rw_forget.lua and rw_raise.lua first).
 --
 -- KEYS[1] the lock's hash. ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor, ARGV[4]
 -- fence mode (as acquire), ARGV[5] the waiting call's intent id (empty: a single attempt,
@@ -16,18 +16,18 @@
 -- seen are deleted. An error reply (no write) as the fence rule says. Not allow-oom.
 #!lua
 if writer_live then
-  if writer == ARGV[1] then return {2, tonumber(lock[3]), 0} end
+  if writer == ARGV[1] then return {2, tonumber(last_fence), 0} end
 end
-local ttl = tonumber(ARGV[2])
+local ttl = ARGV[2] + 0
 local blocked = 0
 if writer_live then blocked = writer_until - now_ms end
 local theirs = intent_live and intent ~= ARGV[5]
 if theirs and intent_until - now_ms > blocked then blocked = intent_until - now_ms end
-local fields = redis.call('HGETALL', KEYS[1])
+local fields = all
 for n = 1, #fields, 2 do
   local field = fields[n]
   if string.sub(field, 1, 2) == 'r:' then
-    local ends = until_of(fields[n + 1]) or 0
+    local ends = tonumber(string.match(fields[n + 1], '^(%d+)')) or 0
     if ends > now_ms then
       if ends - now_ms > blocked then blocked = ends - now_ms end
     else
@@ -38,22 +38,23 @@ end
 if blocked > 0 then
   if ARGV[5] ~= '' and not theirs then
     local ends = now_ms + ttl
-    redis.call('HSET', KEYS[1], 'i', ARGV[5], 'iu', ends, 'waiters', 1)
-    raise(lock[3], ends)
+    redis.call('HSET', KEYS[1], 'i', ARGV[5], 'iu', string.format('%d', ends), 'waiters', '1')
+    raise(last_fence, ends)
     local third = math.max(1, math.floor(ttl / 3))
     if blocked > third then blocked = third end
-  else
-    waiting()
+  elseif not waiters then
+    redis.call('HSET', KEYS[1], 'waiters', '1')
   end
   return {0, blocked, #fields / 2}
 end
-local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 if writer then forget(writer, 'w') end
 local ends = now_ms + ttl
 if intent then
   redis.call('HDEL', KEYS[1], 'i', 'iu')
 end
-redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wu', ends, 'fence', fence)
-raise(fence, ends)
+redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wu', string.format('%d', ends), 'fence',
+  string.format('%d', fence))
+raise(fence, ends, #fields == 0)
 return {1, fence, behind}

@@ -1,4 +1,9 @@
--- The semaphore's state, shared by its scripts (inserted after the prologue and the fence rule).
+-- The semaphore's layout, and the helpers every semaphore script calls (inserted after
+-- own_prologue.lua and, in the scripts that grant, the fence rule and own_keep.lua). The helpers
+-- below are split by who calls them: `sem_parse_permit`, `sem_parse_res`, `sem_permit`,
+-- `sem_call` and `sem_mine` here; `sem_read`, `sem_held`, `sem_end` and `sem_expire` in
+-- semaphore_scan.lua (the scripts that scan or grant); `sem_forced` and `sem_raise` in
+-- semaphore_hold.lua (release, extend, renew).
 --
 -- One hash per semaphore, `<prefix>:{NAME}:sem`: `limit` (the number of permits), `fence` (the
 -- last fence granted, never removed), one field `p:<n>` per permit number n that was ever
@@ -49,68 +54,26 @@
 -- the replies of `HMGET` chunks joined (one chunk: the command's own reply). The client bounds every table a script builds: at most
 -- `MAX_PERMITS` entries (src/semaphore/mod.rs). None of them reads a key's state but through
 -- its arguments: all of it runs once per script call (it ends with the `--@key` line, see
--- prologue.lua).
+-- own_prologue.lua). `sem_parse_permit` finds the owner with a plain
+-- `string.find` of the first space and matches only the two numbers after it (nil for an absent
+-- value, without a match).
 local function sem_parse_permit(n, value)
-  local o, e, f = string.match(value or '', '^(%S+) (%d+) (%d+)$')
-  if not o then return nil end
-  local p = {n = n, owner = o, ends = tonumber(e), fence = f}
-  p.live = p.ends > now_ms
-  return p
+  if not value then return nil end
+  local at = string.find(value, ' ', 1, true)
+  if not at or at == 1 then return nil end
+  local e, f = string.match(value, '^(%d+) (%d+)$', at + 1)
+  if not e then return nil end
+  e = e + 0
+  return {n = n, owner = string.sub(value, 1, at - 1), ends = e, fence = f, live = e > now_ms}
 end
 local function sem_parse_res(value)
-  local o, c, e = string.match(value or '', '^(%S+) (%d+) (%d+)$')
+  if not value then return nil end
+  local o, c, e = string.match(value, '^(%S+) (%d+) (%d+)$')
   if not o then return nil end
   return {owner = o, count = tonumber(c), ends = tonumber(e), live = tonumber(e) > now_ms}
 end
-local function sem_read(key)
-  local s = {fence = 0, permits = {}, index = {}}
-  local flat = redis.call('HGETALL', key)
-  for i = 1, #flat, 2 do
-    local field, value = flat[i], flat[i + 1]
-    if field == 'limit' then
-      s.limit = tonumber(value)
-    elseif field == 'fence' then
-      s.fence = tonumber(value) or 0
-    elseif field == 'r' then
-      s.res = sem_parse_res(value)
-    elseif string.sub(field, 1, 2) == 'o:' then
-      s.index[#s.index + 1] = string.sub(field, 3)
-    else
-      local n = string.match(field, '^p:(%d+)$')
-      local p = n and sem_parse_permit(tonumber(n), value)
-      if p then s.permits[#s.permits + 1] = p end
-    end
-  end
-  return s
-end
-local function sem_held(mine)
-  table.sort(mine, function(a, b) return a.n < b.n end)
-  local reply = {2, tonumber(mine[1].fence), 0}
-  for _, p in ipairs(mine) do
-    reply[#reply + 1] = p.n
-    reply[#reply + 1] = tonumber(p.fence)
-  end
-  return reply
-end
-local function sem_end(s)
-  local ends = now_ms
-  for _, p in ipairs(s.permits) do
-    if p.live and p.ends > ends then ends = p.ends end
-  end
-  if s.res and s.res.live and s.res.ends > ends then ends = s.res.ends end
-  return ends
-end
 local function sem_permit(owner, ends, fence)
-  return string.format('%s %.0f %.0f', owner, ends, fence)
-end
-local function sem_expire(key, fresh, fence, ends)
-  if not grace then return redis.call('PERSIST', key) end
-  if memo.shift then
-    local fence_ms = math.ceil((fence - memo.shift) / 1000)
-    if fence_ms > ends then ends = fence_ms end
-  end
-  if fresh then return redis.call('PEXPIREAT', key, ends + grace) end
-  redis.call('PEXPIREAT', key, ends + grace, 'GT')
+  return string.format('%s %d %d', owner, ends, fence)
 end
 local function sem_call(verb, key, args)
   if #args <= 512 then
@@ -141,16 +104,5 @@ local function sem_mine(key, holder)
     if p and p.live and p.owner == owner then mine[#mine + 1] = p end
   end
   return owner, mine
-end
-local function sem_forced(key, owner)
-  local list = redis.call('HGET', key, 'forced')
-  return list and string.find(' ' .. list .. ' ', ' ' .. owner .. ' ', 1, true) ~= nil or false
-end
-local function sem_raise(key, ends)
-  if not grace then return redis.call('PERSIST', key) end
-  local current = redis.call('PEXPIRETIME', key)
-  if current < ends + grace then
-    redis.call('PEXPIREAT', key, ends + grace)
-  end
 end
 --@key

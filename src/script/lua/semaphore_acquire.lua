@@ -1,5 +1,5 @@
--- semaphore_acquire: take `count` permits of a semaphore for one owner, all or none (prologue,
--- fence rule and semaphore state first).
+-- semaphore_acquire: take `count` permits of a semaphore for one owner, all or none (own_prologue.lua,
+-- fence rule, own_keep.lua, semaphore.lua and semaphore_scan.lua first).
 --
 -- KEYS[1] the semaphore key (hash). ARGV[1] owner token, ARGV[2] count, ARGV[3] limit (the
 -- caller's; the first use stores it), ARGV[4] TTL in ms, ARGV[5] floor (decimal, 0 for none),
@@ -36,8 +36,8 @@
 -- Not allow-oom: refused with OOM at maxmemory.
 #!lua
 local key, owner, waiter = KEYS[1], ARGV[1], ARGV[7]
-local count, limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local c = redis.call('HMGET', key, 'limit', 'r', 'top', 'free', 'sf', 'o:' .. owner)
+local count, limit, ttl = ARGV[2] + 0, ARGV[3] + 0, ARGV[4] + 0
+local c = redis.call('HMGET', key, 'limit', 'r', 'top', 'free', 'sf', 'o:' .. owner, 'fence')
 local stored = tonumber(c[1])
 if stored and stored ~= limit then return {-1, stored} end
 local stamp = ' ' .. ARGV[3]
@@ -53,7 +53,7 @@ local blocked = res and res.live and res.owner ~= waiter
 local top, free = tonumber(c[3]), c[4] or ''
 if not stored then
   top, free = 0, ''
-elseif c[5] ~= (lock[3] or '') .. stamp then
+elseif c[5] ~= (c[7] or '') .. stamp then
   top = nil
 end
 local numbers, index
@@ -69,12 +69,12 @@ if top then
   end
   local from = top
   while #numbers < count and top < limit do
-    numbers[#numbers + 1] = top
+    numbers[#numbers + 1] = string.format('%d', top)
     top = top + 1
   end
   if top ~= from then
     index[#index + 1] = 'top'
-    index[#index + 1] = top
+    index[#index + 1] = string.format('%d', top)
   end
   local enough = #numbers == count
   if enough and blocked then
@@ -135,7 +135,7 @@ if not numbers then
     sweep(nil)
     local fresh = sweep_index({})
     fresh[#fresh + 1] = 'sf'
-    fresh[#fresh + 1] = high < limit and ((lock[3] or '') .. stamp) or ''
+    fresh[#fresh + 1] = high < limit and ((c[7] or '') .. stamp) or ''
     if not (tonumber(c[3]) == fresh[2] and (c[4] or '') == fresh[4] and c[5] == fresh[6]) then
       redis.call('HSET', key, unpack(fresh))
     end
@@ -145,7 +145,7 @@ if not numbers then
     if waiter ~= '' and count > 1 and not blocked then
       local ends = now_ms + ttl
       redis.call('HSET', key, 'limit', limit,
-        'r', waiter .. ' ' .. count .. ' ' .. string.format('%.0f', ends))
+        'r', waiter .. ' ' .. count .. ' ' .. string.format('%d', ends))
       s.res = {owner = waiter, count = count, ends = ends, live = true}
       keep(key, s.fence, sem_end(s))
       local half = math.ceil(ttl / 2)
@@ -165,34 +165,41 @@ if not numbers then
   sweep(reused)
   index = sweep_index(reused)
 end
--- The grant: the permits `numbers` (decimal strings or numbers), each with its fence, and
--- the index fields in `index` as they stand after it.
-local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[5], ARGV[6], count)
+-- The grant: the permits `numbers` (decimal strings), each with its fence, and the index
+-- fields in `index` as they stand after it. One permit (the common case) is written with one
+-- table constructor: no number turned into a string twice, no table grown field by field.
+local fence, behind = next_fence(tonumber(c[7]) or 0, ARGV[5], ARGV[6], count)
 if not fence then return behind end
 local ends = now_ms + ttl
-local last = string.format('%.0f', fence + count - 1)
-local reply = {1, fence, behind}
-index[#index + 1] = 'fence'
-index[#index + 1] = last
-index[#index + 1] = 'sf'
-index[#index + 1] = index.untrusted and '' or last .. stamp
-index[#index + 1] = 'o:' .. owner
-index[#index + 1] = table.concat(numbers, ' ')
-if not stored then
-  index[#index + 1] = 'limit'
-  index[#index + 1] = ARGV[3]
-end
-for i, n in ipairs(numbers) do
-  index[#index + 1] = 'p:' .. n
-  if count == 1 then
-    index[#index + 1] = string.format('%s %.0f %s', owner, ends, last)
-  else
-    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
+local last = string.format('%d', fence + count - 1)
+local sf = index.untrusted and '' or last .. stamp
+local reply
+if count == 1 then
+  local n = numbers[1]
+  local w = {'fence', last, 'sf', sf, 'o:' .. owner, n, 'p:' .. n,
+    string.format('%s %d %s', owner, ends, last), index[1], index[2], index[3], index[4]}
+  if not stored then
+    w[#w + 1] = 'limit'
+    w[#w + 1] = ARGV[3]
   end
-  reply[#reply + 1] = tonumber(n)
-  reply[#reply + 1] = fence + i - 1
+  redis.call('HSET', key, unpack(w))
+  reply = {1, fence, behind, n + 0, fence}
+else
+  reply = {1, fence, behind}
+  local k = #index
+  index[k + 1], index[k + 2], index[k + 3], index[k + 4] = 'fence', last, 'sf', sf
+  index[k + 5], index[k + 6] = 'o:' .. owner, table.concat(numbers, ' ')
+  if not stored then
+    index[k + 7], index[k + 8] = 'limit', ARGV[3]
+  end
+  for i, n in ipairs(numbers) do
+    index[#index + 1] = 'p:' .. n
+    index[#index + 1] = sem_permit(owner, ends, fence + i - 1)
+    reply[#reply + 1] = n + 0
+    reply[#reply + 1] = fence + i - 1
+  end
+  sem_call('HSET', key, index)
 end
-sem_call('HSET', key, index)
 if reserved then redis.call('HDEL', key, 'r') end
 sem_expire(key, not stored, fence + count - 1, ends)
 return reply

@@ -1,5 +1,5 @@
--- semaphore_available: the stored limit and how many permits are live (prologue, fence rule
--- and semaphore state first). Writes nothing.
+-- semaphore_available: the stored limit and how many permits are live (own_prologue.lua,
+-- fence rule, own_keep.lua, semaphore.lua and semaphore_scan.lua first). Writes nothing.
 --
 -- KEYS[1] the semaphore key. ARGV[1] expiry grace (unused; every script's last ARGV).
 --

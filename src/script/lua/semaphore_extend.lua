@@ -1,5 +1,5 @@
--- semaphore_extend: move the lease end of this owner's live permits to now + TTL (prologue,
--- fence rule and semaphore state first).
+-- semaphore_extend: move the lease end of this owner's live permits to now + TTL (own_prologue.lua,
+-- semaphore.lua and semaphore_hold.lua first).
 --
 -- KEYS[1] the semaphore key. ARGV[1] the holder: "<owner token> <n1> <n2> ...", its permit
 -- numbers (the hold id) after the token, ARGV[2] TTL in ms, ARGV[3] expiry grace.
@@ -12,7 +12,7 @@
 -- semaphore_force_unlock.lua). allow-oom.
 #!lua flags=allow-oom
 local key = KEYS[1]
-local ends = now_ms + tonumber(ARGV[2])
+local ends = now_ms + ARGV[2]
 local owner, mine = sem_mine(key, ARGV[1])
 local fields = {}
 for _, p in ipairs(mine) do

@@ -1,5 +1,5 @@
--- semaphore_force_unlock: an operator frees every live permit of a semaphore (prologue, fence
--- rule, semaphore state and the inspection snippet first). A live permit's entry is deleted;
+-- semaphore_force_unlock: an operator frees every live permit of a semaphore (own_prologue.lua,
+-- own_keep.lua, semaphore.lua, semaphore_scan.lua and inspect.lua first). A live permit's entry is deleted;
 -- `fence` and `limit` stay, so later permits get higher fences; a waiter's reservation stays.
 -- The freed permits' owners (each once, space separated: at most `MAX_PERMITS` tokens) replace
 -- `forced`, so a freed holder's next release, extend or renewal answers -2 (freed by a forced

@@ -1,5 +1,5 @@
 -- semaphore_release: release this owner's permits, or withdraw this waiter's reservation
--- (prologue, fence rule and semaphore state first).
+-- (own_prologue.lua, semaphore.lua and semaphore_hold.lua first).
 --
 -- KEYS[1] the semaphore key. ARGV[1] owner token (or waiter id), ARGV[2] the permit numbers, space
 -- separated: the hold id of the held contract (empty: every permit this owner holds), ARGV[3]
@@ -24,9 +24,14 @@
 local key, owner = KEYS[1], ARGV[1]
 local fields = {'r', 'o:' .. owner, 'free', 'sf'}
 local targets, found = {}, {}
-for n in string.gmatch(ARGV[2], '%d+') do
-  targets[#targets + 1] = tonumber(n)
-  fields[#fields + 1] = 'p:' .. n
+if ARGV[2] ~= '' and not string.find(ARGV[2], ' ', 1, true) then
+  targets[1] = ARGV[2]
+  fields[5] = 'p:' .. ARGV[2]
+else
+  for n in string.gmatch(ARGV[2], '%d+') do
+    targets[#targets + 1] = n
+    fields[#fields + 1] = 'p:' .. n
+  end
 end
 local values = sem_call('HMGET', key, fields)
 local res = sem_parse_res(values[1])

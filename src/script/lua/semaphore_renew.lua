@@ -1,5 +1,5 @@
 -- semaphore_renew: extend many owners' permits on one node in one call (the watchdog's batch;
--- prologue, fence rule and semaphore state first).
+-- own_prologue.lua, semaphore.lua and semaphore_hold.lua first).
 --
 -- KEYS[1] one of the semaphore keys (routes the call). ARGV triples: semaphore key, holder
 -- ("<owner token> <n1> <n2> ...", as for semaphore_extend), TTL in ms (keys of any slots this node serves, allow-cross-slot-keys), then the expiry
@@ -13,7 +13,7 @@
 local codes = {}
 for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
-  local ends = now_ms + tonumber(ARGV[i + 2])
+  local ends = now_ms + ARGV[i + 2]
   local owner, mine = sem_mine(key, ARGV[i + 1])
   local fields = {}
   for _, p in ipairs(mine) do

@@ -1,4 +1,5 @@
--- semaphore_set_limit: store a new limit (prologue, fence rule and semaphore state first).
+-- semaphore_set_limit: store a new limit (own_prologue.lua, fence rule,
+-- own_keep.lua, semaphore.lua and semaphore_scan.lua first).
 -- Permits held above a lowered limit stay until released or expired, and count against it. A
 -- reservation for more permits than the new limit can never be met: it is removed (its waiter
 -- finds the limit lowered at its next attempt and ends with an error).
