@@ -137,6 +137,17 @@ impl Wakeups {
         entry.idle_since = None;
         let rung = entry.rung.subscribe();
         let next = Arc::clone(&entry.next);
+        if entry.since.is_some() && state.dispatcher.is_some() {
+            // Subscribed already (another waiter's, or kept from an earlier wait): nothing to
+            // ask the dispatcher, which would only confirm it.
+            return Some(Subscription {
+                wakeups: Arc::clone(self),
+                channel: channel.to_owned(),
+                rung,
+                next,
+                confirmed: None,
+            });
+        }
         let (done, confirmed) = oneshot::channel();
         let command = Command::Sync {
             channel: channel.to_owned(),
