@@ -150,6 +150,20 @@ const RW_ENTRY: &str = include_str!("lua/rw_entry.lua");
 /// The read-write lock's `was_forced` and `announce`. Contract: `script/lua/rw_notice.lua`.
 const RW_NOTICE: &str = include_str!("lua/rw_notice.lua");
 
+/// The read-write lock's snippets for a call on an owner's own entry that may report a forced
+/// unlock or announce ([`RW_OWN_LEASE`] also moves the lease and raises the expiry).
+const RW_OWN_NOTICE: [&str; 4] = [OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE];
+
+/// [`RW_OWN_NOTICE`], and the lease move and the expiry raise.
+const RW_OWN_LEASE: [&str; 6] = [
+    OWN_KEEP,
+    RW_PROLOGUE,
+    RW_ENTRY,
+    RW_NOTICE,
+    RW_LEASE,
+    RW_RAISE,
+];
+
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
 
@@ -323,14 +337,7 @@ pub(crate) static RW_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static RW_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     rw_batchable(
         "rw_extend",
-        &[
-            OWN_KEEP,
-            RW_PROLOGUE,
-            RW_ENTRY,
-            RW_NOTICE,
-            RW_LEASE,
-            RW_RAISE,
-        ],
+        &RW_OWN_LEASE,
         include_str!("lua/rw_extend.lua"),
     )
 });
@@ -343,14 +350,7 @@ pub(crate) static RW_RENEW: LazyLock<LuaScript> =
 pub(crate) static RW_REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
     rw_script(
         "rw_reenter",
-        &[
-            OWN_KEEP,
-            RW_PROLOGUE,
-            RW_ENTRY,
-            RW_NOTICE,
-            RW_LEASE,
-            RW_RAISE,
-        ],
+        &RW_OWN_LEASE,
         include_str!("lua/rw_reenter.lua"),
     )
 });
@@ -359,7 +359,7 @@ pub(crate) static RW_REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> = LazyLock::new(|| {
     rw_script(
         "rw_downgrade",
-        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        &RW_OWN_NOTICE,
         include_str!("lua/rw_downgrade.lua"),
     )
 });
@@ -368,7 +368,7 @@ pub(crate) static RW_DOWNGRADE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
     rw_script(
         "rw_withdraw",
-        &[OWN_KEEP, RW_PROLOGUE, RW_ENTRY, RW_NOTICE],
+        &RW_OWN_NOTICE,
         include_str!("lua/rw_withdraw.lua"),
     )
 });
