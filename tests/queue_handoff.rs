@@ -386,3 +386,56 @@ async fn a_vanished_head_stalls_the_lock_no_longer_than_its_place_lease() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_or_timed_out_waiter_leaves_no_place_and_no_grant_behind() {
+    for kind in BOTH {
+        let server = Standalone::start();
+        let name = "gave-up";
+        let key = kind.key(name);
+        let holder = connect(&server.url()).await;
+        let guard = kind.try_take(&holder, name, &LockOptions::new()).await;
+        let waiter = connect(&server.url()).await;
+        // Cancelled: the task is aborted while its place is queued.
+        let task = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                let options = LockOptions::new().timeout(Duration::from_secs(30));
+                kind.take(&waiter, name, &options).await
+            })
+        };
+        eventually("the waiter to queue", Duration::from_secs(5), || {
+            places(&server.node, &key).len() == 1
+        })
+        .await;
+        task.abort();
+        assert!(matches!(task.await, Err(e) if e.is_cancelled()));
+        eventually(
+            "the cancelled waiter's place to be withdrawn",
+            Duration::from_secs(5),
+            || places(&server.node, &key).is_empty(),
+        )
+        .await;
+        // Timed out: the call gives its place up before it returns.
+        let options = LockOptions::new().timeout(Duration::from_millis(300));
+        let err = match kind {
+            Queue::Fair => waiter.fair_lock(name, &options).await.map(drop),
+            Queue::Mutex => waiter.lock(name, &options).await.map(drop),
+        }
+        .unwrap_err();
+        assert!(
+            matches!(err, fencelock::Error::Busy { .. }),
+            "{kind:?}: {err:?}"
+        );
+        assert!(places(&server.node, &key).is_empty(), "{kind:?}");
+        // The release hands the lock to nobody: it is free at once.
+        guard.release().await.unwrap();
+        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        assert_eq!(owner, None, "{kind:?}");
+        kind.try_take(&waiter, name, &LockOptions::new())
+            .await
+            .release()
+            .await
+            .unwrap();
+    }
+}
