@@ -8,7 +8,9 @@
 # the read-write lock's read and write holds, the semaphore (limit 8 on fresh names; limit 256
 # with 200 permits held by others, one acquire + release after another on the same key) and the
 # latch's count-down (latches of count 8; a "pair" is one count-down), sent as the client sends
-# them on a standalone server (announce `p`). Issue 22 item 3: the default fence mode
+# them on a standalone server (announce `p`). Issue 25: mutex-handoff-Q-queued, a hot lock's
+# server work per grant with Q waiters queued (a release that grants the head, and the
+# releaser's acquire that queues it again). Issue 22 item 3: the default fence mode
 # (epoch-clock, `hybrid` in the scripts) reads `CLUSTER INFO` only on a cluster, so the last
 # lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
 # the mutex pair in that mode, and what the epoch read and the cheaper reads considered for it
@@ -166,6 +168,27 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   done
 } >"$dir/latch"
 
+# A hot lock's handoff (issue 25): one lock, Q waiters queued (place lease 10 min, so their
+# places stay fresh under callgrind's slowdown), each "pair" one release that grants the head on
+# the server and announces it, and one acquire by the releaser that queues it again at the tail:
+# the server's scripts per grant in the hot-lock benchmark (scripts/bench-hot-lock.sh).
+# Owners hot0..hotQ: hot0 holds, hot1..hotQ queued (setup, not counted); step i's holder is
+# i mod (Q + 1).
+hot_owner() { printf 'hot%029d' "$1"; }
+for q in 8 32; do
+  {
+    resp EVALSHA "$acquire" 1 "fencelock:{hot$q}:lock" "$(hot_owner 0)" "$ttl" 0 clock "$grace"
+    for ((k = 1; k <= q; k++)); do
+      resp EVALSHA "$acquire" 1 "fencelock:{hot$q}:lock" "$(hot_owner "$k")" "$ttl" 0 clock 600000 "$grace"
+    done
+  } >"$dir/hot${q}_setup"
+  for ((i = 0; i < n; i++)); do
+    o=$(hot_owner $((i % (q + 1))))
+    resp EVALSHA "$release" 1 "fencelock:{hot$q}:lock" "$o" "" p "$grace"
+    resp EVALSHA "$acquire" 1 "fencelock:{hot$q}:lock" "$o" "$ttl" 0 clock 600000 "$grace"
+  done >"$dir/hot$q"
+done
+
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), callgrind, $n pairs per line"
 measure rslock "$dir/rslock"
 measure fencelock-single "$dir/single"
@@ -176,6 +199,8 @@ measure rw-write "$dir/rw_write"
 measure semaphore-limit-8 "$dir/sem8"
 measure semaphore-limit-256-held-200 "$dir/sem256" "$dir/sem256_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
+measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
+measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.
 cluster_port=$((port + 1))

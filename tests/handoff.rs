@@ -150,10 +150,37 @@ async fn another_client_waiting_gets_in_between_local_handoffs() {
     })
     .await;
 
+    let key = other.keys(name, &options()).unwrap().lock_key().to_owned();
+    // The busy client's tag: the first 8 characters of its owner tokens (it holds the lock).
+    let busy_tag = loop {
+        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        if let Some(owner) = owner {
+            break owner[..8].to_owned();
+        }
+        tokio::task::yield_now().await;
+    };
+    let queued_places = || -> usize {
+        let fields: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(&key));
+        fields
+            .iter()
+            .filter_map(|f| f.strip_prefix("q:"))
+            .filter(|owner| !owner.starts_with(&busy_tag))
+            .count()
+    };
     for round in 0..3 {
-        let grants_before = busy_client.stats().grants;
         let started = Instant::now();
-        let guard = other.lock(name, &options()).await.unwrap();
+        let waiting = {
+            let other = other.clone();
+            tokio::spawn(async move { other.lock(name, &options()).await.unwrap() })
+        };
+        // Counted from when its place is queued in Redis (before that, on a loaded machine,
+        // its request may take a while to get there while the local handoffs run on).
+        eventually("the other client's place", Duration::from_secs(5), || {
+            waiting.is_finished() || queued_places() > 0
+        })
+        .await;
+        let grants_before = busy_client.stats().grants;
+        let guard = waiting.await.unwrap();
         let waited = started.elapsed();
         let local_grants = busy_client.stats().grants - grants_before;
         order.lock().unwrap().push((guard.fence().get(), 'b'));

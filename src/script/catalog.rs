@@ -168,10 +168,14 @@ const RW_OWN_LEASE: [&str; 6] = [
 const FAIR: &str = include_str!("lua/fair.lua");
 
 /// A mutex script whose `--@queue` line (inside the block that meets a queue) is replaced by
-/// the fence rule, [`RAISE`] and the [`FAIR`] queue: the fair lock's queue functions, created
-/// only by a call that meets a queue (`assemble::inline_at_queue`).
+/// the fence rule, [`RAISE`], the [`FAIR`] queue and the mutex's arrival index
+/// (`script/lua/mutex_queue.lua`): functions created only by a call that meets a queue
+/// (`assemble::inline_at_queue`).
 fn with_queue(file: &'static str) -> &'static str {
-    inline_at_queue(file, &[FENCE_RULE, RAISE, FAIR])
+    inline_at_queue(
+        file,
+        &[FENCE_RULE, RAISE, FAIR, include_str!("lua/mutex_queue.lua")],
+    )
 }
 
 /// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).

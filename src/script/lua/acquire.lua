@@ -1,6 +1,6 @@
 -- acquire: grant the lock to an owner and advance its fence, or keep a waiting caller's place in
 -- the lock's queue (lock prologue and fence rule first; a call that meets a queue, or keeps a
--- place, runs raise.lua and the queue snippet fair.lua, inlined at its `--@queue` line, so an
+-- place, runs raise.lua, fair.lua and mutex_queue.lua, inlined at its `--@queue` line, so an
 -- uncontended grant creates none of their functions).
 --
 -- KEYS[1] the lock key (hash).
@@ -19,8 +19,11 @@
 -- not the head gets busy (no barging ahead of the queue); a release grants the lock to the head
 -- on the server and announces it on the head's client's channel (release.lua, `hand`). Dead
 -- places go when a scan sees them; the watchdog renews live ones (fair_renew_place.lua); a caller
--- that gives up withdraws its place (fair_withdraw.lua). A caller finding the hash at 272 fields
--- or more (128 places and the lock's own) gets no place and polls.
+-- that gives up withdraws its place (fair_withdraw.lua). The head is found through the arrival
+-- index `s:<seq>` / `qh` (mutex_queue.lua, `head`), not by reading the whole queue. A caller
+-- finding the hash at 400 fields or more (about 128 places with their index entries, and the
+-- lock's own) gets no place and polls. A free lock whose first 64 index entries are all gone is
+-- granted to the caller (the walk stops there; the next call goes on from where it stopped).
 --
 -- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
 -- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, or a grant a
@@ -36,11 +39,10 @@
 #!lua
 local place = 0
 if #ARGV >= 6 then place = tonumber(ARGV[5]) or 0 end
--- A scan of the queue, when the caller met one and may be granted.
-local q
 if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') then
 --@queue
-  if live and owner == ARGV[1] then
+  local me = ARGV[1]
+  if live and owner == me then
     local ends = now_ms + tonumber(ARGV[2])
     if ends > expires then
       redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
@@ -52,30 +54,49 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
   if live then
     wait, latest = expires - now_ms, expires
   else
-    q = scan(ARGV[1])
-    if q.head and q.head ~= ARGV[1] then
+    local q, pending, last = head()
+    if q and q.head ~= me then
       if place <= 0 then return {0, q.head_end - now_ms, 0} end
-      wait, latest = q.head_end - now_ms, q.latest
-    end
-  end
-  if wait then
-    local me = ARGV[1]
-    local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
-    local seq, queued = nil, 0
-    if mine then
-      seq = string.match(mine, '^(%d+) ')
-    elseif redis.call('HLEN', KEYS[1]) >= 272 then
-      return {0, wait, 0, -1}
+      wait, latest = q.head_end - now_ms, q.head_end
     else
-      seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
+      -- The head (this caller), or no live place is queued: granted.
+      local fence, behind = next_fence(tonumber(lock[3]) or 0, tonumber(ARGV[3]), ARGV[4])
+      if not fence then return behind end
+      if lock[4] then clear(KEYS[1], lock) end
+      local ends = now_ms + tonumber(ARGV[2])
+      redis.call('HSET', KEYS[1], 'owner', me,
+        'until', string.format('%d', ends),
+        'fence', string.format('%d', fence))
+      if q then
+        redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
+        redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
+      end
+      if (q and q.seq < last) or (not q and pending) then
+        redis.call('HSET', KEYS[1], 'waiters', 'q')
+        raise(fence, ends)
+      else
+        redis.call('HDEL', KEYS[1], 'waiters')
+        keep(KEYS[1], fence, ends)
+      end
+      return {1, fence, behind}
     end
-    local ends = now_ms + place
-    redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
-      'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
-    if ends > latest then latest = ends end
-    raise(lock[3], latest)
-    return {0, wait, 0, queued}
   end
+  local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
+  local seq, queued = nil, 0
+  if mine then
+    seq = string.match(mine, '^(%d+) ')
+  elseif redis.call('HLEN', KEYS[1]) >= 400 then
+    return {0, wait, 0, -1}
+  else
+    seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
+    redis.call('HSET', KEYS[1], 's:' .. seq, me)
+  end
+  local ends = now_ms + place
+  redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
+    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
+  if ends > latest then latest = ends end
+  raise(lock[3], latest)
+  return {0, wait, 0, queued}
 end
 if live then
   local tag = string.sub(ARGV[1], 1, 8)
@@ -96,11 +117,5 @@ local ends = now_ms + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
   'until', string.format('%d', ends),
   'fence', string.format('%d', fence))
-local latest = ends
-if q then
-  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1], 'g:' .. ARGV[1]) end
-  if q.count <= (q.mine and 1 or 0) then redis.call('HDEL', KEYS[1], 'waiters') end
-  if q.latest > latest then latest = q.latest end
-end
-keep(KEYS[1], fence, latest)
+keep(KEYS[1], fence, ends)
 return {1, fence, behind}

@@ -86,9 +86,9 @@ local function handed(q, how, stored)
   end
   local ends = now_ms + ttl
   redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head)
-  redis.call('HSET', KEYS[1], 'owner', head, 'until', string.format('%.0f', ends),
-    'fence', string.format('%.0f', fence))
-  wake(head, how, string.format('%.0f %.0f %d', fence, behind, ttl))
+  redis.call('HSET', KEYS[1], 'owner', head, 'until', string.format('%d', ends),
+    'fence', string.format('%d', fence))
+  wake(head, how, string.format('%d %d %d', fence, behind, ttl))
   return ends, fence
 end
 local function hand(q, how, stored, latest)

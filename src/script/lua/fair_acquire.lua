@@ -25,7 +25,7 @@
 if live and owner == ARGV[1] then
   local ends = now_ms + tonumber(ARGV[2])
   if ends > expires then
-    redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+    redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
     raise(lock[3], ends)
   end
   return {2, tonumber(lock[3]), 0, 0}
@@ -41,8 +41,8 @@ if not live and (not q.head or q.head == me) then
   if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
   local ends = now_ms + tonumber(ARGV[2])
   redis.call('HSET', KEYS[1], 'owner', me,
-    'until', string.format('%.0f', ends),
-    'fence', string.format('%.0f', fence))
+    'until', string.format('%d', ends),
+    'fence', string.format('%d', fence))
   local latest = q.latest
   if ends > latest then latest = ends end
   keep(KEYS[1], fence, latest)
@@ -71,7 +71,7 @@ if not seq then
   q.ahead = q.count
 end
 local ends = now_ms + place
-redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %.0f', seq, ends),
+redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %d', seq, ends),
   'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
 local latest = q.latest
 if ends > latest then latest = ends end

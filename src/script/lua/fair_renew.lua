@@ -22,11 +22,11 @@ for i = 1, #ARGV - 1, 3 do
     codes[#codes + 1] = -1
   else
     local ends = now_ms + tonumber(ARGV[i + 2])
-    redis.call('HSET', key, 'until', string.format('%.0f', ends))
+    redis.call('HSET', key, 'until', string.format('%d', ends))
     if grace then
       local current = redis.call('PEXPIRETIME', key)
       if current < 0 or current < ends + grace then
-        redis.call('PEXPIREAT', key, string.format('%.0f', ends + grace))
+        redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
       end
     else
       redis.call('PERSIST', key)

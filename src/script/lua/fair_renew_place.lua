@@ -20,11 +20,11 @@ for i = 1, #ARGV - 1, 3 do
   if place then seq, ends = string.match(place, '^(%d+) (%d+)$') end
   if ends and tonumber(ends) > now_ms then
     local until_ms = now_ms + tonumber(ARGV[i + 2])
-    redis.call('HSET', key, 'q:' .. who, seq .. ' ' .. string.format('%.0f', until_ms))
+    redis.call('HSET', key, 'q:' .. who, seq .. ' ' .. string.format('%d', until_ms))
     if grace then
       local current = redis.call('PEXPIRETIME', key)
       if current >= 0 and current < until_ms + grace then
-        redis.call('PEXPIREAT', key, string.format('%.0f', until_ms + grace))
+        redis.call('PEXPIREAT', key, string.format('%d', until_ms + grace))
       end
     end
     codes[#codes + 1] = 1

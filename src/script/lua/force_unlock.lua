@@ -26,14 +26,7 @@ if owner then
   local handed_on = false
   if lock[5] == 'q' then
 --@queue
-    local q = scan(nil)
-    if q.head then
-      local latest = q.latest
-      if now_ms > latest then latest = now_ms end
-      local handed = hand(q, ARGV[1], lock[3], latest)
-      if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
-      handed_on = true
-    end
+    handed_on = hand_head(ARGV[1], lock[3])
   end
   if not handed_on then
     keep(KEYS[1], lock[3], now_ms)

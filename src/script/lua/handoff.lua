@@ -43,13 +43,9 @@ local tag = string.sub(ARGV[1], 1, 8)
 local others
 if lock[5] == 'q' then
 --@queue
-  local q = scan(ARGV[1])
-  if q.head then
+  if head() then
     clear(KEYS[1], lock)
-    local latest = q.latest
-    if now_ms > latest then latest = now_ms end
-    local handed = hand(q, ARGV[3], lock[3], latest)
-    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    hand_head(ARGV[3], lock[3])
     return {code, 2, 0, 0}
   end
   others = false

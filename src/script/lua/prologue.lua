@@ -8,8 +8,9 @@
 -- until fence holds waiters`, `owner` and `expires` its first two; `live` is true when `owner`
 -- holds an unexpired lease; `lock[4]` is the hold count of a re-entered lock (absent for one hold);
 -- `lock[5]` is set when an acquire found the lock busy since it was last freed (a waiter may
--- listen: the release announces). `clear(KEYS[1], lock)` removes every field but `fence` and
--- `forced` (the owner token a forced unlock freed, see force_unlock.lua).
+-- listen: the release announces). `clear(KEYS[1], lock)` removes the hold: `owner`, `until`,
+-- `waiters`, and a re-entered lock's `holds` and `h:<id>` fields; `fence`, `forced` (the owner
+-- token a forced unlock freed, see force_unlock.lua) and a queue's places stay.
 --
 -- The last `ARGV` of every lock script is the key's expiry grace in ms, or empty to keep the
 -- key for good. `keep(key, fence, ends)` is called after every write that grants or extends.
@@ -45,9 +46,11 @@ local function keep(key, fence, ends)
 end
 local function clear(key, lock)
   if not lock[4] then return redis.call('HDEL', key, 'owner', 'until', 'waiters') end
+  local gone = {'owner', 'until', 'waiters', 'holds'}
   for _, field in ipairs(redis.call('HKEYS', key)) do
-    if field ~= 'fence' and field ~= 'forced' then redis.call('HDEL', key, field) end
+    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
   end
+  redis.call('HDEL', key, unpack(gone))
 end
 --@key
 grace = tonumber(ARGV[#ARGV])

@@ -17,6 +17,6 @@ local function raise(fence, ends)
   local target = ends + grace
   local current = redis.call('PEXPIRETIME', KEYS[1])
   if current < target then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', target))
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', target))
   end
 end

@@ -42,14 +42,7 @@ clear(KEYS[1], lock)
 if not lock[5] then return 1 end
 if lock[5] == 'q' then
 --@queue
-  local q = scan(ARGV[1])
-  if q.head then
-    local latest = q.latest
-    if now_ms > latest then latest = now_ms end
-    local handed = hand(q, ARGV[3], lock[3], latest)
-    if q.count > (handed and 1 or 0) then redis.call('HSET', KEYS[1], 'waiters', 'q') end
-    return 1
-  end
+  if hand_head(ARGV[3], lock[3]) then return 1 end
 end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end

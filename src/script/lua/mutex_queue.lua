@@ -1,0 +1,61 @@
+-- The mutex's queue (inlined with fence.lua, raise.lua and fair.lua at the `--@queue` line of
+-- the mutex's scripts, inside the block that meets a queue). The places are the fair lock's
+-- (`q:<owner>` = "<seq> <place lease end ms>", `g:<owner>` its grant arguments, `qseq`), plus
+-- an arrival index, so that the head is found without reading the whole queue: `s:<seq>` =
+-- the owner that arrived as seq, and `qh`, the lowest seq that may still be queued.
+--
+-- `head()` walks the index from `qh` up to `qseq`: the first entry whose place is there with the
+-- same seq and a lease that has not ended is the head; index entries of places that are gone
+-- (granted, withdrawn) are deleted on the way, and so are places whose lease ended. At most 64
+-- entries a call (the call's work stays bounded; the queued waiters re-check within 250 ms and
+-- their acquires go on from where it stopped). Returns the head as {head, head_end, seq} or
+-- nil, whether entries remain at or after the head (or after the 64), and `qseq`.
+-- `hand_head(how, stored)`: the release's handoff: the head is granted the lock on the server
+-- and told so on its client's channel (`handed`, fair.lua), its index entry goes and `qh` moves
+-- past it, and the key's expiry is raised to cover the grant (never shortened: other places'
+-- leases need it); a stale head is only woken. `waiters` is set to `q` while entries remain.
+-- True when a head was found.
+local function head()
+  local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq')
+  local h, last = tonumber(at[1]) or 1, tonumber(at[2]) or 0
+  local start, dead, found = h, {}, nil
+  while h <= last and h < start + 64 do
+    local who = redis.call('HGET', KEYS[1], 's:' .. h)
+    if who then
+      local place = redis.call('HGET', KEYS[1], 'q:' .. who)
+      local seq, ends
+      if place then seq, ends = string.match(place, '^(%d+) (%d+)$') end
+      seq, ends = tonumber(seq), tonumber(ends)
+      if seq == h and ends and ends > now_ms then
+        found = {head = who, head_end = ends, seq = h}
+        break
+      end
+      dead[#dead + 1] = 's:' .. h
+      if seq == h then
+        dead[#dead + 1] = 'q:' .. who
+        dead[#dead + 1] = 'g:' .. who
+      end
+    end
+    h = h + 1
+  end
+  if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
+  if h ~= start then redis.call('HSET', KEYS[1], 'qh', h) end
+  return found, h <= last, last
+end
+local function hand_head(how, stored)
+  local q, pending, last = head()
+  if not q then
+    if pending then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    return false
+  end
+  local ends, fence = handed(q, how, stored)
+  if ends then
+    redis.call('HDEL', KEYS[1], 's:' .. q.seq)
+    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
+    raise(fence, ends)
+    if q.seq < last then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+  else
+    redis.call('HSET', KEYS[1], 'waiters', 'q')
+  end
+  return true
+end
