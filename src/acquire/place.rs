@@ -5,8 +5,9 @@
 //! reads; a call that ends without the lock withdraws its place (and a grant it did not see),
 //! at once or, when dropped, in the background.
 //!
-//! The layout in the lock's hash (`script/lua/fair.lua`): `q:<owner>` = "<seq> <place lease
-//! end ms>", `g:<owner>` = "<TTL ms> <place lease ms> <floor> <fence mode>", `qseq`.
+//! The layout in the lock's hash (`script/lua/fair.lua`): `q:<owner>` =
+//! `"<seq> <place lease end ms>"`, `g:<owner>` = `"<TTL ms> <place lease ms> <floor> <fence
+//! mode>"`, `qseq`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
