@@ -247,3 +247,21 @@ const OWN_PROLOGUE: &str = include_str!("lua/own_prologue.lua");
 /// The wrapper that runs a batchable script once per key of one node.
 /// Contract: `script/lua/batch.lua`.
 const BATCH: &str = include_str!("lua/batch.lua");
+
+#[cfg(test)]
+mod tests {
+    use super::inline_at;
+
+    #[test]
+    fn inline_at_replaces_every_marker_line_and_nothing_else() {
+        let file =
+            "-- header\n#!lua\nif a then\n--@sem\nend\nif b then\n--@sem\nend\n-- not --@sem\n";
+        let snippet = "-- its header\nlocal function f() end\n--@key\nlocal g = 1\n";
+        assert_eq!(
+            inline_at(file, "--@sem", &[snippet]),
+            "-- header\n#!lua\nif a then\nlocal function f() end\nlocal g = 1\nend\n\
+             if b then\nlocal function f() end\nlocal g = 1\nend\n-- not --@sem\n"
+        );
+        assert_eq!(inline_at(file, "--@queue", &[snippet]), file);
+    }
+}
