@@ -718,3 +718,85 @@ async fn a_limit_lowered_below_a_waiting_many_permit_call_ends_it_and_frees_the_
     first.release().await.unwrap();
     second.release().await.unwrap();
 }
+
+/// How many times the server ran `PUBLISH` since the last `CONFIG RESETSTAT` (scripts' calls
+/// included).
+fn publishes(server: &Standalone) -> u64 {
+    let info: String = server.node.cmd(redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_publish:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_announces_only_after_a_refused_acquire_and_wakes_the_waiter() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let semaphore = client.semaphore("quiet", 1).unwrap();
+    let key = semaphore.keys().lock_key().to_owned();
+    let long = LockOptions::new().ttl(Duration::from_secs(60));
+
+    // Uncontended: nothing published, no flag left.
+    let _: () = server.node.cmd(redis::cmd("CONFIG").arg("RESETSTAT"));
+    for _ in 0..3 {
+        semaphore
+            .try_acquire(&long)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(publishes(&server), 0, "no waiter, no announcement");
+    let flag: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("waiters"));
+    assert_eq!(flag, None);
+
+    // A refused acquire sets `waiters`; the next release announces once and removes it.
+    let held = semaphore.try_acquire(&long).await.unwrap();
+    let err = semaphore.try_acquire(&long).await.unwrap_err();
+    assert!(err.is_busy(), "{err:?}");
+    let flag: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("waiters"));
+    assert_eq!(flag.as_deref(), Some("1"), "the refusal left its flag");
+    held.release().await.unwrap();
+    assert_eq!(
+        publishes(&server),
+        1,
+        "the release after a refusal announces"
+    );
+    let flag: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("waiters"));
+    assert_eq!(flag, None, "the announcing release removed the flag");
+
+    // A waiter behind a 60 s lease is woken by the release, not by its retry timer.
+    let held = semaphore.try_acquire(&long).await.unwrap();
+    let waiting = {
+        let semaphore = semaphore.clone();
+        tokio::spawn(async move {
+            let options = LockOptions::new()
+                .ttl(Duration::from_secs(60))
+                .timeout(Duration::from_secs(20));
+            let started = Instant::now();
+            let guard = semaphore.acquire(&options).await.unwrap();
+            (started.elapsed(), guard)
+        })
+    };
+    until(
+        "the waiter to be refused once",
+        Duration::from_secs(5),
+        || {
+            let flag: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("waiters"));
+            async move { flag.is_some() }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (_, guard) = waiting.await.unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken by the release after {:?}",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+}

@@ -160,20 +160,35 @@ impl LuaScript {
 /// functions (a closure costs the server about 2–3k instructions per call, measured with
 /// `scripts/bench-server-cost.sh`). Built once per process.
 pub(super) fn inline_at_queue(file: &'static str, snippets: &[&str]) -> &'static str {
-    let Some(at) = file.find("\n--@queue\n").map(|at| at + 1) else {
+    inline_at(file, "--@queue", snippets)
+}
+
+/// `file` with every line equal to `marker` (such as `--@queue`, `--@sem`) replaced by
+/// `snippets`' code, headers dropped and `--@key` lines removed (see [`inline_at_queue`]): a
+/// script with several rare paths that need the same helpers (the semaphore's resend, scan
+/// and many-permit grant) defines them in each such block, and a call that takes none of them
+/// defines none. Without such a line, `file` itself. Built once per process.
+pub(super) fn inline_at(file: &'static str, marker: &str, snippets: &[&str]) -> &'static str {
+    if !file.lines().any(|line| line == marker) {
         return file;
-    };
-    let mut text = String::with_capacity(file.len() + 8192);
-    text.push_str(&file[..at]);
+    }
+    let mut code = String::new();
     for snippet in snippets {
         for line in without_header(snippet).lines() {
             if line != KEY_MARKER.trim_end() {
-                text.push_str(line);
-                text.push('\n');
+                code.push_str(line);
+                code.push('\n');
             }
         }
     }
-    text.push_str(&file[at + "--@queue\n".len()..]);
+    let mut text = String::with_capacity(file.len() + 4 * code.len());
+    for line in file.split_inclusive('\n') {
+        if line.trim_end_matches('\n') == marker {
+            text.push_str(&code);
+        } else {
+            text.push_str(line);
+        }
+    }
     Box::leak(text.into_boxed_str())
 }
 
@@ -232,3 +247,21 @@ const OWN_PROLOGUE: &str = include_str!("lua/own_prologue.lua");
 /// The wrapper that runs a batchable script once per key of one node.
 /// Contract: `script/lua/batch.lua`.
 const BATCH: &str = include_str!("lua/batch.lua");
+
+#[cfg(test)]
+mod tests {
+    use super::inline_at;
+
+    #[test]
+    fn inline_at_replaces_every_marker_line_and_nothing_else() {
+        let file =
+            "-- header\n#!lua\nif a then\n--@sem\nend\nif b then\n--@sem\nend\n-- not --@sem\n";
+        let snippet = "-- its header\nlocal function f() end\n--@key\nlocal g = 1\n";
+        assert_eq!(
+            inline_at(file, "--@sem", &[snippet]),
+            "-- header\n#!lua\nif a then\nlocal function f() end\nlocal g = 1\nend\n\
+             if b then\nlocal function f() end\nlocal g = 1\nend\n-- not --@sem\n"
+        );
+        assert_eq!(inline_at(file, "--@queue", &[snippet]), file);
+    }
+}

@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use super::assemble::{inline_at_queue, LuaScript};
+use super::assemble::{inline_at, inline_at_queue, LuaScript};
 
 /// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
 ///
@@ -236,6 +236,21 @@ fn semaphore_script(
     LuaScript::own(name, snippets, file)
 }
 
+/// The semaphore acquire's body with the scanning helpers (`keep`, [`SEMAPHORE`],
+/// [`SEMAPHORE_SCAN`]) inlined at each `--@sem` line, inside the blocks of its rare paths (a
+/// resent acquire, the scan, a many-permit grant): a one-permit grant from the index defines
+/// no function but the fence rule's (`assemble::inline_at`).
+fn acquire_with_helpers(file: &'static str) -> &'static str {
+    inline_at(file, "--@sem", &[OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN])
+}
+
+/// The semaphore release's body with the holding helpers ([`SEMAPHORE`], [`SEMAPHORE_HOLD`])
+/// inlined at each `--@sem` line (a release without permit numbers, a command of more than 512
+/// arguments): a release of numbered permits defines no function (`assemble::inline_at`).
+fn release_with_helpers(file: &'static str) -> &'static str {
+    inline_at(file, "--@sem", SEMAPHORE_HOLDING)
+}
+
 /// [`semaphore_script`], with a batch twin (the calls on the hot path).
 fn semaphore_batchable(
     name: &'static str,
@@ -411,8 +426,8 @@ pub(crate) static FAIR_RENEW_PLACE: LazyLock<LuaScript> =
 pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_acquire",
-        SEMAPHORE_SCANNING,
-        include_str!("lua/semaphore_acquire.lua"),
+        &[FENCE_RULE],
+        acquire_with_helpers(include_str!("lua/semaphore_acquire.lua")),
     )
 });
 
@@ -421,8 +436,8 @@ pub(crate) static SEMAPHORE_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_release",
-        SEMAPHORE_HOLDING,
-        include_str!("lua/semaphore_release.lua"),
+        &[],
+        release_with_helpers(include_str!("lua/semaphore_release.lua")),
     )
 });
 

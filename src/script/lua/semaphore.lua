@@ -3,7 +3,11 @@
 -- below are split by who calls them: `sem_parse_permit`, `sem_parse_res`, `sem_permit`,
 -- `sem_call` and `sem_mine` here; `sem_read`, `sem_held`, `sem_end` and `sem_expire` in
 -- semaphore_scan.lua (the scripts that scan or grant); `sem_forced` and `sem_raise` in
--- semaphore_hold.lua (release, extend, renew).
+-- semaphore_hold.lua (release, extend, renew). The acquire and the release (the hot path) take
+-- none of them up front: their code is inlined at each `--@sem` line of those scripts, inside
+-- the blocks of their rare paths (script/catalog.rs), and their common paths do the same work
+-- inline, so a one-permit grant from the index and a release of numbered permits define no
+-- function of these.
 --
 -- One hash per semaphore, `<prefix>:{NAME}:sem`: `limit` (the number of permits), `fence` (the
 -- last fence granted, never removed), one field `p:<n>` per permit number n that was ever
@@ -11,7 +15,9 @@
 -- 0 marks a permit its owner released), and `r` = "<waiter> <count> <end ms>", the reservation
 -- of the first waiting many-permit requester; after a forced unlock that freed live permits,
 -- `forced` = their owners' tokens, space separated (see semaphore_force_unlock.lua; no permit,
--- `sem_read` skips it).
+-- `sem_read` skips it); `waiters` = "1" while an acquire was refused since the last release
+-- that announced (set by semaphore_acquire.lua, removed by semaphore_release.lua when it
+-- publishes; no permit, `sem_read` skips it).
 --
 -- So that a grant touches only what it takes (not every entry, as up to this version: O(limit)),
 -- the hash also keeps an index, written by the scripts of this layout alongside the entries and
