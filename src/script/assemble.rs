@@ -31,11 +31,6 @@ impl LuaScript {
         Self::from_source(name, source.trim_end_matches('\n').to_owned())
     }
 
-    /// A lock script: the `#!lua` line of `file`, then the shared [`PROLOGUE`], then the rest.
-    pub(super) fn with_prologue(name: &'static str, file: &'static str) -> Self {
-        Self::with_snippets(name, &[], file)
-    }
-
     /// A script of a primitive built on the lock prologue: the `#!lua` line of `file`, then the
     /// once-per-call parts of the shared [`PROLOGUE`] and of `snippets` (the primitive's own
     /// prologue, shared rules such as the fence rule `script/lua/fence.lua`), then their
@@ -192,6 +187,23 @@ pub(super) fn inline_at(file: &'static str, marker: &str, snippets: &[&str]) -> 
     Box::leak(text.into_boxed_str())
 }
 
+/// `file` with its `--@fence` line (if any) replaced by the fence rule itself, the lines of
+/// `fence_rule` (`script/lua/fence.lua`) between its two `--@fence` lines: the mutex's acquire
+/// runs the rule inline, with no function created per call. Built once per process.
+pub(super) fn inline_fence(file: &'static str, fence_rule: &str) -> &'static str {
+    const MARKER: &str = "--@fence\n";
+    let Some(at) = file.find("\n--@fence\n").map(|at| at + 1) else {
+        return file;
+    };
+    let mut parts = fence_rule.split(MARKER);
+    let rule = match (parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(rule), Some(_)) => rule,
+        _ => panic!("fence.lua has two --@fence lines"),
+    };
+    let text = format!("{}{rule}{}", &file[..at], &file[at + MARKER.len()..]);
+    Box::leak(text.into_boxed_str())
+}
+
 /// The `#!lua` line of `file` (header skipped) and the rest.
 fn split_shebang(file: &str) -> (&str, &str) {
     let file = without_header(file);
@@ -236,7 +248,7 @@ fn without_header(file: &str) -> &str {
     rest
 }
 
-/// The prologue every script built here starts with (time, the lock's state, `keep`, `clear`).
+/// The prologue every lock script starts with (time, the lock's state; no function).
 /// Contract: `script/lua/prologue.lua`.
 const PROLOGUE: &str = include_str!("lua/prologue.lua");
 

@@ -6,7 +6,7 @@
 
 use std::sync::LazyLock;
 
-use super::assemble::{inline_at, inline_at_queue, LuaScript};
+use super::assemble::{inline_at, inline_at_queue, inline_fence, LuaScript};
 
 /// A Lua script fencelock runs, for review or for preloading with `SCRIPT LOAD`.
 ///
@@ -108,6 +108,11 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
 /// The fence rule every granting script shares (`next_fence`). Contract: `script/lua/fence.lua`.
 const FENCE_RULE: &str = include_str!("lua/fence.lua");
 
+/// The lock prologue's helpers `keep` (the key-expiry rule) and `clear`, for the scripts that
+/// call them (acquire and release inline their common paths instead). Contract:
+/// `script/lua/keep.lua`.
+const KEEP: &str = include_str!("lua/keep.lua");
+
 /// The expiry that is only ever raised (`raise`), for keys holding other callers' entries.
 /// Contract: `script/lua/raise.lua`.
 const RAISE: &str = include_str!("lua/raise.lua");
@@ -168,13 +173,19 @@ const RW_OWN_LEASE: [&str; 6] = [
 const FAIR: &str = include_str!("lua/fair.lua");
 
 /// A mutex script whose `--@queue` line (inside the block that meets a queue) is replaced by
-/// the fence rule, [`RAISE`], the [`FAIR`] queue and the mutex's arrival index
-/// (`script/lua/mutex_queue.lua`): functions created only by a call that meets a queue
+/// the fence rule, keep.lua's helpers, [`RAISE`], the [`FAIR`] queue and the mutex's arrival
+/// index (`script/lua/mutex_queue.lua`): functions created only by a call that meets a queue
 /// (`assemble::inline_at_queue`).
 fn with_queue(file: &'static str) -> &'static str {
     inline_at_queue(
         file,
-        &[FENCE_RULE, RAISE, FAIR, include_str!("lua/mutex_queue.lua")],
+        &[
+            FENCE_RULE,
+            KEEP,
+            RAISE,
+            FAIR,
+            include_str!("lua/mutex_queue.lua"),
+        ],
     )
 }
 
@@ -193,9 +204,9 @@ const SEMAPHORE_HOLD: &str = include_str!("lua/semaphore_hold.lua");
 /// `inspect(kind)`, the state of one key of any kind. Contract: `script/lua/inspect.lua`.
 const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
 
-/// A granting script: the prologue and the [`FENCE_RULE`], then `file`.
+/// A granting script: the prologue, the [`FENCE_RULE`] and [`KEEP`], then `file`.
 fn fenced(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE], file)
+    LuaScript::with_snippets(name, &[FENCE_RULE, KEEP], file)
 }
 
 /// A read-write lock script: the own prologue, then `snippets` (the state and the helpers it
@@ -209,14 +220,15 @@ fn rw_batchable(name: &'static str, snippets: &[&'static str], file: &'static st
     LuaScript::own_batchable(name, snippets, file)
 }
 
-/// A fair lock script: the prologue, the fence rule, [`RAISE`], the [`FAIR`] queue, then `file`.
+/// A fair lock script: the prologue, the fence rule, [`KEEP`], [`RAISE`], the [`FAIR`] queue,
+/// then `file`.
 fn fair_script(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::with_snippets(name, &[FENCE_RULE, RAISE, FAIR], file)
+    LuaScript::with_snippets(name, &[FENCE_RULE, KEEP, RAISE, FAIR], file)
 }
 
 /// [`fair_script`], with a batch twin (the calls on the hot path).
 fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
-    LuaScript::batchable(name, &[FENCE_RULE, RAISE, FAIR], file)
+    LuaScript::batchable(name, &[FENCE_RULE, KEEP, RAISE, FAIR], file)
 }
 
 /// What a semaphore script that scans or grants starts with (after the own prologue): the fence
@@ -266,8 +278,8 @@ fn semaphore_batchable(
 pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "acquire",
-        &[FENCE_RULE],
-        with_queue(include_str!("lua/acquire.lua")),
+        &[],
+        with_queue(inline_fence(include_str!("lua/acquire.lua"), FENCE_RULE)),
     )
 });
 
@@ -289,11 +301,11 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 
 /// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
 pub(crate) static EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("extend", &[], include_str!("lua/extend.lua")));
+    LazyLock::new(|| LuaScript::batchable("extend", &[KEEP], include_str!("lua/extend.lua")));
 
 /// Add a hold to a lock this owner holds, with the same fence. Contract: `script/lua/reenter.lua`.
 pub(crate) static REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("reenter", &[], include_str!("lua/reenter.lua")));
+    LazyLock::new(|| LuaScript::batchable("reenter", &[KEEP], include_str!("lua/reenter.lua")));
 
 /// The watchdog's batch: extend many leases on one node in one call.
 /// Contract: `script/lua/renew.lua`.
@@ -496,7 +508,7 @@ pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "force_unlock",
-        &[INSPECT_SNIPPET],
+        &[KEEP, INSPECT_SNIPPET],
         with_queue(include_str!("lua/force_unlock.lua")),
     )
 });
@@ -516,7 +528,7 @@ pub(crate) static RW_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static FAIR_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "fair_force_unlock",
-        &[FENCE_RULE, RAISE, FAIR, INSPECT_SNIPPET],
+        &[FENCE_RULE, KEEP, RAISE, FAIR, INSPECT_SNIPPET],
         include_str!("lua/fair_force_unlock.lua"),
     )
 });
@@ -536,7 +548,7 @@ pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(||
 pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "latch_force_unlock",
-        &[INSPECT_SNIPPET],
+        &[KEEP, INSPECT_SNIPPET],
         include_str!("lua/latch_force_unlock.lua"),
     )
 });
@@ -546,5 +558,9 @@ pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
 /// The quorum lock's second round: raise a node's fence to the chosen token.
 /// Contract: `script/lua/quorum_commit.lua`.
 pub(crate) static QUORUM_COMMIT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_prologue("quorum_commit", include_str!("lua/quorum_commit.lua"))
+    LuaScript::with_snippets(
+        "quorum_commit",
+        &[KEEP],
+        include_str!("lua/quorum_commit.lua"),
+    )
 });

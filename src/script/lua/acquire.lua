@@ -1,7 +1,8 @@
 -- acquire: grant the lock to an owner and advance its fence, or keep a waiting caller's place in
--- the lock's queue (lock prologue and fence rule first; a call that meets a queue, or keeps a
--- place, runs raise.lua, fair.lua and mutex_queue.lua, inlined at its `--@queue` line, so an
--- uncontended grant creates none of their functions).
+-- the lock's queue (lock prologue first; the fence rule, fence.lua, inlined at its `--@fence`
+-- line; a call that meets a queue, or keeps a place, runs keep.lua, raise.lua, fair.lua and
+-- mutex_queue.lua, inlined at its `--@queue` line; an uncontended grant inlines keep.lua's
+-- rule too, and so creates no function at all).
 --
 -- KEYS[1] the lock key (hash).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: the token granted is above it
@@ -109,13 +110,36 @@ if lock[5] and lock[5] == 'y' .. string.sub(ARGV[1], 1, 8) then
   if expires and expires > now_ms then return {0, expires - now_ms, 0} end
   redis.call('HDEL', KEYS[1], 'waiters')
 end
-local stored = tonumber(lock[3]) or 0
-local fence, behind = next_fence(stored, tonumber(ARGV[3]), ARGV[4])
+-- fence.lua's rule, inlined (see its `--@fence` lines).
+local stored, floor, mode, count = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1
+local fence, behind = stored + 1, 0
+--@fence
 if not fence then return behind end
-if lock[4] then clear(KEYS[1], lock) end
-local ends = now_ms + tonumber(ARGV[2])
+if lock[4] then
+  -- keep.lua's `clear` of a re-entered lock's leftovers, inlined.
+  local gone = {'owner', 'until', 'waiters', 'holds'}
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+  end
+  redis.call('HDEL', KEYS[1], unpack(gone))
+end
+local ends = now_ms + ARGV[2]
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],
-  'until', string.format('%d', ends),
-  'fence', string.format('%d', fence))
-keep(KEYS[1], fence, ends)
+  'until', string.format('%d', ends), 'fence', string.format('%d', fence))
+-- keep.lua's `keep(KEYS[1], fence, ends)`, inlined (this script defines no function on its
+-- common path): a grant in clock or hybrid mode (`memo.shift` set) expires at
+-- max(ends, fence as ms) + grace.
+local latest = ends
+if not grace then
+  redis.call('PERSIST', KEYS[1])
+elseif memo.shift then
+  if fence - memo.shift > latest * 1000 then latest = math.ceil((fence - memo.shift) / 1000) end
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+elseif fence > latest * 1000 then
+  if redis.call('PEXPIRETIME', KEYS[1]) < latest + grace then
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+  end
+else
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+end
 return {1, fence, behind}

@@ -1,4 +1,4 @@
--- extend: move this owner's lease end to now + TTL (lock prologue first). While the lock has
+-- extend: move this owner's lease end to now + TTL (lock prologue and keep.lua first). While the lock has
 -- several holds (re-entry) the lease ends at the latest end any hold asked for: an extension
 -- never shortens it then, so no hold's guard overstates its validity.
 --
@@ -14,8 +14,8 @@ if not live or owner ~= ARGV[1] then
   if not live then return {0, 0} end
   return {-1, 0}
 end
-local ends = now_ms + tonumber(ARGV[2])
-if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
+local ends = now_ms + ARGV[2]
+if (lock[4] or 1) + 0 > 1 and expires > ends then ends = expires end
 redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
 keep(KEYS[1], lock[3], ends)
 return {1, ends - now_ms}

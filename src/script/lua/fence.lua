@@ -15,10 +15,15 @@
 -- 2^53 - 1 or the epoch cannot be read. The epoch is read once per call and kept in `memo`
 -- (one table per script call: a batch of many keys pays for one `CLUSTER INFO`). All of it
 -- runs once per script call (it ends with the `--@key` line, see prologue.lua).
+--
+-- The lines between the two `--@fence` lines are the rule itself, written without a `return`:
+-- the mutex's acquire inlines them at its own `--@fence` line (`assemble::inline_fence`), where
+-- `stored`, `floor`, `mode`, `count`, `fence` (= stored + 1) and `behind` (= 0) are locals, so
+-- its grant creates no function; on failure they leave `fence` nil and `behind` the error.
 local function next_fence(stored, floor, mode, count)
-  local fence = stored + 1
+  local fence, behind = stored + 1, 0
+--@fence
   floor = tonumber(floor) or 0
-  local behind = 0
   if mode == 'clock' then
     memo.shift = 0
     if now_us > floor then floor = now_us end
@@ -31,13 +36,13 @@ local function next_fence(stored, floor, mode, count)
       memo.epoch = epoch
     end
     if not epoch then
-      return nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
-    end
-    if mode == 'epoch' then
+      fence, behind = nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
+    elseif mode == 'epoch' then
       if epoch >= 2097152 then
-        return nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
+        fence, behind = nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
+      elseif epoch * 4294967296 > floor then
+        floor = epoch * 4294967296
       end
-      if epoch * 4294967296 > floor then floor = epoch * 4294967296 end
     else
       memo.shift = epoch * 17179869184
       local clock = now_us + memo.shift
@@ -45,10 +50,13 @@ local function next_fence(stored, floor, mode, count)
       if stored > clock then behind = stored - clock end
     end
   end
-  if fence <= floor then fence = floor + 1 end
-  if fence > 9007199254740991 - ((count or 1) - 1) then
-    return nil, redis.error_reply('ERR fencelock: the next fence would pass 2^53 - 1 (stored ' .. string.format('%.0f', stored) .. '): lower the floor')
+  if fence then
+    if fence <= floor then fence = floor + 1 end
+    if fence > 9007199254740991 - ((count or 1) - 1) then
+      fence, behind = nil, redis.error_reply('ERR fencelock: the next fence would pass 2^53 - 1 (stored ' .. string.format('%d', stored) .. '): lower the floor')
+    end
   end
+--@fence
   return fence, behind
 end
 --@key

@@ -1,5 +1,5 @@
--- force_unlock: an operator frees a mutex whoever holds it (lock prologue and the inspection
--- snippet first; a call that meets a queue runs the fence rule, raise.lua and the queue snippet
+-- force_unlock: an operator frees a mutex whoever holds it (lock prologue, keep.lua and the
+-- inspection snippet first; a call that meets a queue runs the fence rule, raise.lua and the queue snippet
 -- fair.lua, inlined at its `--@queue` line). Every hold goes (`clear(KEYS[1], lock)`: owner, lease, hold count and hold
 -- fields), the fence stays, so the next grant is above the freed one; the key's expiry follows
 -- the rule of every write (`keep`), and a freed live lock is announced on the lock's channel; with

@@ -1,6 +1,6 @@
 -- handoff: release one hold of owner A and, when that frees the lock, grant it in the same call
--- to owner B, a waiting task of the same client, with the fence rule (lock prologue and fence
--- rule first; a call that meets a queue runs raise.lua and the queue snippet fair.lua, inlined
+-- to owner B, a waiting task of the same client, with the fence rule (lock prologue, fence
+-- rule and keep.lua first; a call that meets a queue runs raise.lua and the queue snippet fair.lua, inlined
 -- at its `--@queue` line). A grant costs one call when the next holder waits in the releasing client.
 --
 -- KEYS[1] the lock key. ARGV[1] owner A's token, ARGV[2] A's hold id (empty for the hold the
@@ -33,7 +33,7 @@ elseif not live then
   code = 0
 elseif lock[4] or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return {1, 0, 0, 0} end
-  local holds = tonumber(lock[4] or 1) - 1
+  local holds = (lock[4] or 1) - 1
   if holds > 0 then
     redis.call('HSET', KEYS[1], 'holds', holds)
     return {1, 0, 0, 0}
@@ -54,12 +54,12 @@ else
 end
 local fence, behind
 local take = tonumber(ARGV[9]) or 1
-if not others then fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[6], ARGV[7], take) end
+if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take) end
 if not fence then
   clear(KEYS[1], lock)
   if others then
     redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
-      'until', string.format('%d', now_ms + tonumber(ARGV[8])))
+      'until', string.format('%d', now_ms + ARGV[8]))
   end
   if lock[5] then
     if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
@@ -68,10 +68,9 @@ if not fence then
   return {code, 2, 0, 0}
 end
 if lock[4] then clear(KEYS[1], lock) elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
-local ends = now_ms + tonumber(ARGV[5])
+local ends = now_ms + ARGV[5]
 local last = fence + take - 1
 redis.call('HSET', KEYS[1], 'owner', ARGV[4],
-  'until', string.format('%d', ends),
-  'fence', string.format('%d', last))
+  'until', string.format('%d', ends), 'fence', string.format('%d', last))
 keep(KEYS[1], last, ends)
 return {code, 1, fence, behind}

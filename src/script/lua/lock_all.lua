@@ -44,9 +44,12 @@ local ends = now_ms + tonumber(ARGV[2])
 local reply = {1, behind}
 for i, key in ipairs(KEYS) do
   if states[i][4] then
+    -- A re-entered lock's leftover holds (a queue's places and its `waiters` mark stay).
+    local gone = {'holds'}
     for _, field in ipairs(redis.call('HKEYS', key)) do
-      if field ~= 'fence' then redis.call('HDEL', key, field) end
+      if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
     end
+    redis.call('HDEL', key, unpack(gone))
   end
   redis.call('HSET', key, 'owner', ARGV[1],
     'until', string.format('%.0f', ends),

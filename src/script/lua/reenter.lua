@@ -1,5 +1,5 @@
--- reenter: add a hold to a lock this owner holds, returning the same fence (lock prologue
--- first).
+-- reenter: add a hold to a lock this owner holds, returning the same fence (lock prologue and
+-- keep.lua first).
 --
 -- KEYS[1] lock key. ARGV[1] owner token, ARGV[2] a fresh hold id (hex), ARGV[3] TTL in ms: the
 -- lease is moved to now + TTL unless it already ends later; ARGV[4] expiry grace.
@@ -18,11 +18,11 @@ end
 if not lock[4] then
   redis.call('HSET', KEYS[1], 'h:', 1, 'h:' .. ARGV[2], 1, 'holds', 2)
 elseif redis.call('HSETNX', KEYS[1], 'h:' .. ARGV[2], 1) == 1 then
-  redis.call('HSET', KEYS[1], 'holds', tonumber(lock[4]) + 1)
+  redis.call('HSET', KEYS[1], 'holds', lock[4] + 1)
 end
-local ends = now_ms + tonumber(ARGV[3])
+local ends = now_ms + ARGV[3]
 if ends > expires then
-  redis.call('HSET', KEYS[1], 'until', string.format('%.0f', ends))
+  redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
 else
   ends = expires
 end

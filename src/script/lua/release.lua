@@ -1,8 +1,8 @@
--- release: end one hold of this owner; the last frees the lock (keeping the fence) and,
--- when an acquire found it busy meanwhile (`waiters`), announces it on the lock's channel (lock
--- prologue first; a call that meets a queue runs the fence rule, raise.lua and the queue
--- snippet fair.lua, inlined at its `--@queue` line). With a queue (`waiters`
--- is `q`, see acquire.lua) it grants the lock to the head place instead, on the server, and
+-- release: end one hold of this owner; the last frees the lock (keeping the fence: keep.lua's
+-- `clear`, inlined) and, when an acquire found it busy meanwhile (`waiters`), announces it on
+-- the lock's channel (lock prologue first; a call that meets a queue runs the fence rule,
+-- keep.lua, raise.lua and the queue snippet fair.lua, inlined at its `--@queue` line). With a
+-- queue (`waiters` is `q`, see acquire.lua) it grants the lock to the head place instead, on the server, and
 -- announces the grant on the head's client's channel only (`hand`, fair.lua: the fence by the
 -- head's own arguments, its TTL from now); a head whose place was not renewed lately is only
 -- woken there. Without waiters nothing is published: in a cluster every SPUBLISH is also sent
@@ -26,20 +26,28 @@ if owner ~= ARGV[1] then
   if live then return -1 end
   return 0
 end
+local code = 1
 if not live then
-  clear(KEYS[1], lock)
-  return 0
-end
-if lock[4] or ARGV[2] ~= '' then
+  code = 0
+elseif lock[4] or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return 1 end
-  local holds = tonumber(lock[4] or 1) - 1
+  local holds = (lock[4] or 1) - 1
   if holds > 0 then
     redis.call('HSET', KEYS[1], 'holds', holds)
     return 1
   end
 end
-clear(KEYS[1], lock)
-if not lock[5] then return 1 end
+-- keep.lua's `clear`, inlined (this script defines no function on its common path).
+if not lock[4] then
+  redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters')
+else
+  local gone = {'owner', 'until', 'waiters', 'holds'}
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+  end
+  redis.call('HDEL', KEYS[1], unpack(gone))
+end
+if code == 0 or not lock[5] then return code end
 if lock[5] == 'q' then
 --@queue
   if hand_head(ARGV[3], lock[3]) then return 1 end

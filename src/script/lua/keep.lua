@@ -1,0 +1,39 @@
+-- The lock prologue's helpers (inserted after prologue.lua in the scripts that call them; the
+-- mutex's acquire and release inline what their common paths need instead, so they define
+-- neither: see prologue.lua). Both run once per script call (the part above `--@key`).
+--
+-- `clear(key, lock)` removes the hold: `HDEL owner until waiters`, and for a re-entered lock
+-- (`lock[4]` set) its `holds` and `h:<id>` hold fields too; `fence`, `forced` (the owner token a
+-- forced unlock freed, see force_unlock.lua) and a queue's places (acquire.lua) stay.
+--
+-- The key-expiry rule: `keep(key, fence, ends)` is called after every write that grants or
+-- extends. In a call that granted (the fence rule set `memo.shift`) it sets the key to expire at
+-- `max(ends, fence as ms) + grace`, the fence read as server time (`fence - memo.shift` µs),
+-- where `ends` is the lease end (or now, for a freed lock): in clock and hybrid modes the next
+-- grant after the key expired starts above the fence, as the clock has passed it by `grace`.
+-- Any other write sets it to `ends + grace` when the fence read as ms is behind `ends` (clock
+-- mode; this may lower it), else only raises the expiry to that (or sets it on a key without
+-- one): the grant's expiry already covers the fence, which for an epoch-clock fence is far
+-- ahead of the clock. Without a grace it removes any expiry. A release only removes fields and
+-- leaves the expiry alone.
+local function keep(key, fence, ends)
+  if not grace then return redis.call('PERSIST', key) end
+  fence = (fence or 0) + 0
+  if not memo.shift and fence > ends * 1000 then
+    local current = redis.call('PEXPIRETIME', key)
+    if current < ends + grace then redis.call('PEXPIREAT', key, string.format('%d', ends + grace)) end
+    return
+  end
+  local fence_ms = math.ceil((fence - (memo.shift or 0)) / 1000)
+  if fence_ms > ends then ends = fence_ms end
+  redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
+end
+local function clear(key, lock)
+  if not lock[4] then return redis.call('HDEL', key, 'owner', 'until', 'waiters') end
+  local gone = {'owner', 'until', 'waiters', 'holds'}
+  for _, field in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+  end
+  redis.call('HDEL', key, unpack(gone))
+end
+--@key
