@@ -172,6 +172,13 @@ const RW_OWN_LEASE: [&str; 6] = [
 /// The fair lock's queue (`scan`, `raise`, `wake`). Contract: `script/lua/fair.lua`.
 const FAIR: &str = include_str!("lua/fair.lua");
 
+/// A mutex script whose `--@clear` line (inside its branch for a re-entered lock) is replaced
+/// by `script/lua/clear_holds.lua`: keep.lua's `clear` written once, inlined where a script
+/// defines no function on its common path.
+fn with_clear(file: &'static str) -> &'static str {
+    inline_at(file, "--@clear", &[include_str!("lua/clear_holds.lua")])
+}
+
 /// A mutex script whose `--@queue` line (inside the block that meets a queue) is replaced by
 /// the fence rule, keep.lua's helpers, [`RAISE`], the [`FAIR`] queue and the mutex's arrival
 /// index (`script/lua/mutex_queue.lua`): functions created only by a call that meets a queue
@@ -279,7 +286,10 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "acquire",
         &[],
-        with_queue(inline_fence(include_str!("lua/acquire.lua"), FENCE_RULE)),
+        with_queue(inline_fence(
+            with_clear(include_str!("lua/acquire.lua")),
+            FENCE_RULE,
+        )),
     )
 });
 
@@ -291,7 +301,11 @@ pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
 /// End one hold; the last frees the lock. Replies an [`Outcome`](super::Outcome) code.
 /// Contract: `script/lua/release.lua`.
 pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::batchable("release", &[], with_queue(include_str!("lua/release.lua")))
+    LuaScript::batchable(
+        "release",
+        &[],
+        with_queue(with_clear(include_str!("lua/release.lua"))),
+    )
 });
 
 /// Release A's hold and grant B of the same client in one call. No batch twin: it

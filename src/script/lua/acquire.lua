@@ -116,12 +116,8 @@ local fence, behind = stored + 1, 0
 --@fence
 if not fence then return behind end
 if lock[4] then
-  -- keep.lua's `clear` of a re-entered lock's leftovers, inlined.
-  local gone = {'owner', 'until', 'waiters', 'holds'}
-  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
-  end
-  redis.call('HDEL', KEYS[1], unpack(gone))
+  -- keep.lua's `clear` of a re-entered lock's leftovers, inlined (clear_holds.lua).
+--@clear
 end
 local ends = now_ms + ARGV[2]
 redis.call('HSET', KEYS[1], 'owner', ARGV[1],

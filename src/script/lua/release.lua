@@ -41,11 +41,7 @@ end
 if not lock[4] then
   redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters')
 else
-  local gone = {'owner', 'until', 'waiters', 'holds'}
-  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
-  end
-  redis.call('HDEL', KEYS[1], unpack(gone))
+--@clear
 end
 if code == 0 or not lock[5] then return code end
 if lock[5] == 'q' then
