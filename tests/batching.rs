@@ -86,11 +86,10 @@ async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
             _ => {
                 let guard = result.unwrap_or_else(|e| panic!("{name}: {e}"));
                 assert_eq!(guard.name(), name);
-                let owner: String = server.node.cmd(
-                    redis::cmd("HGET")
-                        .arg(format!("fencelock:{{{name}}}:lock"))
-                        .arg("owner"),
-                );
+                let owner = server
+                    .node
+                    .lock_field(&format!("fencelock:{{{name}}}:lock"), "owner")
+                    .unwrap_or_default();
                 assert_eq!(owner.len(), 32, "{name} is held in Redis");
                 guards.push(guard);
             }
@@ -114,7 +113,7 @@ async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
     held.release().await.unwrap();
     let keys: Vec<String> = server.node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
     for key in keys.iter().filter(|k| !k.contains("wrong")) {
-        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("owner"));
+        let owner = server.node.lock_field(key, "owner");
         assert_eq!(owner, None, "{key} released");
     }
     assert!(
@@ -168,10 +167,7 @@ async fn cancelled_callers_leave_nothing_held() {
     let held_now = || {
         let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
         keys.into_iter()
-            .filter(|key| {
-                let owner: Option<String> = node.cmd(redis::cmd("HGET").arg(key).arg("owner"));
-                owner.is_some()
-            })
+            .filter(|key| node.lock_field(key, "owner").is_some())
             .count()
     };
     // Every cancelled call's undo, and the release of every guard its caller dropped, has been

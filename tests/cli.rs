@@ -170,14 +170,8 @@ fn exec_keeps_the_lock_alive_and_stops_the_command_when_it_is_lost() {
         server.node.held(key)
     });
     // Another owner takes over, as after an expiry.
-    server.node.cmd::<()>(
-        redis::cmd("HSET")
-            .arg(key)
-            .arg("owner")
-            .arg("someone-else")
-            .arg("fence")
-            .arg(1),
-    );
+    server.node.set_lock_field(key, "owner", "someone-else");
+    server.node.set_lock_field(key, "fence", "1");
     let started = Instant::now();
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));

@@ -53,7 +53,12 @@ async fn exec_fair_takes_the_fair_lock_in_arrival_order_with_the_mutex_exit_code
     assert_eq!(output.status.code(), Some(7), "{}", stderr(&output));
     let stdout = String::from_utf8(output.stdout).unwrap();
     let (token, name) = stdout.trim().split_once(' ').unwrap();
-    let fence: i64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+    let fence: i64 = server
+        .node
+        .lock_field(key, "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(token.parse::<i64>().unwrap(), fence);
     assert_eq!(name, "job");
     assert!(!server.node.held(key), "released after exit");

@@ -56,20 +56,21 @@ fn exec_with_quorum_exports_the_committed_token_and_passes_the_exit_status() {
     let token: u64 = token.parse().unwrap();
     assert_eq!(name, "job");
     for server in &servers {
-        let fence: u64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+        let fence: u64 = server
+            .node
+            .lock_field(key, "fence")
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(fence, token, "the token was committed on every node");
         assert!(!server.node.held(key), "released after exit");
     }
 
     // Held on one node by someone else: a majority still grants.
-    let _: i64 = servers[0].node.cmd(
-        redis::cmd("HSET")
-            .arg(key)
-            .arg("owner")
-            .arg("someone-else")
-            .arg("until")
-            .arg(u64::MAX / 4),
-    );
+    servers[0].node.set_lock_field(key, "owner", "someone-else");
+    servers[0]
+        .node
+        .set_lock_field(key, "until", "9999999999999");
     let again = fencelock(
         &urls,
         &["exec", "job", "--", "sh", "-c", "echo $FENCELOCK_TOKEN"],
@@ -83,14 +84,10 @@ fn exec_with_quorum_exports_the_committed_token_and_passes_the_exit_status() {
     assert!(next > token, "tokens grow across runs");
 
     // Held on two of three: not acquired within --timeout, exit 75.
-    let _: i64 = servers[1].node.cmd(
-        redis::cmd("HSET")
-            .arg(key)
-            .arg("owner")
-            .arg("someone-else")
-            .arg("until")
-            .arg(u64::MAX / 4),
-    );
+    servers[1].node.set_lock_field(key, "owner", "someone-else");
+    servers[1]
+        .node
+        .set_lock_field(key, "until", "9999999999999");
     let busy = fencelock(&urls, &["exec", "--timeout", "300ms", "job", "--", "true"]);
     assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
     assert!(
@@ -193,6 +190,9 @@ fn quorum_is_named_in_help_and_taken_from_the_environment() {
         .unwrap();
     let fence: u64 = servers[2]
         .node
-        .cmd(redis::cmd("HGET").arg("fencelock:{job}:lock").arg("fence"));
+        .lock_field("fencelock:{job}:lock", "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(token, fence);
 }

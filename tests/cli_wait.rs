@@ -188,7 +188,12 @@ async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
         .read_line(&mut line)
         .unwrap();
     let token: u64 = line.trim().parse().expect("a token line");
-    let fence: u64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+    let fence: u64 = server
+        .node
+        .lock_field(key, "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(token, fence);
     assert!(server.node.held(key));
     let busy = fencelock(&url, &["exec", "-n", "door", "true"]);
@@ -328,7 +333,7 @@ fn boolean_switches_from_the_environment_take_documented_values_only() {
             "{value}: {}",
             stderr(&output)
         );
-        let fence: String = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+        let fence = server.node.lock_field(key, "fence").unwrap();
         assert_eq!(stdout(&output).trim(), fence, "{value} uses {key}");
     }
 }

@@ -106,9 +106,7 @@ fn a_lost_lock_terminates_the_whole_process_group() {
     wait_until("both sleeps to run", Duration::from_secs(10), || {
         sleeps(pgid) == 2
     });
-    server
-        .node
-        .cmd::<()>(redis::cmd("HSET").arg(key).arg("owner").arg("someone-else"));
+    server.node.set_lock_field(key, "owner", "someone-else");
     let (code, stderr) = stderr_of(child);
     assert_eq!(code, Some(70), "{stderr}");
     assert!(stderr.contains("lost lock"), "{stderr}");
@@ -236,8 +234,8 @@ fn exec_exits_70_when_the_release_finds_the_lock_taken() {
             &port,
             "HSET",
             "fencelock:{taken}:lock",
-            "owner",
-            "someone-else",
+            "until",
+            "9999999999999 1 someone-else",
         ],
     );
     let (code, stderr) = stderr_of(child);

@@ -330,9 +330,10 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
         withdrawn, 1,
         "the grant of the withdrawn owner is given back"
     );
-    let owner: String = server
+    let owner = server
         .node
-        .cmd(redis::cmd("HGET").arg(fair_key(name)).arg("owner"));
+        .lock_field(&fair_key(name), "owner")
+        .unwrap_or_default();
     assert_eq!(
         owner, "head",
         "the freed lock was handed to the head's place"
@@ -409,7 +410,12 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
         (2, granted[1]),
         "the same fence, not a new one"
     );
-    let stored: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
+    let stored: i64 = server
+        .node
+        .lock_field(&key, "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(stored, granted[1]);
     assert!(
         places(&server.node, name).is_empty(),
@@ -418,7 +424,7 @@ async fn acquire_and_withdraw_scripts_are_idempotent_for_the_same_owner() {
     let w1: i64 = run_script(&server.node, "fair_withdraw", &key, &["me", "", "10000"]);
     let w2: i64 = run_script(&server.node, "fair_withdraw", &key, &["me", "", "10000"]);
     assert_eq!((w1, w2), (1, 0));
-    let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+    let owner = server.node.lock_field(&key, "owner");
     assert_eq!(owner, None);
 }
 

@@ -153,7 +153,7 @@ async fn another_client_waiting_gets_in_between_local_handoffs() {
     let key = other.keys(name, &options()).unwrap().lock_key().to_owned();
     // The busy client's tag: the first 8 characters of its owner tokens (it holds the lock).
     let busy_tag = loop {
-        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        let owner = server.node.lock_field(&key, "owner");
         if let Some(owner) = owner {
             break owner[..8].to_owned();
         }

@@ -42,12 +42,7 @@ async fn the_watchdog_keeps_a_lock_past_its_ttl_and_reports_losses() {
     let guard = holder.lock("hold:stolen", &watched).await.unwrap();
     let keys = guard.keys().clone();
     let master = cluster.master_of_slot(keys.slot());
-    master.cmd::<()>(
-        redis::cmd("HSET")
-            .arg(keys.lock_key())
-            .arg("owner")
-            .arg("someone-else"),
-    );
+    master.set_lock_field(keys.lock_key(), "owner", "someone-else");
     let noticed = Instant::now();
     let lost = tokio::time::timeout(ttl, guard.lost())
         .await
@@ -56,12 +51,8 @@ async fn the_watchdog_keeps_a_lock_past_its_ttl_and_reports_losses() {
     assert!(noticed.elapsed() <= ttl / 3 + Duration::from_millis(100));
     assert!(!guard.is_valid());
     assert!(matches!(guard.release().await, Err(Error::NotOwner { .. })));
-    master.cmd::<()>(
-        redis::cmd("HDEL")
-            .arg(keys.lock_key())
-            .arg("owner")
-            .arg("until"),
-    );
+    master.set_lock_field(keys.lock_key(), "owner", "");
+    master.set_lock_field(keys.lock_key(), "until", "0");
 
     // A maximum hold time ends the renewals and frees the lock for others.
     let capped = watched.clone().max_hold(ttl * 2);
@@ -171,7 +162,8 @@ async fn reentry_shares_the_fence_and_frees_on_the_last_release() {
     let name = "reentry:stock";
     let holds = |guard: &fencelock::LockGuard| -> Option<i64> {
         let node = cluster.master_of_slot(guard.keys().slot());
-        node.cmd(redis::cmd("HGET").arg(guard.keys().lock_key()).arg("holds"))
+        node.lock_field(guard.keys().lock_key(), "holds")
+            .map(|h| h.parse().unwrap())
     };
 
     // Inner released first.
@@ -224,7 +216,7 @@ async fn reentry_shares_the_fence_and_frees_on_the_last_release() {
     // The release of a re-entry that never reached Redis (cancelled) leaves the lock alone.
     let outer = owner.lock(name, &options).await.unwrap();
     let node = cluster.master_of_slot(outer.keys().slot());
-    let token: String = node.cmd(redis::cmd("HGET").arg(outer.keys().lock_key()).arg("owner"));
+    let token = node.lock_field(outer.keys().lock_key(), "owner").unwrap();
     let release = fencelock::lua_scripts()
         .find(|s| s.name == "release")
         .unwrap();

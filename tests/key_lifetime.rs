@@ -162,9 +162,7 @@ async fn a_node_clock_behind_the_stored_fence_is_reported() {
     let now: Vec<u64> = server.node.cmd(&mut redis::cmd("TIME"));
     let ahead = now[0] * 1_000_000 + now[1] + 5_000_000;
     let key = "fencelock:{skew}:lock";
-    server
-        .node
-        .cmd::<()>(redis::cmd("HSET").arg(key).arg("fence").arg(ahead));
+    server.node.set_lock_field(key, "fence", &ahead.to_string());
     let guard = client.try_lock("skew", &options).await.unwrap();
     assert!(guard.fence().get() > ahead, "still above the stored fence");
     let stats = client.stats();

@@ -110,17 +110,20 @@ async fn a_fence_that_would_pass_2_pow_53_is_refused_without_a_write() {
     // A stored fence at the very top (written by hand, or by an older version) must not make
     // the script store 2^53, which Lua doubles could never count past.
     let top = FenceToken::MAX.get();
-    server
-        .node
-        .cmd::<()>(redis::cmd("HSET").arg(key).arg("fence").arg(top));
+    server.node.set_lock_field(key, "fence", &top.to_string());
     let err = client
         .try_lock(name, &LockOptions::new())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("2^53"), "{err}");
-    let stored: u64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+    let stored: u64 = server
+        .node
+        .lock_field(key, "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(stored, top, "nothing written");
-    let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("owner"));
+    let owner = server.node.lock_field(key, "owner");
     assert_eq!(owner, None, "no holder");
 }
 

@@ -219,7 +219,7 @@ async fn keys_of_one_slot_are_taken_by_one_script_call() {
     assert!(refused[1] > 0 && refused[1] <= 10_000);
     let owners: Vec<Option<String>> = keys
         .iter()
-        .map(|k| server.node.cmd(redis::cmd("HGET").arg(k).arg("owner")))
+        .map(|k| server.node.lock_field(k, "owner"))
         .collect();
     assert!(
         owners.iter().all(|o| o.as_deref() == Some("owner-1")),

@@ -206,7 +206,12 @@ async fn the_release_grants_the_head_which_holds_the_lock_without_another_call()
             "{kind:?}: the release is the only script call of the handoff: {calls} ({renewals} renewals, {busy} busy)"
         );
         assert!(handed.fence() > stored_before, "{kind:?}: fences rise");
-        let stored: i64 = server.node.cmd(redis::cmd("HGET").arg(&key).arg("fence"));
+        let stored: i64 = server
+            .node
+            .lock_field(&key, "fence")
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(i64::from(handed.fence()), stored, "{kind:?}");
         let remaining = handed
             .valid_until()
@@ -307,7 +312,7 @@ async fn a_grant_to_a_head_that_withdraws_goes_to_the_next_in_line() {
         })
         .await;
         guard.release().await.unwrap();
-        let owner: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        let owner = server.node.lock_field(&key, "owner").unwrap_or_default();
         assert_eq!(
             owner, "ghost",
             "{kind:?}: the release granted the head on the server"
@@ -362,7 +367,7 @@ async fn a_vanished_head_stalls_the_lock_no_longer_than_its_place_lease() {
             }
             let released = Instant::now();
             guard.release().await.unwrap();
-            let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+            let owner = server.node.lock_field(&key, "owner");
             if fresh {
                 assert_eq!(
                     owner.as_deref(),
@@ -430,7 +435,7 @@ async fn a_cancelled_or_timed_out_waiter_leaves_no_place_and_no_grant_behind() {
         assert!(places(&server.node, &key).is_empty(), "{kind:?}");
         // The release hands the lock to nobody: it is free at once.
         guard.release().await.unwrap();
-        let owner: Option<String> = server.node.cmd(redis::cmd("HGET").arg(&key).arg("owner"));
+        let owner = server.node.lock_field(&key, "owner");
         assert_eq!(owner, None, "{kind:?}");
         kind.try_take(&waiter, name, &LockOptions::new())
             .await

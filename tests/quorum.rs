@@ -96,12 +96,15 @@ impl Server {
 
     /// The stored fence of lock `name` (default prefix), 0 when the key is absent.
     fn fence(&self, name: &str) -> u64 {
-        let fence: Option<u64> = self.cmd(
+        let state: Option<String> = self.cmd(
             redis::cmd("HGET")
                 .arg(format!("fencelock:{{{name}}}:lock"))
-                .arg("fence"),
+                .arg("until"),
         );
-        fence.unwrap_or(0)
+        common::LockState::parse(&state.unwrap_or_default())
+            .fence
+            .parse()
+            .unwrap_or(0)
     }
 
     /// Whether lock `name` has a live owner on this server.
@@ -111,8 +114,9 @@ impl Server {
                 .arg(
                     "local t = redis.call('TIME') \
                      local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-                     local f = redis.call('HMGET', KEYS[1], 'owner', 'until') \
-                     if f[1] and tonumber(f[2]) > now then return tonumber(f[2]) - now end \
+                     local u, o = string.match(redis.call('HGET', KEYS[1], 'until') or '', \
+                     '^(%d+) %d+ (%S*)') \
+                     if o and o ~= '' and tonumber(u) > now then return tonumber(u) - now end \
                      return -1",
                 )
                 .arg(1)
@@ -322,8 +326,8 @@ async fn commit_round_keeps_tokens_rising_across_majorities_and_redlock_without_
         let _: i64 = a.cmd(
             redis::cmd("HSET")
                 .arg(format!("fencelock:{{{name}}}:lock"))
-                .arg("fence")
-                .arg(ahead),
+                .arg("until")
+                .arg(format!("0 {ahead} ")),
         );
     }
     let safe = quorum(&servers).await;
@@ -374,8 +378,8 @@ async fn tokens_strictly_increase_over_200_grants_while_nodes_are_killed_and_res
     let _: i64 = servers[0].cmd(
         redis::cmd("HSET")
             .arg("fencelock:{rotating}:lock")
-            .arg("fence")
-            .arg(ahead),
+            .arg("until")
+            .arg(format!("0 {ahead} ")),
     );
     let quorum = quorum(&servers).await;
     let mut last = 0;
@@ -531,8 +535,8 @@ async fn a_node_restarted_during_a_hold_regresses_without_persistence_and_not_wi
         let _: i64 = servers[1].cmd(
             redis::cmd("HSET")
                 .arg("fencelock:{restarted}:lock")
-                .arg("fence")
-                .arg(ahead),
+                .arg("until")
+                .arg(format!("0 {ahead} ")),
         );
         let quorum = quorum(&servers).await;
         servers[2].pause();
@@ -778,7 +782,11 @@ async fn a_deployment_can_be_a_cluster() {
         let guard = quorum.lock("spread", &options(2000, 2000)).await.unwrap();
         assert_eq!(guard.nodes(), 3);
         assert!(master.held(keys.lock_key()), "held on the cluster's master");
-        let fence: u64 = master.cmd(redis::cmd("HGET").arg(keys.lock_key()).arg("fence"));
+        let fence: u64 = master
+            .lock_field(keys.lock_key(), "fence")
+            .unwrap()
+            .parse()
+            .unwrap();
         assert_eq!(fence, guard.fence().get(), "committed on the cluster too");
         assert!(fence > last);
         last = fence;

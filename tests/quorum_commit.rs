@@ -26,12 +26,8 @@ fn quorum_commit_refuses_a_t_below_the_stored_fence_and_commits_otherwise() {
     node.cmd::<()>(
         redis::cmd("HSET")
             .arg(key)
-            .arg("owner")
-            .arg("o1")
             .arg("until")
-            .arg(until)
-            .arg("fence")
-            .arg(100),
+            .arg(format!("{until} 100 o1")),
     );
     let commit = |owner: &str, t: i64| -> i64 {
         node.cmd(
@@ -44,7 +40,7 @@ fn quorum_commit_refuses_a_t_below_the_stored_fence_and_commits_otherwise() {
                 .arg(10_000),
         )
     };
-    let fence = || -> i64 { node.cmd(redis::cmd("HGET").arg(key).arg("fence")) };
+    let fence = || -> i64 { node.lock_field(key, "fence").unwrap().parse().unwrap() };
     assert_eq!(commit("o1", 50), 0, "T below the stored fence is refused");
     assert_eq!(fence(), 100);
     assert_eq!(commit("o2", 150), 0, "not the owner");

@@ -42,11 +42,10 @@ async fn standalone_is_detected_and_a_lock_cycle_works() {
     assert!(second.fence() > fence);
     let second_fence = second.fence();
     second.release().await.unwrap();
-    let kept: Option<u64> = server.node.cmd(
-        redis::cmd("HGET")
-            .arg("fencelock:{orders:42}:lock")
-            .arg("fence"),
-    );
+    let kept: Option<u64> = server
+        .node
+        .lock_field("fencelock:{orders:42}:lock", "fence")
+        .map(|f| f.parse().unwrap());
     assert_eq!(
         kept,
         Some(second_fence.get()),
@@ -146,7 +145,12 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
         (2, 1),
         "a resent acquire returns the same fence"
     );
-    let counter: i64 = server.node.cmd(redis::cmd("HGET").arg(key).arg("fence"));
+    let counter: i64 = server
+        .node
+        .lock_field(key, "fence")
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(counter, 1, "and does not advance the counter");
     let (status, pttl) = eval("owner-b");
     assert_eq!(status, 0);

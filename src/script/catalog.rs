@@ -336,8 +336,13 @@ pub(crate) static FENCED_SET: LazyLock<LuaScript> =
 // The countdown latch.
 
 /// Start a new generation of a latch (its fence). Contract: `script/lua/latch_set.lua`.
-pub(crate) static LATCH_SET: LazyLock<LuaScript> =
-    LazyLock::new(|| fenced("latch_set", include_str!("lua/latch_set.lua")));
+pub(crate) static LATCH_SET: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::own(
+        "latch_set",
+        &[FENCE_RULE, OWN_KEEP],
+        include_str!("lua/latch_set.lua"),
+    )
+});
 
 /// Count one id down in a latch's generation. Contract: `script/lua/latch_count_down.lua`.
 pub(crate) static LATCH_COUNT_DOWN: LazyLock<LuaScript> =
@@ -510,7 +515,7 @@ pub(crate) static SEMAPHORE_SET_LIMIT: LazyLock<LuaScript> = LazyLock::new(|| {
 /// The state of one key of any kind (`no-writes`).
 /// Contract: `script/lua/inspect_read.lua`.
 pub(crate) static INSPECT: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "inspect",
         &[INSPECT_SNIPPET],
         include_str!("lua/inspect_read.lua"),
@@ -560,9 +565,9 @@ pub(crate) static SEMAPHORE_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(||
 /// Open an armed latch.
 /// Contract: `script/lua/latch_force_unlock.lua`.
 pub(crate) static LATCH_FORCE_UNLOCK: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::with_snippets(
+    LuaScript::own(
         "latch_force_unlock",
-        &[KEEP, INSPECT_SNIPPET],
+        &[OWN_KEEP, INSPECT_SNIPPET],
         include_str!("lua/latch_force_unlock.lua"),
     )
 });

@@ -46,7 +46,8 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
   if live and owner == me then
     local ends = now_ms + tonumber(ARGV[2])
     if ends > expires then
-      redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
+      lock[2] = ends
+      store(KEYS[1], lock)
       raise(lock[3], ends)
     end
     return {2, tonumber(lock[3]), 0}
@@ -65,18 +66,17 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
       if not fence then return behind end
       if lock[4] then clear(KEYS[1], lock) end
       local ends = now_ms + tonumber(ARGV[2])
-      redis.call('HSET', KEYS[1], 'owner', me,
-        'until', string.format('%d', ends),
-        'fence', string.format('%d', fence))
+      local granted = {me, ends, fence}
       if q then
         redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
         redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
       end
       if (q and q.seq < last) or (not q and pending) then
-        redis.call('HSET', KEYS[1], 'waiters', 'q')
+        granted[5] = 'q'
+        store(KEYS[1], granted)
         raise(fence, ends)
       else
-        redis.call('HDEL', KEYS[1], 'waiters')
+        store(KEYS[1], granted)
         keep(KEYS[1], fence, ends)
       end
       return {1, fence, behind}
@@ -94,21 +94,30 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
   end
   local ends = now_ms + place
   redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
-    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4], 'waiters', 'q')
+    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+  if lock[5] ~= 'q' then
+    lock[5] = 'q'
+    store(KEYS[1], lock)
+  end
   if ends > latest then latest = ends end
   raise(lock[3], latest)
   return {0, wait, 0, queued}
 end
+local w = lock[5]
 if live then
   local tag = string.sub(ARGV[1], 1, 8)
-  local w = lock[5]
-  if not w then redis.call('HSET', KEYS[1], 'waiters', tag)
-  elseif w ~= '*' and w ~= 'q' and w ~= tag and w ~= 'y' .. tag then redis.call('HSET', KEYS[1], 'waiters', '*') end
+  local mark
+  if not w then mark = tag
+  elseif w ~= '*' and w ~= 'q' and w ~= tag and w ~= 'y' .. tag then mark = '*' end
+  if mark then
+    redis.call('HSET', KEYS[1], 'until', lock[2] .. ' ' .. lock[3] .. ' ' .. owner
+      .. (lock[4] and ' h' .. lock[4] or '') .. ' w' .. mark)
+  end
   return {0, expires - now_ms, 0}
 end
-if lock[5] and lock[5] == 'y' .. string.sub(ARGV[1], 1, 8) then
+if w and w == 'y' .. string.sub(ARGV[1], 1, 8) then
   if expires and expires > now_ms then return {0, expires - now_ms, 0} end
-  redis.call('HDEL', KEYS[1], 'waiters')
+  w = nil
 end
 -- fence.lua's rule, inlined (see its `--@fence` lines).
 local stored, floor, mode, count = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1
@@ -120,8 +129,11 @@ if lock[4] then
 --@clear
 end
 local ends = now_ms + ARGV[2]
-redis.call('HSET', KEYS[1], 'owner', ARGV[1],
-  'until', string.format('%d', ends), 'fence', string.format('%d', fence))
+if w then
+  redis.call('HSET', KEYS[1], 'until', string.format('%d %d %s w%s', ends, fence, ARGV[1], w))
+else
+  redis.call('HSET', KEYS[1], 'until', string.format('%d %d %s', ends, fence, ARGV[1]))
+end
 -- keep.lua's `keep(KEYS[1], fence, ends)`, inlined (this script defines no function on its
 -- common path): a grant in clock or hybrid mode (`memo.shift` set) expires at
 -- max(ends, fence as ms) + grace.

@@ -6,7 +6,7 @@
 --
 -- Replies: {1, remaining lease ms} extended; {0, 0} no live lease (expired); {-1, 0} held by
 -- another owner (left alone); {-2, 0} this owner's hold was freed by a forced unlock (`forced`,
--- see force_unlock.lua). allow-oom: it rewrites one existing field, so a held lock can be kept
+-- see force_unlock.lua). allow-oom: it rewrites one existing field (the state), so a held lock can be kept
 -- (and then released) at maxmemory.
 #!lua flags=allow-oom
 if not live or owner ~= ARGV[1] then
@@ -16,6 +16,7 @@ if not live or owner ~= ARGV[1] then
 end
 local ends = now_ms + ARGV[2]
 if (lock[4] or 1) + 0 > 1 and expires > ends then ends = expires end
-redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
+lock[2] = ends
+store(KEYS[1], lock)
 keep(KEYS[1], lock[3], ends)
 return {1, ends - now_ms}

@@ -1,5 +1,5 @@
 -- The fair lock's queue snippet (inserted after the prologue and the fence snippet). The fair
--- lock is one hash: the mutex's `owner`, `until`, `fence`, plus `qseq` (the arrival counter)
+-- lock is one hash: the mutex's state (`until`, prologue.lua), plus `qseq` (the arrival counter)
 -- and one field `q:<owner>` = "<seq> <place lease end ms>" per waiting place.
 --
 -- `scan(me)` reads every place, deletes the dead ones (lease ended) and returns a table:
@@ -20,7 +20,8 @@
 -- arguments and is fresh (its lease ends at least two thirds of its length from now: renewed
 -- within the watchdog's last period, so its owner was alive a moment ago), the head's place
 -- goes, the head becomes the owner with a lease of its TTL and the next fence above `stored`
--- (the fence rule, as fair_acquire), and the grant is announced on the head's channel as
+-- (the fence rule, as fair_acquire; the state written with keep.lua's `store`, with the
+-- waiters mark `mark` of `handed(q, how, stored, mark)` if one is given), and the grant is announced on the head's channel as
 -- "<owner> <fence> <behind µs> <lease ms>": the waiter holds the lock on receipt. Otherwise (no head, a
 -- stale place, an older client's place without arguments, a fence error) the head, if any, is
 -- only woken and takes the lock with its own fair_acquire, as before. Either way it sets the
@@ -67,7 +68,7 @@ local function wake(who, how, message)
   if how == 's' then redis.call('SPUBLISH', channel, message)
   elseif how == 'p' then redis.call('PUBLISH', channel, message) end
 end
-local function handed(q, how, stored)
+local function handed(q, how, stored, mark)
   if not q.head then return nil end
   local head = q.head
   local args = redis.call('HGET', KEYS[1], 'g:' .. head)
@@ -86,8 +87,7 @@ local function handed(q, how, stored)
   end
   local ends = now_ms + ttl
   redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head)
-  redis.call('HSET', KEYS[1], 'owner', head, 'until', string.format('%d', ends),
-    'fence', string.format('%d', fence))
+  store(KEYS[1], {head, ends, fence, nil, mark})
   wake(head, how, string.format('%d %d %d', fence, behind, ttl))
   return ends, fence
 end

@@ -25,7 +25,8 @@
 if live and owner == ARGV[1] then
   local ends = now_ms + tonumber(ARGV[2])
   if ends > expires then
-    redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
+    lock[2] = ends
+    store(KEYS[1], lock)
     raise(lock[3], ends)
   end
   return {2, tonumber(lock[3]), 0, 0}
@@ -40,9 +41,7 @@ local q = scan(me)
 if not live and (not q.head or q.head == me) then
   if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
   local ends = now_ms + tonumber(ARGV[2])
-  redis.call('HSET', KEYS[1], 'owner', me,
-    'until', string.format('%d', ends),
-    'fence', string.format('%d', fence))
+  store(KEYS[1], {me, ends, fence})
   local latest = q.latest
   if ends > latest then latest = ends end
   keep(KEYS[1], fence, latest)

@@ -15,6 +15,7 @@ if not live or owner ~= ARGV[1] then
   return {-1, 0}
 end
 local ends = now_ms + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'until', string.format('%d', ends))
+lock[2] = ends
+store(KEYS[1], lock)
 raise(lock[3], ends)
 return {1, ends - now_ms}

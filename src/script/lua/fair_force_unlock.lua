@@ -12,7 +12,7 @@
 #!lua flags=allow-oom
 local before = inspect('fair')
 if owner then
-  redis.call('HDEL', KEYS[1], 'owner', 'until')
+  clear(KEYS[1], lock)
   if live then redis.call('HSET', KEYS[1], 'forced', owner) end
   local q = scan(nil)
   local latest = q.latest

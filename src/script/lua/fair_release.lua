@@ -17,7 +17,7 @@ if owner ~= ARGV[1] then
   if live then return -1 end
   return 0
 end
-redis.call('HDEL', KEYS[1], 'owner', 'until')
+clear(KEYS[1], lock)
 local q = scan(ARGV[1])
 local latest = q.latest
 if q.mine_end and q.mine_end > latest then latest = q.mine_end end

@@ -11,18 +11,20 @@
 #!lua flags=allow-oom,allow-cross-slot-keys
 for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
-  local lock = redis.call('HMGET', key, 'owner', 'until', 'fence')
-  local expires = tonumber(lock[2])
-  local live = lock[1] and expires and expires > now_ms
-  if not (live and lock[1] == ARGV[i + 1]) and redis.call('HGET', key, 'forced') == ARGV[i + 1] then
+  local state = redis.call('HGET', key, 'until')
+  local expires, fence, holder, marks
+  if state then expires, fence, holder, marks = string.match(state, '^(%d+) (%d+) (%S*)(.*)$') end
+  expires = tonumber(expires)
+  local live = holder and holder ~= '' and expires and expires > now_ms
+  if not (live and holder == ARGV[i + 1]) and redis.call('HGET', key, 'forced') == ARGV[i + 1] then
     codes[#codes + 1] = -2
   elseif not live then
     codes[#codes + 1] = 0
-  elseif lock[1] ~= ARGV[i + 1] then
+  elseif holder ~= ARGV[i + 1] then
     codes[#codes + 1] = -1
   else
     local ends = now_ms + tonumber(ARGV[i + 2])
-    redis.call('HSET', key, 'until', string.format('%d', ends))
+    redis.call('HSET', key, 'until', string.format('%d %s %s', ends, fence, holder) .. marks)
     if grace then
       local current = redis.call('PEXPIRETIME', key)
       if current < 0 or current < ends + grace then

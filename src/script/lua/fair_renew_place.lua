@@ -28,7 +28,7 @@ for i = 1, #ARGV - 1, 3 do
       end
     end
     codes[#codes + 1] = 1
-  elseif redis.call('HGET', key, 'owner') == who then
+  elseif string.match(redis.call('HGET', key, 'until') or '', '^%d+ %d+ (%S*)') == who then
     codes[#codes + 1] = 1
   else
     codes[#codes + 1] = 0

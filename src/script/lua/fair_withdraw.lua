@@ -17,7 +17,7 @@ local before = scan(me)
 local was_head = before.mine and before.ahead == 0
 if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
 local freed = owner == me
-if freed then redis.call('HDEL', KEYS[1], 'owner', 'until') end
+if freed then clear(KEYS[1], lock) end
 if not before.mine and not freed then return 0 end
 local q = scan(me)
 local latest = now_ms

@@ -14,8 +14,8 @@
 -- client (the first 8 characters of an owner token, `y` before them for a yield), or is `q` with
 -- no live place queued. With a live place queued (acquire.lua) the lock goes to the head place
 -- as release.lua hands it, and B asks on its own (it takes a place). Else it is
--- freed and announced as by release, and `waiters` is left as `y<client>` with `until` ARGV[8]
--- ms ahead: until then acquires of this client find it busy (and the release of whoever takes
+-- freed and announced as by release, and the state's waiters mark is left as `y<client>` with
+-- its lease end ARGV[8] ms ahead: until then acquires of this client find it busy (and the release of whoever takes
 -- it meanwhile announces), so the other client's woken waiter gets in first.
 --
 -- Replies {code, handed, fence, behind}: code as release's (1 released, 0 no live lease,
@@ -35,7 +35,8 @@ elseif lock[4] or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return {1, 0, 0, 0} end
   local holds = (lock[4] or 1) - 1
   if holds > 0 then
-    redis.call('HSET', KEYS[1], 'holds', holds)
+    lock[4] = holds
+    store(KEYS[1], lock)
     return {1, 0, 0, 0}
   end
 end
@@ -57,20 +58,16 @@ local take = tonumber(ARGV[9]) or 1
 if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take) end
 if not fence then
   clear(KEYS[1], lock)
-  if others then
-    redis.call('HSET', KEYS[1], 'waiters', 'y' .. tag,
-      'until', string.format('%d', now_ms + ARGV[8]))
-  end
+  if others then store(KEYS[1], {nil, now_ms + ARGV[8], lock[3], nil, 'y' .. tag}) end
   if lock[5] then
     if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
     elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
   end
   return {code, 2, 0, 0}
 end
-if lock[4] then clear(KEYS[1], lock) elseif lock[5] then redis.call('HDEL', KEYS[1], 'waiters') end
+if lock[4] then clear(KEYS[1], lock) end
 local ends = now_ms + ARGV[5]
 local last = fence + take - 1
-redis.call('HSET', KEYS[1], 'owner', ARGV[4],
-  'until', string.format('%d', ends), 'fence', string.format('%d', last))
+store(KEYS[1], {ARGV[4], ends, last})
 keep(KEYS[1], last, ends)
 return {code, 1, fence, behind}

@@ -16,6 +16,14 @@ local function inspect(kind)
   local flat = redis.call('HGETALL', KEYS[1])
   local h = {}
   for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+  if kind == 'lock' or kind == 'fair' then
+    -- Key layout 2 (prologue.lua): the state packed in `until`; a layout-1 key as it was.
+    local ends, fence, holder, marks = string.match(h['until'] or '', '^(%d+) (%d+) (%S*)(.*)$')
+    if ends then
+      h['until'], h['fence'], h['owner'] = ends, fence, holder ~= '' and holder or nil
+      h['holds'] = string.match(marks, ' h(%d+)')
+    end
+  end
   local r = {#flat > 0 and 1 or 0, 0, tonumber(h['fence']) or 0, -1, 0, -1, -1, -1, -1}
   local function lease(ends)
     if ends and ends > now_ms then

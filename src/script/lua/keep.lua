@@ -1,10 +1,15 @@
 -- The lock prologue's helpers (inserted after prologue.lua in the scripts that call them; the
 -- mutex's acquire and release inline what their common paths need instead, so they define
--- neither: see prologue.lua). Both run once per script call (the part above `--@key`).
+-- none: see prologue.lua). They are defined once per script call (the part above `--@key`).
 --
--- `clear(key, lock)` removes the hold: `HDEL owner until waiters`, and for a re-entered lock
--- (`lock[4]` set) its `holds` and `h:<id>` hold fields too; `fence`, `forced` (the owner token a
--- forced unlock freed, see force_unlock.lua) and a queue's places (acquire.lua) stay.
+-- `store(key, s)` writes the state `s` = {owner, until, fence, holds, waiters} (as the
+-- prologue's `lock`: strings or numbers, nil where absent) into the field `until` of `key`
+-- in key layout 2 (prologue.lua). The caller's table is its own: `store` keeps no copy.
+--
+-- `clear(key, lock)` removes the hold: the state keeps only `lock`'s fence, and for a
+-- re-entered lock (`lock[4]` set) the `h:<id>` hold fields go too; `forced` (the owner token a
+-- forced unlock freed, see force_unlock.lua) and a queue's places (acquire.lua) stay. `lock`
+-- itself is not changed.
 --
 -- The key-expiry rule: `keep(key, fence, ends)` is called after every write that grants or
 -- extends. In a call that granted (the fence rule set `memo.shift`) it sets the key to expire at
@@ -28,12 +33,20 @@ local function keep(key, fence, ends)
   if fence_ms > ends then ends = fence_ms end
   redis.call('PEXPIREAT', key, string.format('%d', ends + grace))
 end
+local function store(key, s)
+  local v = string.format('%d %d ', tonumber(s[2]) or 0, tonumber(s[3]) or 0) .. (s[1] or '')
+  if s[4] then v = v .. ' h' .. s[4] end
+  if s[5] then v = v .. ' w' .. s[5] end
+  redis.call('HSET', key, 'until', v)
+end
 local function clear(key, lock)
-  if not lock[4] then return redis.call('HDEL', key, 'owner', 'until', 'waiters') end
-  local gone = {'owner', 'until', 'waiters', 'holds'}
-  for _, field in ipairs(redis.call('HKEYS', key)) do
-    if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+  if lock[4] then
+    local gone = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+      if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+    end
+    if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   end
-  redis.call('HDEL', key, unpack(gone))
+  redis.call('HSET', key, 'until', '0 ' .. lock[3] .. ' ')
 end
 --@key

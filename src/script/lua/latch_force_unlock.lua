@@ -1,4 +1,4 @@
--- latch_force_unlock: an operator opens an armed latch (lock prologue and the inspection
+-- latch_force_unlock: an operator opens an armed latch (own prologue, own_keep.lua and the inspection
 -- snippet first): its current generation's count becomes 0 and `opened` the generation, the
 -- ids are dropped, the key expires as an opened latch's does, and the generation is published
 -- on the latch's channel, so its waiters return. A latch that is open or not set is left alone.

@@ -1,5 +1,5 @@
--- latch_set: start a new generation (round) of a countdown latch (lock prologue and fence rule
--- first).
+-- latch_set: start a new generation (round) of a countdown latch (own prologue, fence rule and
+-- own_keep.lua first).
 --
 -- KEYS[1] the latch key (hash): `fence` the last generation granted (never removed), `gen` the
 -- current generation, `count` its remaining count, `set` the id of the set call that started
@@ -21,9 +21,9 @@
 -- mode); {2, gen, 0} this set call already started the current generation (a resent script:
 -- no write); an error reply (no write) past 2^53 - 1. Not allow-oom.
 #!lua
-local latch = redis.call('HMGET', KEYS[1], 'gen', 'set', 'opened')
+local latch = redis.call('HMGET', KEYS[1], 'gen', 'set', 'opened', 'fence')
 if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
-local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(latch[4]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local gen = string.format('%.0f', fence)
 redis.call('DEL', KEYS[1])

@@ -1,6 +1,8 @@
 -- lock_all: grant several locks of one slot to one owner, every one or none, each with its
 -- own fence (lock prologue and fence rule first; the prologue's `lock` state of KEYS[1] is
--- not used: every key is read here). The data model per key is the mutex's (`acquire.lua`).
+-- not used: every key is read here). The data model per key is the mutex's (`acquire.lua`,
+-- key layout 2: prologue.lua; a key of layout 1 other than KEYS[1], which the prologue
+-- converts, gets an error reply, no write).
 --
 -- KEYS[1..n] the lock keys (hashes, all in one slot, no duplicates).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: every token granted is above it
@@ -17,11 +19,26 @@
 local states = {}
 local mine = 0
 for i, key in ipairs(KEYS) do
-  local state = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds', 'waiters')
-  local holder, ends = state[1], tonumber(state[2])
-  if holder and ends and ends > now_ms then
-    if holder ~= ARGV[1] then
-      if not state[5] then redis.call('HSET', key, 'waiters', 1) end
+  local raw = redis.call('HGET', key, 'until')
+  local ends, fence, holder, marks
+  if raw then
+    ends, fence, holder, marks = string.match(raw, '^(%d+) (%d+) (%S*)(.*)$')
+    if not ends then return redis.error_reply('ERR fencelock: ' .. key .. ' is a key of layout 1 (fields owner/until/fence): lock it on its own first, or see "Key layout" in docs/design.md') end
+  elseif redis.call('HEXISTS', key, 'fence') == 1 then
+    return redis.error_reply('ERR fencelock: ' .. key .. ' is a key of layout 1 (fields owner/until/fence): lock it on its own first, or see "Key layout" in docs/design.md')
+  end
+  local state = {holder ~= '' and holder or nil, ends, fence or '0', nil, nil}
+  if marks and marks ~= '' then
+    state[4] = string.match(marks, ' h(%d+)')
+    state[5] = string.match(marks, ' w(%S+)')
+  end
+  ends = tonumber(ends)
+  if state[1] and ends > now_ms then
+    if state[1] ~= ARGV[1] then
+      if not state[5] then
+        state[5] = '1'
+        store(key, state)
+      end
       return {0, ends - now_ms, i}
     end
     mine = mine + 1
@@ -44,16 +61,14 @@ local ends = now_ms + tonumber(ARGV[2])
 local reply = {1, behind}
 for i, key in ipairs(KEYS) do
   if states[i][4] then
-    -- A re-entered lock's leftover holds (a queue's places and its `waiters` mark stay).
-    local gone = {'holds'}
+    -- A re-entered lock's leftover holds (a queue's places and its waiters mark stay).
+    local gone = {}
     for _, field in ipairs(redis.call('HKEYS', key)) do
       if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
     end
-    redis.call('HDEL', key, unpack(gone))
+    if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   end
-  redis.call('HSET', key, 'owner', ARGV[1],
-    'until', string.format('%.0f', ends),
-    'fence', string.format('%.0f', fences[i]))
+  store(key, {ARGV[1], ends, fences[i], nil, states[i][5]})
   keep(key, fences[i], ends)
   reply[i + 2] = fences[i]
 end

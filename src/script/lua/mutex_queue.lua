@@ -10,11 +10,12 @@
 -- entries a call (the call's work stays bounded; the queued waiters re-check within 250 ms and
 -- their acquires go on from where it stopped). Returns the head as {head, head_end, seq} or
 -- nil, whether entries remain at or after the head (or after the 64), and `qseq`.
--- `hand_head(how, stored)`: the release's handoff: the head is granted the lock on the server
--- and told so on its client's channel (`handed`, fair.lua), its index entry goes and `qh` moves
--- past it, and the key's expiry is raised to cover the grant (never shortened: other places'
--- leases need it); a stale head is only woken. `waiters` is set to `q` while entries remain.
--- True when a head was found.
+-- `hand_head(how, stored)`: the release's handoff, on a lock just freed (its state holds only
+-- the fence `stored`): the head is granted the lock on the server and told so on its client's
+-- channel (`handed`, fair.lua), its index entry goes and `qh` moves past it, and the key's
+-- expiry is raised to cover the grant (never shortened: other places' leases need it); a stale
+-- head is only woken. The state's waiters mark is `q` while entries remain. True when a head
+-- was found.
 local function head()
   local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq')
   local h, last = tonumber(at[1]) or 1, tonumber(at[2]) or 0
@@ -45,17 +46,16 @@ end
 local function hand_head(how, stored)
   local q, pending, last = head()
   if not q then
-    if pending then redis.call('HSET', KEYS[1], 'waiters', 'q') end
+    if pending then store(KEYS[1], {nil, nil, stored, nil, 'q'}) end
     return false
   end
-  local ends, fence = handed(q, how, stored)
+  local ends, fence = handed(q, how, stored, q.seq < last and 'q' or nil)
   if ends then
     redis.call('HDEL', KEYS[1], 's:' .. q.seq)
     redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
     raise(fence, ends)
-    if q.seq < last then redis.call('HSET', KEYS[1], 'waiters', 'q') end
   else
-    redis.call('HSET', KEYS[1], 'waiters', 'q')
+    store(KEYS[1], {nil, nil, stored, nil, 'q'})
   end
   return true
 end

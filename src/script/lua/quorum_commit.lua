@@ -19,6 +19,7 @@ end
 if not live or owner ~= ARGV[1] then return 0 end
 local stored = tonumber(lock[3]) or 0
 if stored > fence then return 0 end
-redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+lock[3] = fence
+store(KEYS[1], lock)
 keep(KEYS[1], fence, expires)
 return 1

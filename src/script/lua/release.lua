@@ -33,16 +33,16 @@ elseif lock[4] or ARGV[2] ~= '' then
   if redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2]) == 0 then return 1 end
   local holds = (lock[4] or 1) - 1
   if holds > 0 then
-    redis.call('HSET', KEYS[1], 'holds', holds)
+    redis.call('HSET', KEYS[1], 'until', lock[2] .. ' ' .. lock[3] .. ' ' .. owner .. ' h' .. holds
+      .. (lock[5] and ' w' .. lock[5] or ''))
     return 1
   end
 end
 -- keep.lua's `clear`, inlined (this script defines no function on its common path).
-if not lock[4] then
-  redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters')
-else
+if lock[4] then
 --@clear
 end
+redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ')
 if code == 0 or not lock[5] then return code end
 if lock[5] == 'q' then
 --@queue

@@ -8,7 +8,8 @@
 -- not serve fails the whole call with an error after the keys before it were renewed; the
 -- caller then renews slot by slot.
 --
--- Each lease is set as extend.lua sets it (never shortened while the lock has several holds).
+-- Each lease is set as extend.lua sets it (the state of key layout 2, prologue.lua; a key of
+-- layout 1 reads as expired) (never shortened while the lock has several holds).
 -- Each extended key's expiry is raised (never lowered) to its lease end + grace: the grant's
 -- expiry already covers the fence.
 --
@@ -17,19 +18,21 @@
 #!lua flags=allow-oom,allow-cross-slot-keys
 for i = 1, #ARGV - 1, 3 do
   local key = ARGV[i]
-  local lock = redis.call('HMGET', key, 'owner', 'until', 'fence', 'holds')
-  local expires = tonumber(lock[2])
-  local live = lock[1] and expires and expires > now_ms
-  if not (live and lock[1] == ARGV[i + 1]) and redis.call('HGET', key, 'forced') == ARGV[i + 1] then
+  local state = redis.call('HGET', key, 'until')
+  local expires, fence, holder, marks
+  if state then expires, fence, holder, marks = string.match(state, '^(%d+) (%d+) (%S*)(.*)$') end
+  expires = tonumber(expires)
+  local live = holder and holder ~= '' and expires and expires > now_ms
+  if not (live and holder == ARGV[i + 1]) and redis.call('HGET', key, 'forced') == ARGV[i + 1] then
     codes[#codes + 1] = -2
   elseif not live then
     codes[#codes + 1] = 0
-  elseif lock[1] ~= ARGV[i + 1] then
+  elseif holder ~= ARGV[i + 1] then
     codes[#codes + 1] = -1
   else
     local ends = now_ms + tonumber(ARGV[i + 2])
-    if (tonumber(lock[4]) or 1) > 1 and expires > ends then ends = expires end
-    redis.call('HSET', key, 'until', string.format('%.0f', ends))
+    if (tonumber(string.match(marks, ' h(%d+)')) or 1) > 1 and expires > ends then ends = expires end
+    redis.call('HSET', key, 'until', string.format('%d %s %s', ends, fence, holder) .. marks)
     if grace then
       redis.call('PEXPIREAT', key, string.format('%d', ends + grace), 'GT')
     else
