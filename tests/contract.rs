@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{alive_tasks, eventually, Cluster, Node, Standalone};
+use common::{alive_tasks, eventually, grant_values, Cluster, Node, Standalone};
 use fencelock::{
     Client, Error, FairLockGuard, FenceToken, LockGuard, LockOptions, PermitGuard, Result,
     WriteGuard,
@@ -215,8 +215,8 @@ async fn grant_refuse_release<P: Primitive>() {
 async fn idempotent_resend<P: Primitive>() {
     let server = Standalone::start();
     let key = key(P::KIND, "resend");
-    let first: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1"));
-    let again: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1"));
+    let first = grant_values(server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1")));
+    let again = grant_values(server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1")));
     let (status, fence) = P::status_and_fence(&first);
     assert_eq!(status, 1, "{}: granted {first:?}", P::KIND);
     let (status, fence_again) = P::status_and_fence(&again);
@@ -224,7 +224,7 @@ async fn idempotent_resend<P: Primitive>() {
     assert_eq!(fence, fence_again, "{}: the same fence", P::KIND);
     let stored: Option<i64> = stored_fence(&server.node, P::KIND, &key);
     assert_eq!(stored, fence, "{}: the counter advanced once", P::KIND);
-    let other: Vec<i64> = server.node.cmd(&mut P::acquire_by_hand(&key, "owner-2"));
+    let other = grant_values(server.node.cmd(&mut P::acquire_by_hand(&key, "owner-2")));
     assert_eq!(
         other[0],
         0,

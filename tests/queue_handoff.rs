@@ -349,7 +349,7 @@ async fn a_vanished_head_stalls_the_lock_no_longer_than_its_place_lease() {
             let ttl = if fresh { "900" } else { "30000" };
             let ghost = if fresh { "fresh-ghost" } else { "stale-ghost" };
             let (script, args) = kind.queue_call(&key, ghost, ttl, "900");
-            let _: Vec<i64> = run_script(&server.node, script, &args);
+            let _: redis::Value = run_script(&server.node, script, &args);
             let place_end = server_ms(&server.node) + 900;
             let waiter = connect(&server.url()).await;
             let task = tokio::spawn(async move {

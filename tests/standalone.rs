@@ -124,18 +124,20 @@ async fn acquire_script_is_idempotent_for_the_same_owner() {
         .source;
     let key = "k{t}:lock";
     let eval = |owner: &str| -> (i64, i64) {
-        let (status, value, _behind): (i64, i64, i64) = server.node.cmd(
-            redis::cmd("EVAL")
-                .arg(source)
-                .arg(1)
-                .arg(key)
-                .arg(owner)
-                .arg(10_000)
-                .arg(0)
-                .arg("counter")
-                .arg(""),
+        let reply = common::grant_values(
+            server.node.cmd(
+                redis::cmd("EVAL")
+                    .arg(source)
+                    .arg(1)
+                    .arg(key)
+                    .arg(owner)
+                    .arg(10_000)
+                    .arg(0)
+                    .arg("counter")
+                    .arg(""),
+            ),
         );
-        (status, value)
+        (reply[0], reply[1])
     };
     let (status, fence) = eval("owner-a");
     assert_eq!((status, fence), (1, 1));

@@ -46,8 +46,18 @@ impl GrantReply {
     ///
     /// # Errors
     ///
-    /// [`Error::UnexpectedReply`] for anything but an array of integers in the shared layout.
+    /// [`Error::UnexpectedReply`] for anything but an array of integers in the shared layout
+    /// or, for a plain grant (`{1, fence, 0}`), the fence alone as an integer (the mutex's
+    /// acquire answers so: an integer costs the server less to send than an array).
     pub(crate) fn decode(name: &str, operation: Operation, reply: redis::Value) -> Result<Self> {
+        if let redis::Value::Int(fence) = reply {
+            return Ok(Self::Granted {
+                resent: false,
+                fence,
+                behind: 0,
+                rest: Vec::new(),
+            });
+        }
         let values = parse_reply::<Vec<i64>>(name, operation, reply)?;
         let unexpected = |values: &[i64]| Error::UnexpectedReply {
             name: name.to_owned(),
@@ -244,6 +254,11 @@ mod tests {
                 behind: 0,
                 rest: vec![],
             }
+        );
+        assert_eq!(
+            GrantReply::decode("orders", Operation::Acquire, Value::Int(42)).unwrap(),
+            decode(&[1, 42, 0]).unwrap(),
+            "a plain grant may answer its fence alone"
         );
         assert_eq!(
             decode(&[2, 42, 0, 7, 8]).unwrap(),

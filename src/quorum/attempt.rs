@@ -187,8 +187,11 @@ impl Rounds<'_> {
         let mut retry_after = Duration::ZERO;
         gather(round, started, round_ends, |index, outcome, pending| {
             match outcome.map(|reply| {
-                reply
-                    .and_then(|v| parse_reply::<(i64, i64, i64)>(name, Operation::QuorumAcquire, v))
+                reply.and_then(|v| match v {
+                    // A plain grant: the fence alone (acquire.lua).
+                    redis::Value::Int(fence) => Ok((1, fence, 0)),
+                    v => parse_reply::<(i64, i64, i64)>(name, Operation::QuorumAcquire, v),
+                })
             }) {
                 Some(Ok((1 | 2, value, behind))) => {
                     // Expected after a commit raised this node's fence to another node's

@@ -1130,3 +1130,12 @@ impl std::fmt::Display for LockState {
         Ok(())
     }
 }
+
+/// A granting script's reply as integers: the mutex's acquire answers a plain grant with its
+/// fence alone (`fence` for `{1, fence, 0}`), every other reply is an array.
+pub fn grant_values(reply: redis::Value) -> Vec<i64> {
+    match reply {
+        redis::Value::Int(fence) => vec![1, fence, 0],
+        other => redis::from_redis_value(other).expect("an array of integers"),
+    }
+}

@@ -26,8 +26,9 @@
 -- lock's own) gets no place and polls. A free lock whose first 64 index entries are all gone is
 -- granted to the caller (the walk stops there; the next call goes on from where it stopped).
 --
--- Replies: {1, fence, behind} granted (behind: µs the stored fence was ahead of the clock in
--- clock mode, else 0); {2, fence, 0} this owner already holds it (a resent script, or a grant a
+-- Replies: fence (an integer: cheaper for the server to send than an array) or, when the stored
+-- fence was ahead of the clock, {1, fence, behind} granted (behind: µs the stored fence was
+-- ahead of the clock in clock mode; a grant to the head of a queue answers {1, fence, 0}); {2, fence, 0} this owner already holds it (a resent script, or a grant a
 -- release made to its place on the server: the lease end moves to now + TTL, so the caller may
 -- measure its lease from this call); {0, wait ms, 0} or, for a caller with a place lease,
 -- {0, wait ms, 0, queued} (queued: 1 this call created its place, 0 it had one, -1 the queue
@@ -150,4 +151,5 @@ elseif fence > latest * 1000 then
 else
   redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
 end
+if behind == 0 then return fence end
 return {1, fence, behind}
