@@ -15,10 +15,14 @@
 # lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
 # the mutex pair in that mode, and what the epoch read and the cheaper reads considered for it
 # cost inside a script (one call per "pair": TIME alone, TIME + CLUSTER INFO, TIME + INFO
-# replication, TIME + INFO replication + a plain find of `master_replid:<id>`).
+# replication, TIME + INFO replication + a plain find of `master_replid:<id>`). Issue 22 item 1,
+# FCALL against EVALSHA: fencelock-fcall-single and fencelock-fcall-batched-16 send the same
+# pairs as fencelock-single and fencelock-batched-16 through FCALL of the same four scripts
+# loaded as Redis 7 functions (bodies unchanged), and entry-* the cost of entering a script
+# (`return 1`, one key, six arguments) by EVALSHA and by FCALL.
 #   PORT=7930 PAIRS=2000 scripts/bench-server-cost.sh
 #   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
-# Results: docs/benchmarks.md, "What one grant costs the server".
+# Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -97,6 +101,32 @@ sem_acquire=$(cli script load "$($fencelock script semaphore_acquire)")
 sem_release=$(cli script load "$($fencelock script semaphore_release)")
 latch_set=$(cli script load "$($fencelock script latch_set)")
 latch_count_down=$(cli script load "$($fencelock script latch_count_down)")
+# The same four mutex scripts as Redis 7 functions (issue 22 item 1, FCALL against EVALSHA): each
+# body runs unchanged inside its function (the `#!lua` line's flags become the function's; `KEYS`
+# and `ARGV` are locals bound to the function's arguments, so `memo` and the prologue still run
+# once per call), all in one library loaded with FUNCTION LOAD.
+as_function() {
+  local flags=
+  if [[ $2 == '#!lua'* ]]; then
+    flags=$(sed -n '1s/^#!lua.*flags=\([^ ]*\).*/\1/p' <<<"$2" | sed "s/[^,][^,]*/'&'/g; s/,/, /g")
+  fi
+  printf "redis.register_function{function_name = '%s', flags = {%s}, callback = function(keys, args)\n" "$1" "$flags"
+  printf 'local KEYS, ARGV = keys, args\n'
+  if [[ $2 == '#!lua'* ]]; then sed 1d <<<"$2"; else printf '%s\n' "$2"; fi
+  printf 'end}\n'
+}
+library=$(
+  printf '#!lua name=fencelock_bench\n'
+  for name in acquire release acquire_batch release_batch; do as_function "fl_$name" "$($fencelock script "$name")"; done
+  as_function fl_entry 'return 1'
+)
+loaded=$(cli function load replace "$library")
+if [ "$loaded" != fencelock_bench ]; then echo "FUNCTION LOAD failed: $loaded" >&2; exit 1; fi
+# Entering a script: `return 1` with one key and six arguments, by EVALSHA (plain, and with the
+# `#!lua` line every fencelock script starts with) and by FCALL.
+entry=$(cli script load 'return 1')
+entry_shebang=$(cli script load '#!lua
+return 1')
 owner=0123456789abcdef0123456789abcdef
 ttl=10000
 grace=10000
@@ -131,6 +161,27 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_acquire" 1 "{b$i}:lock" "$owner" "$later" "$((later * 1000 + i))" "$later"; done
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_release" 1 "{b$i}:lock" "$owner"; done
 } >"$dir/bare"
+# The same pairs through FCALL, same names and arguments.
+{
+  for ((i = 0; i < n; i++)); do resp FCALL fl_acquire 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
+  for ((i = 0; i < n; i++)); do resp FCALL fl_release 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
+} >"$dir/fcall_single"
+{
+  for ((i = 0; i < n; i += 16)); do
+    args=()
+    for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 5 "$owner" "$ttl" 0 clock "$grace"); done
+    resp FCALL fl_acquire_batch 1 "fencelock:{f$i}:lock" "${args[@]}"
+  done
+  for ((i = 0; i < n; i += 16)); do
+    args=()
+    for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 4 "$owner" "" "" "$grace"); done
+    resp FCALL fl_release_batch 1 "fencelock:{f$i}:lock" "${args[@]}"
+  done
+} >"$dir/fcall_batched"
+# One script entry per "pair".
+for ((i = 0; i < n; i++)); do resp EVALSHA "$entry" 1 "{e$i}:k" a b c d e f; done >"$dir/entry_evalsha"
+for ((i = 0; i < n; i++)); do resp EVALSHA "$entry_shebang" 1 "{e$i}:k" a b c d e f; done >"$dir/entry_evalsha_shebang"
+for ((i = 0; i < n; i++)); do resp FCALL fl_entry 1 "{e$i}:k" a b c d e f; done >"$dir/entry_fcall"
 
 # The read-write lock: read holds, then write holds (a waiting call's intent id), on fresh names.
 {
@@ -201,6 +252,11 @@ measure semaphore-limit-256-held-200 "$dir/sem256" "$dir/sem256_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
 measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
 measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"
+measure fencelock-fcall-single "$dir/fcall_single"
+measure fencelock-fcall-batched-16 "$dir/fcall_batched"
+measure entry-evalsha "$dir/entry_evalsha"
+measure entry-evalsha-shebang "$dir/entry_evalsha_shebang"
+measure entry-fcall "$dir/entry_fcall"
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.
 cluster_port=$((port + 1))
