@@ -19,7 +19,11 @@
 # FCALL against EVALSHA: fencelock-fcall-single and fencelock-fcall-batched-16 send the same
 # pairs as fencelock-single and fencelock-batched-16 through FCALL of the same four scripts
 # loaded as Redis 7 functions (bodies unchanged), and entry-* the cost of entering a script
-# (`return 1`, one key, six arguments) by EVALSHA and by FCALL.
+# (`return 1`, one key, six arguments) by EVALSHA and by FCALL. Semaphore extend and renew: N
+# semaphores of 8 permits on fresh names, one permit of each held for an hour (setup, not
+# counted); a "pair" is one extend of it (semaphore-extend), or one entry of the watchdog's renew
+# call as it sends it for one-permit holds (semaphore-renew: 100 holds per call, each weighing 2
+# of its 200; semaphore-renew-alone: a call for one hold).
 #   PORT=7930 PAIRS=2000 scripts/bench-server-cost.sh
 #   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
@@ -99,6 +103,8 @@ rw_write=$(cli script load "$($fencelock script rw_write)")
 rw_release=$(cli script load "$($fencelock script rw_release)")
 sem_acquire=$(cli script load "$($fencelock script semaphore_acquire)")
 sem_release=$(cli script load "$($fencelock script semaphore_release)")
+sem_extend=$(cli script load "$($fencelock script semaphore_extend)")
+sem_renew=$(cli script load "$($fencelock script semaphore_renew)")
 latch_set=$(cli script load "$($fencelock script latch_set)")
 latch_count_down=$(cli script load "$($fencelock script latch_count_down)")
 # The same four mutex scripts as Redis 7 functions (issue 22 item 1, FCALL against EVALSHA): each
@@ -208,6 +214,19 @@ for ((i = 0; i < n; i++)); do resp FCALL fl_entry 1 "{e$i}:k" a b c d e f; done 
     resp EVALSHA "$sem_release" 1 "fencelock:{s}:sem" "$(printf 'pair%028d' "$i")" 200 p "$grace"
   done
 } >"$dir/sem256"
+# Extend and renew: permit 0 of N semaphores of limit 8 held for an hour (not counted), each
+# extended once, or renewed once by the watchdog's call (100 one-permit holds per call, or one).
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$sem_acquire" 1 "fencelock:{x$i}:sem" "$owner" 1 8 3600000 0 clock "" "$grace"; done
+} >"$dir/sem_hold_setup"
+for ((i = 0; i < n; i++)); do resp EVALSHA "$sem_extend" 1 "fencelock:{x$i}:sem" "$owner 0" "$ttl" "$grace"; done >"$dir/sem_extend"
+for per in 100 1; do
+  for ((i = 0; i < n; i += per)); do
+    args=()
+    for ((j = i; j < i + per && j < n; j++)); do args+=("fencelock:{x$j}:sem" "$owner 0" "$ttl"); done
+    resp EVALSHA "$sem_renew" 1 "fencelock:{x$i}:sem" "${args[@]}" "$grace"
+  done >"$dir/sem_renew$per"
+done
 # The latch: N / 8 latches of count 8 (set, not counted), each counted down by 8 ids; the last
 # count-down of each opens it.
 {
@@ -249,6 +268,9 @@ measure rw-read "$dir/rw_read"
 measure rw-write "$dir/rw_write"
 measure semaphore-limit-8 "$dir/sem8"
 measure semaphore-limit-256-held-200 "$dir/sem256" "$dir/sem256_setup"
+measure semaphore-extend "$dir/sem_extend" "$dir/sem_hold_setup"
+measure semaphore-renew "$dir/sem_renew100" "$dir/sem_hold_setup"
+measure semaphore-renew-alone "$dir/sem_renew1" "$dir/sem_hold_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
 measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
 measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"

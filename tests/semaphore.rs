@@ -7,40 +7,13 @@
 mod common;
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::semaphore::{available_is, script, standalone_semaphore, until};
 use common::{Cluster, Standalone};
-use fencelock::{Client, Error, LockOptions, Semaphore};
-
-/// Polls the async `condition` every 10 ms until it holds, panicking after `limit`.
-async fn until<F, Fut>(what: &str, limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !condition().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn available_is(semaphore: &Semaphore, n: u32) -> bool {
-    semaphore.available().await.unwrap() == n
-}
-
-fn script(name: &str) -> &'static str {
-    fencelock::lua_scripts()
-        .find(|s| s.name == name)
-        .expect("known script")
-        .source
-}
+use fencelock::{Client, Error, LockOptions};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn never_exceeds_its_limit_under_50_racing_tasks() {
@@ -96,9 +69,7 @@ async fn never_exceeds_its_limit_under_50_racing_tasks() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forgotten_holders_permit_comes_back_after_its_lease() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("crashy", 2).unwrap();
+    let (_server, _client, semaphore) = standalone_semaphore("crashy", 2).await;
     let lease = Duration::from_millis(400);
     let permit = semaphore
         .try_acquire(&LockOptions::new().ttl(lease))
@@ -123,9 +94,7 @@ async fn a_forgotten_holders_permit_comes_back_after_its_lease() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn many_permits_are_taken_all_or_nothing() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("batch", 3).unwrap();
+    let (_server, _client, semaphore) = standalone_semaphore("batch", 3).await;
     let options = LockOptions::new();
     let two = semaphore.try_acquire_many(2, &options).await.unwrap();
     assert_eq!(two.permits().len(), 2);
@@ -154,9 +123,7 @@ async fn many_permits_are_taken_all_or_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_many_permit_waiter_is_not_starved_by_single_permit_takers() {
     const LIMIT: u32 = 4;
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("starve", LIMIT).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("starve", LIMIT).await;
     let stop = Arc::new(AtomicBool::new(false));
     let taken = Arc::new(AtomicUsize::new(0));
     let mut singles = Vec::new();
@@ -218,9 +185,7 @@ async fn a_many_permit_waiter_is_not_starved_by_single_permit_takers() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_many_permit_wait_withdraws_its_reservation() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("withdrawn", 2).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("withdrawn", 2).await;
     let key = semaphore.keys().lock_key().to_owned();
     let held = semaphore.try_acquire(&LockOptions::new()).await.unwrap();
     let waiter = {
@@ -259,9 +224,7 @@ async fn a_dropped_many_permit_wait_withdraws_its_reservation() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn releasing_unknown_or_expired_permits_changes_nothing_and_says_so() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("stale", 1).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("stale", 1).await;
     let short = LockOptions::new().ttl(Duration::from_millis(200));
     let expired = semaphore.try_acquire(&short).await.unwrap();
     until("the lease to end", Duration::from_secs(5), || {
@@ -310,9 +273,7 @@ async fn releasing_unknown_or_expired_permits_changes_nothing_and_says_so() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_different_limit_is_refused_with_the_stored_one() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let three = client.semaphore("sized", 3).unwrap();
+    let (_server, client, three) = standalone_semaphore("sized", 3).await;
     let permit = three.try_acquire(&LockOptions::new()).await.unwrap();
     let five = client.semaphore("sized", 5).unwrap();
     let err = five.try_acquire(&LockOptions::new()).await.unwrap_err();
@@ -342,9 +303,7 @@ async fn a_different_limit_is_refused_with_the_stored_one() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn set_limit_changes_the_limit_in_one_call() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("resized", 2).unwrap();
+    let (_server, client, semaphore) = standalone_semaphore("resized", 2).await;
     let old = client.semaphore("resized", 2).unwrap();
     let two = semaphore
         .try_acquire_many(2, &LockOptions::new())
@@ -406,9 +365,7 @@ async fn set_limit_changes_the_limit_in_one_call() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_resent_acquire_or_release_has_no_second_effect() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("resent", 4).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("resent", 4).await;
     let key = semaphore.keys().lock_key().to_owned();
     let acquire = |owner: &str| -> Vec<i64> {
         server.node.cmd(
@@ -459,9 +416,7 @@ async fn a_resent_acquire_or_release_has_no_second_effect() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn at_maxmemory_permits_are_kept_and_released_and_acquire_says_memory_is_full() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("full", 3).unwrap();
+    let (server, client, semaphore) = standalone_semaphore("full", 3).await;
     let watched = semaphore
         .try_acquire(
             &LockOptions::new()
@@ -505,9 +460,7 @@ async fn at_maxmemory_permits_are_kept_and_released_and_acquire_says_memory_is_f
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_watchdog_renews_all_permits_and_lost_reports_their_loss() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("watched", 3).unwrap();
+    let (server, client, semaphore) = standalone_semaphore("watched", 3).await;
     let guard = semaphore
         .try_acquire_many(
             2,
@@ -580,9 +533,7 @@ async fn fences_stay_monotonic_across_a_forced_loss_failover() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fences_that_would_pass_2_pow_53_are_refused_without_a_write() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("near-max", 3).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("near-max", 3).await;
     let key = semaphore.keys().lock_key().to_owned();
     let top = fencelock::FenceToken::MAX.get();
     server
@@ -731,9 +682,7 @@ fn publishes(server: &Standalone) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_release_announces_only_after_a_refused_acquire_and_wakes_the_waiter() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let semaphore = client.semaphore("quiet", 1).unwrap();
+    let (server, _client, semaphore) = standalone_semaphore("quiet", 1).await;
     let key = semaphore.keys().lock_key().to_owned();
     let long = LockOptions::new().ttl(Duration::from_secs(60));
 

@@ -5,31 +5,11 @@
 mod common;
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::semaphore::{available_is, script, standalone_semaphore, until};
 use common::Standalone;
-use fencelock::{Client, Error, LockOptions, Semaphore};
-
-/// Polls the async `condition` every 10 ms until it holds, panicking after `limit`.
-async fn until<F, Fut>(what: &str, limit: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !condition().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn available_is(semaphore: &Semaphore, n: u32) -> bool {
-    semaphore.available().await.unwrap() == n
-}
+use fencelock::{Error, LockOptions};
 
 /// How many `HGETALL`s the server ran: a semaphore script reads every entry with one.
 fn scans(server: &Standalone) -> u64 {
@@ -42,9 +22,7 @@ fn scans(server: &Standalone) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_grant_reads_only_what_it_takes_and_expired_permits_are_reclaimed_by_a_scan() {
-    let server = Standalone::start();
-    let client = Client::connect([server.url()]).await.unwrap();
-    let wide = client.semaphore("wide", 256).unwrap();
+    let (server, client, wide) = standalone_semaphore("wide", 256).await;
     let options = LockOptions::new().ttl(Duration::from_secs(60));
     let before = scans(&server);
     let mut held = Vec::new();
@@ -101,16 +79,14 @@ async fn a_grant_reads_only_what_it_takes_and_expired_permits_are_reclaimed_by_a
 #[test]
 fn each_key_of_a_batched_acquire_gets_its_own_grant_and_expiry() {
     let server = Standalone::start();
-    let batch = fencelock::lua_scripts()
-        .find(|script| script.name == "semaphore_acquire_batch")
-        .expect("the semaphore acquire batch script");
+    let batch = script("semaphore_acquire_batch");
     let keys = [
         ("fencelock:{a}:sem", "60000"),
         ("fencelock:{b}:sem", ""),
         ("fencelock:{c}:sem", "1000"),
     ];
     let mut call = redis::cmd("EVAL");
-    call.arg(batch.source).arg(1).arg(keys[0].0);
+    call.arg(batch).arg(1).arg(keys[0].0);
     for (key, grace) in keys {
         // key, argument count, then semaphore_acquire's: owner, count, limit, TTL ms, floor,
         // mode, waiter id, grace.

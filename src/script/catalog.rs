@@ -204,10 +204,6 @@ const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
 /// Contract: `script/lua/semaphore_scan.lua`.
 const SEMAPHORE_SCAN: &str = include_str!("lua/semaphore_scan.lua");
 
-/// The semaphore's helpers for a holder's own permits (`sem_forced`, `sem_raise`).
-/// Contract: `script/lua/semaphore_hold.lua`.
-const SEMAPHORE_HOLD: &str = include_str!("lua/semaphore_hold.lua");
-
 /// `inspect(kind)`, the state of one key of any kind. Contract: `script/lua/inspect.lua`.
 const INSPECT_SNIPPET: &str = include_str!("lua/inspect.lua");
 
@@ -242,10 +238,6 @@ fn fair_batchable(name: &'static str, file: &'static str) -> LuaScript {
 /// rule, `keep`, the [`SEMAPHORE`] helpers and [`SEMAPHORE_SCAN`].
 const SEMAPHORE_SCANNING: &[&str] = &[FENCE_RULE, OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN];
 
-/// What a semaphore script of a holder's own permits starts with (after the own prologue): the
-/// [`SEMAPHORE`] helpers and [`SEMAPHORE_HOLD`].
-const SEMAPHORE_HOLDING: &[&str] = &[SEMAPHORE, SEMAPHORE_HOLD];
-
 /// A semaphore script: the own prologue, `snippets`, then `file`.
 fn semaphore_script(
     name: &'static str,
@@ -263,11 +255,12 @@ fn acquire_with_helpers(file: &'static str) -> &'static str {
     inline_at(file, "--@sem", &[OWN_KEEP, SEMAPHORE, SEMAPHORE_SCAN])
 }
 
-/// The semaphore release's body with the holding helpers ([`SEMAPHORE`], [`SEMAPHORE_HOLD`])
-/// inlined at each `--@sem` line (a release without permit numbers, a command of more than 512
-/// arguments): a release of numbered permits defines no function (`assemble::inline_at`).
-fn release_with_helpers(file: &'static str) -> &'static str {
-    inline_at(file, "--@sem", SEMAPHORE_HOLDING)
+/// The body of a script of a holder's own permits (release, extend, renew) with the
+/// [`SEMAPHORE`] helpers inlined at each `--@sem` line, inside the blocks of its rare paths (a
+/// release without permit numbers, a command of more than 512 arguments): a release of numbered
+/// permits, an extend and a renewal define no function (`assemble::inline_at`).
+fn holder_with_helpers(file: &'static str) -> &'static str {
+    inline_at(file, "--@sem", &[SEMAPHORE])
 }
 
 /// [`semaphore_script`], with a batch twin (the calls on the hot path).
@@ -468,7 +461,7 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_release",
         &[],
-        release_with_helpers(include_str!("lua/semaphore_release.lua")),
+        holder_with_helpers(include_str!("lua/semaphore_release.lua")),
     )
 });
 
@@ -477,8 +470,8 @@ pub(crate) static SEMAPHORE_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_batchable(
         "semaphore_extend",
-        SEMAPHORE_HOLDING,
-        include_str!("lua/semaphore_extend.lua"),
+        &[],
+        holder_with_helpers(include_str!("lua/semaphore_extend.lua")),
     )
 });
 
@@ -486,8 +479,8 @@ pub(crate) static SEMAPHORE_EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
 pub(crate) static SEMAPHORE_RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
     semaphore_script(
         "semaphore_renew",
-        SEMAPHORE_HOLDING,
-        include_str!("lua/semaphore_renew.lua"),
+        &[],
+        holder_with_helpers(include_str!("lua/semaphore_renew.lua")),
     )
 });
 

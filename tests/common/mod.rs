@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod chaos;
 pub mod cli;
 pub mod netns;
+pub mod semaphore;
 
 /// Polls `condition` every 20 ms until it holds, panicking after `limit`.
 pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {

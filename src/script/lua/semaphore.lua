@@ -2,12 +2,12 @@
 -- own_prologue.lua and, in the scripts that grant, the fence rule and own_keep.lua). The helpers
 -- below are split by who calls them: `sem_parse_permit`, `sem_parse_res`, `sem_permit`,
 -- `sem_call` and `sem_mine` here; `sem_read`, `sem_held`, `sem_end` and `sem_expire` in
--- semaphore_scan.lua (the scripts that scan or grant); `sem_forced` and `sem_raise` in
--- semaphore_hold.lua (release, extend, renew). The acquire and the release (the hot path) take
--- none of them up front: their code is inlined at each `--@sem` line of those scripts, inside
--- the blocks of their rare paths (script/catalog.rs), and their common paths do the same work
--- inline, so a one-permit grant from the index and a release of numbered permits define no
--- function of these.
+-- semaphore_scan.lua (the scripts that scan or grant). The acquire, the release, the extend and
+-- the renewal take none of them up front: their code is inlined at each `--@sem` line of those
+-- scripts, inside the blocks of their rare paths (script/catalog.rs), and their common paths do
+-- the same work inline, so a one-permit grant from the index, a release of numbered permits, an
+-- extend and a renewal define no function of these. `sem_raise` and `sem_forced` below name two
+-- rules those scripts write inline (no function defines them).
 --
 -- One hash per semaphore, `<prefix>:{NAME}:sem`: `limit` (the number of permits), `fence` (the
 -- last fence granted, never removed), one field `p:<n>` per permit number n that was ever
@@ -45,11 +45,12 @@
 -- least now); `sem_mine(key, holder)` reads only a holder's permits: `holder` is
 -- "<owner> <n1> <n2> ..." (the owner token and its permit numbers, as extend and renew get
 -- it), and it returns the owner and the list of its live permits {n, owner, ends, fence,
--- live} among those numbers; `sem_raise(key, ends)` raises the
--- key's expiry to `ends` + grace unless it ends later (without a grace it removes any expiry):
--- a call that reads only its own permits cannot lower the expiry others need;
--- `sem_forced(key, owner)` is true when `forced` names the owner (one `HGET`, for failure
--- paths only); `sem_permit(owner, ends, fence)` formats a permit entry (one `string.format`);
+-- live} among those numbers; `sem_raise(key, ends)` (extend, renew) raises the
+-- key's expiry to `ends` + grace unless it ends later (one `PEXPIREAT ... GT`, then, only when
+-- that did not raise it and the key has no expiry, a plain `PEXPIREAT`; without a grace it
+-- removes any expiry): a call that reads only its own permits cannot lower the expiry others
+-- need; `sem_forced(key, owner)` (release, extend, renew) is true when `forced` names the
+-- owner (one `HGET`, for failure paths only); `sem_permit(owner, ends, fence)` formats a permit entry (one `string.format`);
 -- `sem_held(mine)` the reply {2, fence1, 0, n1, fence1, ...} to a resent acquire whose live
 -- permits are `mine`; `sem_expire(key, fresh, fence, ends)` after a grant: the key expires at
 -- max(ends, fence as ms) + grace (the prologue's `keep` rule for a granting call), set

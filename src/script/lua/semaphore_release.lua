@@ -1,8 +1,8 @@
 -- semaphore_release: release this owner's permits, or withdraw this waiter's reservation
--- (own_prologue.lua first; semaphore.lua and semaphore_hold.lua are inlined at each `--@sem`
--- line, inside the blocks of the rare paths: a release without permit numbers, more than 512
--- arguments to one command; a release of numbered permits defines no function, and one of a
--- single number, the common case, builds no table).
+-- (own_prologue.lua first; semaphore.lua is inlined at each `--@sem` line, inside the blocks of
+-- the rare paths: a release without permit numbers, more than 512 arguments to one command; a
+-- release of numbered permits defines no function, and one of a single number, the common case,
+-- builds no table).
 --
 -- KEYS[1] the semaphore key. ARGV[1] owner token (or waiter id), ARGV[2] the permit numbers, space
 -- separated: the hold id of the held contract (empty: every permit this owner holds), ARGV[3]
@@ -134,7 +134,7 @@ elseif values[2] then
 end
 if released > 0 or (withdrawn and targets == 0) then return 1 end
 if before > 0 and expired == 0 and other == 0 then return 1 end
--- `forced` names this owner (as sem_forced, semaphore_hold.lua)
+-- `forced` names this owner (as sem_forced, semaphore.lua)
 local list = redis.call('HGET', key, 'forced')
 if list and string.find(' ' .. list .. ' ', ' ' .. owner .. ' ', 1, true) then return -2 end
 if other > 0 then return -1 end
