@@ -84,6 +84,27 @@ impl GrantReply {
     }
 }
 
+/// The fence of a grant (from a script's reply or a grant announced on the server), counting a
+/// node clock found `behind` the stored fence (µs, 0 when it was not; see
+/// [`Core::clock_behind`]).
+///
+/// # Errors
+///
+/// [`Error::UnexpectedReply`] when `fence` is no valid token.
+pub(crate) fn granted_fence(
+    core: &Core,
+    kind: &'static str,
+    name: &str,
+    operation: Operation,
+    fence: i64,
+    behind: i64,
+) -> Result<crate::FenceToken> {
+    if behind > 0 {
+        core.clock_behind(kind, name, behind);
+    }
+    parse_fence(name, operation, "fence", fence)
+}
+
 /// One attempt of a granting request under `owner`, from sending its call to the [`Grant`]:
 /// while armed, a drop (the call cut by a timeout or a cancel before its reply was read)
 /// releases what the request may have been granted, in the background.
@@ -201,10 +222,7 @@ impl<'a> Granting<'a> {
     ) -> Result<Grant> {
         let name = self.keys.name();
         let kind = self.scripts.kind.as_str();
-        if behind > 0 {
-            self.core.clock_behind(kind, name, behind);
-        }
-        let fence = parse_fence(name, self.operation, "fence", fence)?;
+        let fence = granted_fence(self.core, kind, name, self.operation, fence, behind)?;
         if let Some(in_flight) = self.in_flight.take() {
             in_flight.disarm();
         }

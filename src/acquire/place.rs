@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::acquire::grant::granted_fence;
 use crate::core::Core;
 use crate::error::{Operation, Result};
 use crate::held::Grant;
@@ -21,7 +22,7 @@ use crate::kind::Kind;
 use crate::runtime::lease::lease_end;
 use crate::runtime::watchdog::Watch;
 use crate::script::{
-    parse_fence, ttl_millis, EntriesSeen, ScriptCall, FAIR_RENEW_PLACE, FAIR_WITHDRAW, SCAN_WEIGHT,
+    ttl_millis, EntriesSeen, ScriptCall, FAIR_RENEW_PLACE, FAIR_WITHDRAW, SCAN_WEIGHT,
 };
 
 /// The longest lease of a waiting place: a waiter that crashed stalls the queue at most this
@@ -188,10 +189,7 @@ impl Place {
             return Ok(None);
         }
         let name = self.keys.name();
-        if behind > 0 {
-            core.clock_behind(self.kind.as_str(), name, behind);
-        }
-        let fence = parse_fence(name, operation, "fence", fence)?;
+        let fence = granted_fence(core, self.kind.as_str(), name, operation, fence, behind)?;
         self.granted();
         tracing::debug!(lock = name, kind = self.kind.as_str(), %fence, "granted by the release");
         Ok(Some(Grant {
