@@ -10,7 +10,8 @@
 # latch's count-down (latches of count 8; a "pair" is one count-down), sent as the client sends
 # them on a standalone server (announce `p`). Issue 25: mutex-handoff-Q-queued, a hot lock's
 # server work per grant with Q waiters queued (a release that grants the head, and the
-# releaser's acquire that queues it again). Issue 22 item 3: the default fence mode
+# releaser's acquire that queues it again); fair-lock, the fair lock's uncontended pair. Issue 22
+# item 3: the default fence mode
 # (epoch-clock, `hybrid` in the scripts) reads `CLUSTER INFO` only on a cluster, so the last
 # lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
 # the mutex pair in that mode, and what the epoch read and the cheaper reads considered for it
@@ -107,6 +108,8 @@ sem_extend=$(cli script load "$($fencelock script semaphore_extend)")
 sem_renew=$(cli script load "$($fencelock script semaphore_renew)")
 latch_set=$(cli script load "$($fencelock script latch_set)")
 latch_count_down=$(cli script load "$($fencelock script latch_count_down)")
+fair_acquire=$(cli script load "$($fencelock script fair_acquire)")
+fair_release=$(cli script load "$($fencelock script fair_release)")
 # The same four mutex scripts as Redis 7 functions (issue 22 item 1, FCALL against EVALSHA): each
 # body runs unchanged inside its function (the `#!lua` line's flags become the function's; `KEYS`
 # and `ARGV` are locals bound to the function's arguments, so `memo` and the prologue still run
@@ -238,6 +241,13 @@ done
   done
 } >"$dir/latch"
 
+# The fair lock, uncontended (issue 22 item 2): fair_acquire as a waiting `fair_lock` call sends
+# it (place lease 30 s, the queue's cap 128), then fair_release, on fresh names.
+{
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$fair_acquire" 1 "fencelock:{q$i}:fair" "$owner" "$ttl" 0 clock 30000 128 "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$fair_release" 1 "fencelock:{q$i}:fair" "$owner" "" p "$grace"; done
+} >"$dir/fair"
+
 # A hot lock's handoff (issue 25): one lock, Q waiters queued (place lease 10 min, so their
 # places stay fresh under callgrind's slowdown), each "pair" one release that grants the head on
 # the server and announces it, and one acquire by the releaser that queues it again at the tail:
@@ -274,6 +284,7 @@ measure semaphore-renew-alone "$dir/sem_renew1" "$dir/sem_hold_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
 measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
 measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"
+measure fair-lock "$dir/fair"
 measure fencelock-fcall-single "$dir/fcall_single"
 measure fencelock-fcall-batched-16 "$dir/fcall_batched"
 measure entry-evalsha "$dir/entry_evalsha"

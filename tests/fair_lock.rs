@@ -306,12 +306,12 @@ async fn cancelling_or_timing_out_a_wait_removes_its_place_at_once_and_wakes_the
     // a fresh place is handed the lock); its own withdrawal, as a cancel that raced the grant,
     // gives the grant back and the waiter behind is granted.
     guard.release().await.unwrap();
-    let blocker = run_script::<Vec<i64>>(
+    let blocker = common::grant_values(run_script(
         &server.node,
         "fair_acquire",
         &fair_key(name),
         &["blocker", "1000", "0", "clock", "30000", "256", "10000"],
-    );
+    ));
     assert_eq!(blocker[0], 1, "free: granted to the hand-made owner");
     let queued: Vec<i64> = run_script(
         &server.node,
@@ -573,12 +573,12 @@ async fn a_caller_that_finds_the_queue_full_gets_no_place_and_those_queued_keep_
     let key = fair_key(name);
     // The cap is an argument of the script: 2 places here (`MAX_FAIR_WAITERS` for the client).
     let acquire = |owner: &str| -> Vec<i64> {
-        run_script(
+        common::grant_values(run_script(
             &server.node,
             "fair_acquire",
             &key,
             &[owner, "5000", "0", "clock", "3000", "2", "10000"],
-        )
+        ))
     };
     assert_eq!(acquire("holder")[0], 1, "free: granted");
     let a = acquire("a");

@@ -47,10 +47,14 @@ impl GrantReply {
     /// # Errors
     ///
     /// [`Error::UnexpectedReply`] for anything but an array of integers in the shared layout
-    /// or, for a plain grant (`{1, fence, 0}`), the fence alone as an integer (the mutex's
-    /// acquire answers so: an integer costs the server less to send than an array).
+    /// or, for a plain grant (`{1, fence, 0}`) of [`Operation::Acquire`] or
+    /// [`Operation::FairAcquire`], the fence alone as an integer (the mutex's and the fair
+    /// lock's acquire answer so: an integer costs the server less to send than an array).
     pub(crate) fn decode(name: &str, operation: Operation, reply: redis::Value) -> Result<Self> {
-        if let redis::Value::Int(fence) = reply {
+        if let (redis::Value::Int(fence), Operation::Acquire | Operation::FairAcquire) =
+            (&reply, operation)
+        {
+            let fence = *fence;
             return Ok(Self::Granted {
                 resent: false,
                 fence,

@@ -196,6 +196,13 @@ fn with_queue(file: &'static str) -> &'static str {
     )
 }
 
+/// A fair lock script whose `--@queue` line (the block for a lock whose state marks a queue)
+/// is replaced by the fence rule, keep.lua's helpers, [`RAISE`] and the [`FAIR`] queue: a call
+/// on a lock without a queue creates no function (`assemble::inline_at_queue`).
+fn with_fair_queue(file: &'static str) -> &'static str {
+    inline_at_queue(file, &[FENCE_RULE, KEEP, RAISE, FAIR])
+}
+
 /// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).
 /// Contract: `script/lua/semaphore.lua`.
 const SEMAPHORE: &str = include_str!("lua/semaphore.lua");
@@ -420,12 +427,25 @@ pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
 
 /// Grant the fair lock in arrival order, or keep the caller's place.
 /// Contract: `script/lua/fair_acquire.lua`.
-pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_batchable("fair_acquire", include_str!("lua/fair_acquire.lua")));
+pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable(
+        "fair_acquire",
+        &[],
+        with_fair_queue(inline_fence(
+            include_str!("lua/fair_acquire.lua"),
+            FENCE_RULE,
+        )),
+    )
+});
 
 /// Free the fair lock and wake the head of its queue. Contract: `script/lua/fair_release.lua`.
-pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| fair_batchable("fair_release", include_str!("lua/fair_release.lua")));
+pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable(
+        "fair_release",
+        &[],
+        with_fair_queue(include_str!("lua/fair_release.lua")),
+    )
+});
 
 /// Give up a waiting call's place (and a grant it never read).
 /// Contract: `script/lua/fair_withdraw.lua`.

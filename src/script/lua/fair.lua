@@ -26,7 +26,9 @@
 -- stale place, an older client's place without arguments, a fence error) the head, if any, is
 -- only woken and takes the lock with its own fair_acquire, as before. Either way it sets the
 -- key's lifetime to cover `latest` (the latest lease end the key must outlive) and the grant:
--- `raise` after a grant (its fence counts), else `keep` with `stored`. True when it granted.
+-- `raise` after a grant (its fence counts), else `keep` with `stored`. It leaves the state's
+-- waiters mark `q` (fair_acquire.lua) while live places remain: on the head's grant when others
+-- are queued behind it, on the free lock when the head was only woken. True when it granted.
 local function scan(me)
   local fields = redis.call('HGETALL', KEYS[1])
   local q = {latest = 0, ahead = 0}
@@ -92,8 +94,9 @@ local function handed(q, how, stored, mark)
   return ends, fence
 end
 local function hand(q, how, stored, latest)
-  local ends, fence = handed(q, how, stored)
+  local ends, fence = handed(q, how, stored, q.count > 1 and 'q' or nil)
   if not ends then
+    if q.head then store(KEYS[1], {nil, nil, stored, nil, 'q'}) end
     keep(KEYS[1], stored, latest)
     return false
   end

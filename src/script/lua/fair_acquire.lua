@@ -7,7 +7,11 @@
 -- hold (`MAX_FAIR_WAITERS`), ARGV[7] expiry grace.
 --
 -- Granted when the lock is free and no live place is queued, or the caller's place is the head (its
--- place is removed; the fence by acquire's rule). A queued caller's place carries its grant
+-- place is removed; the fence by acquire's rule). While a live place may be queued the state's
+-- waiters mark is `q` (prologue.lua): set when a place is taken, kept by a grant that leaves
+-- places behind; a free lock without it is granted at once, without reading the queue (the
+-- fence rule and the queue's helpers are inlined at the `--@queue` line, for the calls that
+-- meet a queue). A plain grant answers its fence alone, an integer, as acquire.lua's does. A queued caller's place carries its grant
 -- arguments (`g:<owner>`, see fair.lua), so that a release may grant it the lock on the server
 -- and announce the grant on its channel (`hand`); such a caller that polls instead gets {2, ...}. Dead places are deleted when seen. Otherwise the
 -- caller is queued if it was not (seq = ++qseq: the arrival moment) and its place's lease is moved
@@ -22,6 +26,33 @@
 -- call created the caller's place, -1 when the queue was full (no place; places ahead is then
 -- the queue's length); an error reply (no write) as acquire's. Not allow-oom.
 #!lua
+if not live and lock[5] ~= 'q' then
+  -- No place queued (the state's waiters mark is `q` while one may be): a free lock is
+  -- granted at once, as acquire.lua grants (the fence rule and the grant's expiry inlined, so
+  -- this path creates no function).
+  local stored, floor, mode, count = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1
+  local fence, behind = stored + 1, 0
+--@fence
+  if not fence then return behind end
+  local ends = now_ms + ARGV[2]
+  redis.call('HSET', KEYS[1], 'until', string.format('%d %d %s', ends, fence, ARGV[1]))
+  local latest = ends
+  if not grace then
+    redis.call('PERSIST', KEYS[1])
+  elseif memo.shift then
+    if fence - memo.shift > latest * 1000 then latest = math.ceil((fence - memo.shift) / 1000) end
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+  elseif fence > latest * 1000 then
+    if redis.call('PEXPIRETIME', KEYS[1]) < latest + grace then
+      redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+    end
+  else
+    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
+  end
+  if behind == 0 then return fence end
+  return {1, fence, behind, 0}
+end
+--@queue
 if live and owner == ARGV[1] then
   local ends = now_ms + tonumber(ARGV[2])
   if ends > expires then
@@ -41,7 +72,8 @@ local q = scan(me)
 if not live and (not q.head or q.head == me) then
   if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
   local ends = now_ms + tonumber(ARGV[2])
-  store(KEYS[1], {me, ends, fence})
+  local others = q.count - (q.mine and 1 or 0)
+  store(KEYS[1], {me, ends, fence, nil, others > 0 and 'q' or nil})
   local latest = q.latest
   if ends > latest then latest = ends end
   keep(KEYS[1], fence, latest)
@@ -72,6 +104,10 @@ end
 local ends = now_ms + place
 redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %d', seq, ends),
   'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+if lock[5] ~= 'q' then
+  lock[5] = 'q'
+  store(KEYS[1], lock)
+end
 local latest = q.latest
 if ends > latest then latest = ends end
 if live and expires > latest then latest = expires end

@@ -4,7 +4,10 @@
 -- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] hold id (always empty: no re-entry),
 -- ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none, ARGV[4] expiry grace.
 --
--- Dead places are deleted; the live place with the lowest seq (the head) is granted the lock
+-- Without the state's waiters mark `q` no place is queued (fair_acquire.lua): the state keeps
+-- the fence only and the key its expiry, nothing is read or announced, and no function is
+-- created (the queue's helpers are inlined at the `--@queue` line). Otherwise dead places are
+-- deleted; the live place with the lowest seq (the head) is granted the lock
 -- here and told so on its client's channel `<key>:w:<client>` (`hand`, fair.lua), or, when its place
 -- does not qualify, only woken there; no other waiter hears of the release.
 --
@@ -17,6 +20,14 @@ if owner ~= ARGV[1] then
   if live then return -1 end
   return 0
 end
+if lock[5] ~= 'q' then
+  -- No place queued (fair_acquire.lua): freed, nothing to hand on; the expiry the grant set
+  -- already covers the fence.
+  redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ')
+  if live then return 1 end
+  return 0
+end
+--@queue
 clear(KEYS[1], lock)
 local q = scan(ARGV[1])
 local latest = q.latest

@@ -13,8 +13,9 @@
 -- before layout 2) kept `owner`, `until`, `fence`, `holds` and `waiters` as fields: a script of
 -- layout 1 fails on a layout-2 key before any write (its `until` is not a number), and a
 -- layout-1 key met here is converted in place when no layout-1 client holds it (the fence, a
--- queue's `waiters` mark and its places kept), or refused with an error reply naming the
--- layout while one does.
+-- queue's places, with the `q` mark, and any other waiters mark kept), or refused with an error
+-- reply naming the layout while one does. The conversion is a write that comes before any
+-- other refusal of the script (an idempotent one: a refused call leaves the key converted).
 --
 -- The part above the `--@key` line runs once per script call (a batch's keys share it, see
 -- batch.lua), the part below once per key. `now_us` is `TIME` in microseconds, `now_ms` in
@@ -60,13 +61,16 @@ do
     if old[1] and (tonumber(old[2]) or 0) > now_ms then
       return redis.error_reply('ERR fencelock: ' .. KEYS[1] .. ' is held by a client of key layout 1 (fields owner/until/fence); this client uses key layout 2: let the older clients stop (see "Key layout" in docs/design.md)')
     end
-    local gone = {'owner', 'fence', 'holds', 'waiters'}
+    local gone, queued = {'owner', 'fence', 'holds', 'waiters'}, old[4] == 'q'
     for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
-      if string.sub(field, 1, 2) == 'h:' then gone[#gone + 1] = field end
+      local kind = string.sub(field, 1, 2)
+      if kind == 'h:' then gone[#gone + 1] = field elseif kind == 'q:' then queued = true end
     end
     redis.call('HDEL', KEYS[1], unpack(gone))
-    lock = {nil, nil, string.format('%d', tonumber(old[3]) or 0), nil, old[4] == 'q' and 'q' or nil}
-    redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ' .. (lock[5] and ' wq' or ''))
+    local mark = old[4]
+    if queued then mark = 'q' elseif mark and not string.match(mark, '^%S+$') then mark = nil end
+    lock = {nil, nil, string.format('%d', tonumber(old[3]) or 0), nil, mark}
+    redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ' .. (mark and ' w' .. mark or ''))
   else
     lock = {nil, nil, '0', nil, nil}
   end
