@@ -7,13 +7,9 @@
 //! with a place lease finding the lock held), a re-entered lock's leftover holds, a key of
 //! layout 1, and the modes `epoch` and `hybrid`.
 
-use std::ffi::CStr;
-
 use crate::rules::{self, Expiry};
 use crate::server::{Key, Kind, Reply};
-use crate::state::{self, State};
-
-const FIELD_UNTIL: &CStr = c"until";
+use crate::state::{self, Buf, State};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
 pub fn run(
@@ -57,7 +53,7 @@ pub fn run(
     let key = Key::open(ctx, key_name);
     let value = match key.kind() {
         Kind::Empty => None,
-        Kind::Hash => key.hget(FIELD_UNTIL),
+        Kind::Hash => key.hget_until(),
         Kind::Other => {
             return Reply::Error(
                 "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
@@ -89,10 +85,11 @@ pub fn run(
         // The same owner again (a resent call): the lease moves to now + TTL when that is later.
         let ends = now_ms + ttl;
         if ends > lock.lease {
-            let mut lease = Vec::with_capacity(16);
-            state::push_u64(&mut lease, ends);
-            key.set_until(&state::format(
-                &lease,
+            let mut lease = Buf::new();
+            lease.push_u64(ends);
+            key.set_until(state::format(
+                &mut Buf::new(),
+                lease.bytes(),
                 lock.fence_raw,
                 lock.owner,
                 lock.holds,
@@ -129,7 +126,8 @@ pub fn run(
             Some(_) => None,
         };
         if let Some(mark) = mark {
-            key.set_until(&state::format(
+            key.set_until(state::format(
+                &mut Buf::new(),
                 lock.lease_raw,
                 lock.fence_raw,
                 lock.owner,
@@ -156,11 +154,17 @@ pub fn run(
         return Reply::Error("FALLBACK leftover holds of a re-entered lock".into());
     }
     let ends = now_ms + ttl;
-    let mut lease = Vec::with_capacity(16);
-    state::push_u64(&mut lease, ends);
-    let mut fence_digits = Vec::with_capacity(16);
-    state::push_u64(&mut fence_digits, fence);
-    key.set_until(&state::format(&lease, &fence_digits, owner, None, waiters));
+    let mut value = Buf::new();
+    value
+        .push_u64(ends)
+        .push(b" ")
+        .push_u64(fence)
+        .push(b" ")
+        .push(owner);
+    if let Some(w) = waiters {
+        value.push(b" w").push(w);
+    }
+    key.set_until(value.bytes());
     match rules::grant_expiry(mode, fence, ends, grace) {
         Expiry::Persist => key.persist(),
         Expiry::At(ms) => key.expire_at(ms as i64),

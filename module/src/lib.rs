@@ -79,7 +79,7 @@ type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c
 
 /// Registers the commands: the key is the first argument (COMMAND GETKEYS, cluster routing).
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    if !server::check_api() {
+    if !server::check_api() || !server::init_strings() {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
     }

@@ -6,13 +6,9 @@
 //! hand the lock to (`waiters` `q`) and a key of layout 1 answer `-FALLBACK <reason>` before any
 //! write. Allowed at maxmemory: it writes no more than it frees.
 
-use std::ffi::CStr;
-
 use crate::rules;
 use crate::server::{Key, Kind, Reply};
-use crate::state::{self, State};
-
-const FIELD_UNTIL: &CStr = c"until";
+use crate::state::{self, Buf, State};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
 pub fn run(
@@ -35,7 +31,7 @@ pub fn run(
     let key = Key::open(ctx, key_name);
     let value = match key.kind() {
         Kind::Empty => None,
-        Kind::Hash => key.hget(FIELD_UNTIL),
+        Kind::Hash => key.hget_until(),
         Kind::Other => {
             return Reply::Error(
                 "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
@@ -77,7 +73,14 @@ pub fn run(
     if code == 1 && waiters.is_some() && announce == b"s" && !Key::can_spublish() {
         return Reply::Error("FALLBACK SPUBLISH not available".into());
     }
-    key.set_until(&state::format(b"0", lock.fence_raw, b"", None, None));
+    key.set_until(state::format(
+        &mut Buf::new(),
+        b"0",
+        lock.fence_raw,
+        b"",
+        None,
+        None,
+    ));
     if code == 1 && waiters.is_some() && !announce.is_empty() {
         key.announce(announce == b"s");
     }

@@ -6,6 +6,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_longlong};
 use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
@@ -108,7 +109,21 @@ pub struct Key {
     name: *mut RedisModuleString,
 }
 
-const FIELD_UNTIL: &CStr = c"until";
+/// The field name `until` as a server string, made once at load (`init_strings`): the hot path
+/// neither builds it per call nor looks up a C string.
+static UNTIL: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+
+/// Makes the server strings the commands share (at load, before any command runs).
+pub fn init_strings() -> bool {
+    // SAFETY: a string without a context: kept for the module's life, never freed.
+    let s = unsafe { api!(RedisModule_CreateString)(ptr::null_mut(), c"until".as_ptr(), 5) };
+    UNTIL.store(s, Ordering::Release);
+    !s.is_null()
+}
+
+fn until() -> *mut RedisModuleString {
+    UNTIL.load(Ordering::Acquire)
+}
 
 impl Key {
     /// Opens `name` (the command's first argument) for reading and writing.
@@ -133,6 +148,28 @@ impl Key {
         } else {
             Kind::Other
         }
+    }
+
+    /// `HGET key until` (the key must be a hash).
+    pub fn hget_until(&self) -> Option<Owned> {
+        let mut out: *mut RedisModuleString = ptr::null_mut();
+        // SAFETY: a hash key open for reading; one server-string field, one output, NULL-terminated.
+        let rc = unsafe {
+            api!(RedisModule_HashGet)(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                until(),
+                &mut out as *mut *mut RedisModuleString,
+                ptr::null_mut::<c_char>(),
+            )
+        };
+        if rc != raw::REDISMODULE_OK as c_int || out.is_null() {
+            return None;
+        }
+        Some(Owned {
+            ctx: self.ctx,
+            ptr: out,
+        })
     }
 
     /// `HGET key field` (the key must be a hash).
@@ -181,17 +218,17 @@ impl Key {
         unsafe {
             api!(RedisModule_HashSet)(
                 self.key,
-                raw::REDISMODULE_HASH_CFIELDS as c_int,
-                FIELD_UNTIL.as_ptr(),
+                raw::REDISMODULE_HASH_NONE as c_int,
+                until(),
                 v.ptr,
                 ptr::null_mut::<c_char>(),
             );
             api!(RedisModule_Replicate)(
                 self.ctx,
                 c"HSET".as_ptr(),
-                c"scs".as_ptr(),
+                c"sss".as_ptr(),
                 self.name,
-                FIELD_UNTIL.as_ptr(),
+                until(),
                 v.ptr,
             );
             api!(RedisModule_NotifyKeyspaceEvent)(

@@ -102,45 +102,87 @@ impl<'a> State<'a> {
     }
 }
 
-/// Appends the decimal digits of `n`.
-pub fn push_u64(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+/// A small byte buffer on the stack that moves to the heap past 160 bytes (a state value with
+/// an owner token of the usual 32 characters needs about 70): the hot path allocates nothing.
+pub struct Buf {
+    stack: [u8; 160],
+    len: usize,
+    heap: Option<Vec<u8>>,
 }
 
-/// Formats a state: "<lease> <fence> <owner>[ h<holds>][ w<waiters>]" (keep.lua's `store`).
-pub fn format(
+impl Buf {
+    /// An empty buffer.
+    pub fn new() -> Buf {
+        Buf {
+            stack: [0; 160],
+            len: 0,
+            heap: None,
+        }
+    }
+
+    /// Appends `data`.
+    pub fn push(&mut self, data: &[u8]) -> &mut Buf {
+        if let Some(heap) = &mut self.heap {
+            heap.extend_from_slice(data);
+        } else if self.len + data.len() <= self.stack.len() {
+            self.stack[self.len..self.len + data.len()].copy_from_slice(data);
+            self.len += data.len();
+        } else {
+            let mut heap = Vec::with_capacity(self.len + data.len() + 32);
+            heap.extend_from_slice(&self.stack[..self.len]);
+            heap.extend_from_slice(data);
+            self.heap = Some(heap);
+        }
+        self
+    }
+
+    /// Appends the decimal digits of `n`.
+    pub fn push_u64(&mut self, n: u64) -> &mut Buf {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut n = n;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..])
+    }
+
+    /// The bytes so far.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.heap {
+            Some(heap) => heap,
+            None => &self.stack[..self.len],
+        }
+    }
+}
+
+/// Appends a state to `out`: "<lease> <fence> <owner>[ h<holds>][ w<waiters>]" (keep.lua's
+/// `store`), the lease end and fence as digits.
+pub fn format<'b>(
+    out: &'b mut Buf,
     lease: &[u8],
     fence: &[u8],
     owner: &[u8],
     holds: Option<&[u8]>,
     waiters: Option<&[u8]>,
-) -> Vec<u8> {
-    let mut v = Vec::with_capacity(lease.len() + fence.len() + owner.len() + 16);
-    v.extend_from_slice(lease);
-    v.push(b' ');
-    v.extend_from_slice(fence);
-    v.push(b' ');
-    v.extend_from_slice(owner);
+) -> &'b [u8] {
+    out.push(lease)
+        .push(b" ")
+        .push(fence)
+        .push(b" ")
+        .push(owner);
     if let Some(h) = holds {
-        v.extend_from_slice(b" h");
-        v.extend_from_slice(h);
+        out.push(b" h").push(h);
     }
     if let Some(w) = waiters {
-        v.extend_from_slice(b" w");
-        v.extend_from_slice(w);
+        out.push(b" w").push(w);
     }
-    v
+    out.bytes()
 }
 
 #[cfg(test)]
@@ -173,13 +215,22 @@ mod tests {
     #[test]
     fn formats_as_store() {
         assert_eq!(
-            format(b"5", b"6", b"o", None, Some(b"*")),
-            b"5 6 o w*".to_vec()
+            format(&mut Buf::new(), b"5", b"6", b"o", None, Some(b"*")),
+            b"5 6 o w*"
         );
-        assert_eq!(format(b"0", b"6", b"", None, None), b"0 6 ".to_vec());
-        let mut v = Vec::new();
-        push_u64(&mut v, 0);
-        push_u64(&mut v, 9_007_199_254_740_991);
-        assert_eq!(v, b"09007199254740991".to_vec());
+        assert_eq!(
+            format(&mut Buf::new(), b"0", b"6", b"", None, None),
+            b"0 6 "
+        );
+        let mut b = Buf::new();
+        b.push_u64(0).push_u64(9_007_199_254_740_991);
+        assert_eq!(b.bytes(), b"09007199254740991");
+        let long = vec![b'x'; 300];
+        let mut b = Buf::new();
+        assert_eq!(
+            format(&mut b, b"1", b"2", &long, Some(b"3"), None).len(),
+            4 + 300 + 3
+        );
+        assert!(b.bytes().starts_with(b"1 2 xxx") && b.bytes().ends_with(b"x h3"));
     }
 }
