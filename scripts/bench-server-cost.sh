@@ -60,11 +60,18 @@ if [ -z "$fencelock" ]; then
   fencelock=${CARGO_TARGET_DIR:-target}/release/fencelock
 fi
 
+module=${MODULE:-}
+load_module=()
+if [ -n "$module" ]; then load_module=(--loadmodule "$(cd "$(dirname "$module")" && pwd)/$(basename "$module")"); fi
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  >"$dir/valgrind.log" 2>&1 &
+  "${load_module[@]}" >"$dir/valgrind.log" 2>&1 &
 pid=$!
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+until redis-cli -p "$port" ping >/dev/null 2>&1; do
+  # A server that exits (a module that fails to load) would leave this loop waiting for good.
+  if ! kill -0 "$pid" 2>/dev/null; then cat "$dir/valgrind.log" >&2; pid=; exit 1; fi
+  sleep 0.2
+done
 cli() { redis-cli -p "$port" "$@"; }
 
 # Instructions the server ran (its main thread) since the counters were last zeroed.
@@ -170,6 +177,13 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_acquire" 1 "{b$i}:lock" "$owner" "$later" "$((later * 1000 + i))" "$later"; done
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_release" 1 "{b$i}:lock" "$owner"; done
 } >"$dir/bare"
+# The same pairs through the module's commands (MODULE set).
+if [ -n "$module" ]; then
+  {
+    for ((i = 0; i < n; i++)); do resp fencelock.acquire "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
+    for ((i = 0; i < n; i++)); do resp fencelock.release "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
+  } >"$dir/module_single"
+fi
 # The same pairs through FCALL, same names and arguments.
 {
   for ((i = 0; i < n; i++)); do resp FCALL fl_acquire 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
@@ -290,6 +304,7 @@ measure fencelock-fcall-batched-16 "$dir/fcall_batched"
 measure entry-evalsha "$dir/entry_evalsha"
 measure entry-evalsha-shebang "$dir/entry_evalsha_shebang"
 measure entry-fcall "$dir/entry_fcall"
+if [ -n "$module" ]; then measure fencelock-module "$dir/module_single"; fi
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.
 cluster_port=$((port + 1))

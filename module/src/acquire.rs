@@ -1,0 +1,182 @@
+//! `fencelock.acquire <key> <owner> <ttl> <floor> <mode> [<place>] <grace>`: acquire.lua's
+//! KEYS, ARGV and replies (see its header), served natively on key layout 2 for the paths a lock
+//! without a queue takes: a grant of a free or expired lock (the fence rule in modes `clock` and
+//! `counter`, the key-expiry rule), the resend of a live holder (lease moved forward), and busy
+//! (setting the waiters mark as the script does). The rest answers `-FALLBACK <reason>` before
+//! any write, for the client to send through the script: a queue (`waiters` `q`, or a caller
+//! with a place lease finding the lock held), a re-entered lock's leftover holds, a key of
+//! layout 1, and the modes `epoch` and `hybrid`.
+
+use crate::rules::{self, Expiry};
+use crate::server::{Key, Kind, Reply};
+use crate::state::{self, Buf, State};
+
+/// Serves one call; `args` are the command's arguments after its name (key first).
+pub fn run(
+    ctx: *mut redis_module::raw::RedisModuleCtx,
+    key_name: *mut redis_module::raw::RedisModuleString,
+    args: &[&[u8]],
+    now_us: u64,
+) -> Reply {
+    if args.len() != 6 && args.len() != 7 {
+        return Reply::WrongArity;
+    }
+    let owner = args[1];
+    let grace_arg = args[args.len() - 1];
+    let parsed = (|| -> Result<_, String> {
+        rules::check_owner(owner)?;
+        let ttl = rules::parse_num(args[2], "the TTL (ms)", 1 << 40)?;
+        if ttl == 0 {
+            return Err("ERR fencelock: the TTL (ms) must be at least 1".into());
+        }
+        let floor = rules::parse_num(args[3], "the floor", state::MAX_FENCE)?;
+        let mode = rules::parse_mode(args[4])?;
+        let place = if args.len() == 7 {
+            rules::parse_num(args[5], "the place lease (ms)", 1 << 40)?
+        } else {
+            0
+        };
+        let grace = rules::parse_grace(grace_arg)?;
+        Ok((ttl, floor, mode, place, grace))
+    })();
+    let (ttl, floor, mode, place, grace) = match parsed {
+        Ok(p) => p,
+        Err(e) => return Reply::Error(e),
+    };
+    let Some(mode) = mode else {
+        return Reply::Error(
+            "FALLBACK fence mode epoch/hybrid (cluster_my_epoch) is not served by the module yet"
+                .into(),
+        );
+    };
+    let now_ms = now_us / 1000;
+    let key = Key::open(ctx, key_name);
+    let value = match key.kind() {
+        Kind::Empty => None,
+        Kind::Hash => key.hget_until(),
+        Kind::Other => {
+            return Reply::Error(
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
+            )
+        }
+    };
+    let free = State {
+        lease_raw: b"0",
+        lease: 0,
+        fence_raw: b"0",
+        fence: 0,
+        owner: b"",
+        holds: None,
+        waiters: None,
+    };
+    let lock = match &value {
+        Some(v) => match State::parse(v.bytes()) {
+            Some(s) => s,
+            None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
+        },
+        None if key.kind() == Kind::Hash && key.hexists(c"fence") => {
+            return Reply::Error("FALLBACK key layout 1".into())
+        }
+        None => free,
+    };
+    let live = lock.live(now_ms);
+    let queued = lock.waiters == Some(b"q");
+    if live && lock.owner == owner {
+        // The same owner again (a resent call): the lease moves to now + TTL when that is later.
+        let ends = now_ms + ttl;
+        if ends > lock.lease {
+            let mut lease = Buf::new();
+            lease.push_u64(ends);
+            key.set_until(state::format(
+                &mut Buf::new(),
+                lease.bytes(),
+                lock.fence_raw,
+                lock.owner,
+                lock.holds,
+                lock.waiters,
+            ));
+            // raise.lua: no fence term here (this call ran no fence rule).
+            match grace {
+                None => key.persist(),
+                Some(g) => {
+                    let target = (ends + g) as i64;
+                    if key.expire_time() < target {
+                        key.expire_at(target);
+                    }
+                }
+            }
+        }
+        return Reply::Ints(vec![2, lock.fence as i64, 0]);
+    }
+    if (live && place > 0) || (!live && queued) {
+        return Reply::Error("FALLBACK queue".into());
+    }
+    let tag = &owner[..owner.len().min(8)];
+    if live {
+        let mark: Option<&[u8]> = match lock.waiters {
+            None => Some(tag),
+            Some(w)
+                if w != b"*"
+                    && w != b"q"
+                    && w != tag
+                    && !(w.first() == Some(&b'y') && &w[1..] == tag) =>
+            {
+                Some(b"*")
+            }
+            Some(_) => None,
+        };
+        if let Some(mark) = mark {
+            key.set_until(state::format(
+                &mut Buf::new(),
+                lock.lease_raw,
+                lock.fence_raw,
+                lock.owner,
+                lock.holds,
+                Some(mark),
+            ));
+        }
+        return Reply::Ints(vec![0, (lock.lease - now_ms) as i64, 0]);
+    }
+    let mut waiters = lock.waiters;
+    if let Some(w) = waiters {
+        if w.first() == Some(&b'y') && &w[1..] == tag {
+            if lock.lease > now_ms {
+                return Reply::Ints(vec![0, (lock.lease - now_ms) as i64, 0]);
+            }
+            waiters = None;
+        }
+    }
+    let (fence, behind) = match rules::next_fence(lock.fence, floor, mode, now_us) {
+        Ok(f) => f,
+        Err(e) => return Reply::Error(e),
+    };
+    if lock.holds.is_some() {
+        return Reply::Error("FALLBACK leftover holds of a re-entered lock".into());
+    }
+    let ends = now_ms + ttl;
+    let mut value = Buf::new();
+    value
+        .push_u64(ends)
+        .push(b" ")
+        .push_u64(fence)
+        .push(b" ")
+        .push(owner);
+    if let Some(w) = waiters {
+        value.push(b" w").push(w);
+    }
+    key.set_until(value.bytes());
+    match rules::grant_expiry(mode, fence, ends, grace) {
+        Expiry::Persist => key.persist(),
+        Expiry::At(ms) => key.expire_at(ms as i64),
+        Expiry::RaiseTo(ms) => {
+            if key.expire_time() < ms as i64 {
+                key.expire_at(ms as i64);
+            }
+        }
+    }
+    if behind == 0 {
+        Reply::Int(fence as i64)
+    } else {
+        Reply::Ints(vec![1, fence as i64, behind as i64])
+    }
+}

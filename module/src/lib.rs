@@ -1,0 +1,133 @@
+//! fencelock's Redis module (issue 24, first slice): the mutex's hot path as native commands on
+//! key layout 2, `fencelock.acquire` and `fencelock.release`, with exactly the KEYS, ARGV and
+//! replies of the scripts acquire.lua and release.lua (src/script/lua/), so both serve one lock
+//! together. What a command does not serve natively yet it answers with `-FALLBACK <reason>`
+//! before any write, for the client to send through the script.
+//!
+//! Safety inside the server: every argument is validated with an error reply, every call runs
+//! under `catch_unwind` (a panic becomes an error reply, never unwinds into Redis), and the
+//! effects are replicated as the commands the scripts run (`HSET`, `PEXPIREAT`, `PERSIST`),
+//! never the command itself: it reads the clock.
+
+mod acquire;
+mod release;
+mod rules;
+mod server;
+mod state;
+
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
+use redis_module::{redis_module, Context, RedisString, Status};
+
+use server::Reply;
+
+/// The server's clock in µs, as the scripts' `TIME`.
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+type Run = fn(*mut RedisModuleCtx, *mut RedisModuleString, &[&[u8]], u64) -> Reply;
+
+/// Runs a command under `catch_unwind` and sends its reply.
+fn handle(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    run: Run,
+) -> c_int {
+    let reply = catch_unwind(AssertUnwindSafe(|| {
+        let n = usize::try_from(argc).unwrap_or(0);
+        if !(2..=9).contains(&n) || argv.is_null() {
+            return Reply::WrongArity;
+        }
+        // SAFETY: the server passes `argc` live argument strings.
+        let argv = unsafe { std::slice::from_raw_parts(argv, n) };
+        let mut args: [&[u8]; 8] = [&[]; 8];
+        for (slot, &arg) in args.iter_mut().zip(&argv[1..]) {
+            *slot = server::bytes(arg);
+        }
+        run(ctx, argv[1], &args[..n - 1], now_us())
+    }))
+    .unwrap_or_else(|_| {
+        Reply::Error("ERR fencelock module: internal error (the call was refused)".into())
+    });
+    server::send(ctx, reply)
+}
+
+extern "C" fn acquire_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, acquire::run)
+}
+
+extern "C" fn release_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, release::run)
+}
+
+type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
+
+/// Registers the commands: the key is the first argument (COMMAND GETKEYS, cluster routing).
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    if !server::check_api() || !server::init_strings() {
+        ctx.log_warning("fencelock: this server lacks a module API function the commands need");
+        return Status::Err;
+    }
+    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr); 2] = [
+        (c"fencelock.acquire", acquire_command, c"write deny-oom"),
+        (c"fencelock.release", release_command, c"write"),
+    ];
+    for (name, command, flags) in commands {
+        // SAFETY: the load-time context; static C strings.
+        let rc = unsafe {
+            match raw::RedisModule_CreateCommand {
+                Some(create) => create(
+                    ctx.ctx,
+                    name.as_ptr(),
+                    Some(command),
+                    flags.as_ptr(),
+                    1,
+                    1,
+                    1,
+                ),
+                None => raw::REDISMODULE_ERR as c_int,
+            }
+        };
+        if rc != raw::REDISMODULE_OK as c_int {
+            ctx.log_warning(&format!(
+                "fencelock: cannot create {}",
+                name.to_string_lossy()
+            ));
+            return Status::Err;
+        }
+    }
+    Status::Ok
+}
+
+/// The server's allocator in the module; the system's in unit tests, which run without a server.
+#[cfg(not(test))]
+type ModuleAlloc = redis_module::alloc::RedisAlloc;
+#[cfg(not(test))]
+const MODULE_ALLOC: ModuleAlloc = redis_module::alloc::RedisAlloc;
+#[cfg(test)]
+type ModuleAlloc = std::alloc::System;
+#[cfg(test)]
+const MODULE_ALLOC: ModuleAlloc = std::alloc::System;
+
+redis_module! {
+    name: "fencelock",
+    version: 1,
+    allocator: (ModuleAlloc, MODULE_ALLOC),
+    data_types: [],
+    init: init,
+}

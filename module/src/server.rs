@@ -1,0 +1,375 @@
+//! The server calls the commands make, through the module API's raw functions: the lock key
+//! opened once per call, its hash field read and written, its expiry, replication of the effects
+//! (never the command: it reads the clock), and the replies. Every function pointer used here is
+//! checked when the module loads (`check_api`), so none is missing at call time.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_longlong};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
+
+/// Calls a module API function; its presence was checked at load (`check_api`).
+macro_rules! api {
+    ($name:ident) => {
+        match raw::$name {
+            Some(f) => f,
+            None => panic!(concat!(stringify!($name), " missing (checked at load)")),
+        }
+    };
+}
+
+/// True when every module API function the commands call is present (checked at load).
+pub fn check_api() -> bool {
+    // SAFETY: the pointers are set once by RedisModule_Init before this runs; read by value.
+    unsafe {
+        { raw::RedisModule_OpenKey }.is_some()
+            && { raw::RedisModule_CloseKey }.is_some()
+            && { raw::RedisModule_KeyType }.is_some()
+            && { raw::RedisModule_HashGet }.is_some()
+            && { raw::RedisModule_HashSet }.is_some()
+            && { raw::RedisModule_GetAbsExpire }.is_some()
+            && { raw::RedisModule_SetAbsExpire }.is_some()
+            && { raw::RedisModule_SetExpire }.is_some()
+            && { raw::RedisModule_Replicate }.is_some()
+            && { raw::RedisModule_CreateString }.is_some()
+            && { raw::RedisModule_FreeString }.is_some()
+            && { raw::RedisModule_StringPtrLen }.is_some()
+            && { raw::RedisModule_ReplyWithLongLong }.is_some()
+            && { raw::RedisModule_ReplyWithArray }.is_some()
+            && { raw::RedisModule_ReplyWithError }.is_some()
+            && { raw::RedisModule_NotifyKeyspaceEvent }.is_some()
+            && { raw::RedisModule_GetContextFlags }.is_some()
+            && { raw::RedisModule_PublishMessage }.is_some()
+            && { raw::RedisModule_WrongArity }.is_some()
+    }
+}
+
+/// The bytes of a server string (valid while the string lives).
+pub fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
+    let mut len: usize = 0;
+    // SAFETY: `s` is a live string of this call; the server returns its buffer and length.
+    unsafe {
+        let p = api!(RedisModule_StringPtrLen)(s, &mut len);
+        if p.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts(p.cast::<u8>(), len)
+    }
+}
+
+/// A string the module created, freed on drop.
+pub struct Owned {
+    ctx: *mut RedisModuleCtx,
+    /// The server string.
+    pub ptr: *mut RedisModuleString,
+}
+
+impl Owned {
+    /// A new server string holding `data`.
+    pub fn new(ctx: *mut RedisModuleCtx, data: &[u8]) -> Owned {
+        // SAFETY: copies `data` into a new string owned by this value.
+        let ptr = unsafe {
+            api!(RedisModule_CreateString)(ctx, data.as_ptr().cast::<c_char>(), data.len())
+        };
+        Owned { ctx, ptr }
+    }
+
+    /// Its bytes.
+    pub fn bytes(&self) -> &[u8] {
+        bytes(self.ptr)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: created by this module and not freed elsewhere.
+            unsafe { api!(RedisModule_FreeString)(self.ctx, self.ptr) }
+        }
+    }
+}
+
+/// What kind of value the lock key holds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// No key.
+    Empty,
+    /// A hash (a lock of either layout, or a queue's fields only).
+    Hash,
+    /// Anything else: the scripts' `HGET` fails with WRONGTYPE.
+    Other,
+}
+
+/// The lock key, open for reading and writing for the whole call; closed on drop.
+pub struct Key {
+    ctx: *mut RedisModuleCtx,
+    key: *mut RedisModuleKey,
+    name: *mut RedisModuleString,
+}
+
+/// The field name `until` as a server string, made once at load (`init_strings`): the hot path
+/// neither builds it per call nor looks up a C string.
+static UNTIL: AtomicPtr<RedisModuleString> = AtomicPtr::new(ptr::null_mut());
+
+/// Makes the server strings the commands share (at load, before any command runs).
+pub fn init_strings() -> bool {
+    // SAFETY: a string without a context: kept for the module's life, never freed.
+    let s = unsafe { api!(RedisModule_CreateString)(ptr::null_mut(), c"until".as_ptr(), 5) };
+    UNTIL.store(s, Ordering::Release);
+    !s.is_null()
+}
+
+fn until() -> *mut RedisModuleString {
+    UNTIL.load(Ordering::Acquire)
+}
+
+impl Key {
+    /// Opens `name` (the command's first argument) for reading and writing.
+    pub fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Key {
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        // SAFETY: `ctx` and `name` are the command's own; the key is closed on drop.
+        let key = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode) }.cast::<RedisModuleKey>();
+        Key { ctx, key, name }
+    }
+
+    /// What the key holds.
+    pub fn kind(&self) -> Kind {
+        if self.key.is_null() {
+            return Kind::Empty;
+        }
+        // SAFETY: an open key.
+        let t = unsafe { api!(RedisModule_KeyType)(self.key) } as isize;
+        if t == raw::REDISMODULE_KEYTYPE_EMPTY {
+            Kind::Empty
+        } else if t == raw::REDISMODULE_KEYTYPE_HASH {
+            Kind::Hash
+        } else {
+            Kind::Other
+        }
+    }
+
+    /// `HGET key until` (the key must be a hash).
+    pub fn hget_until(&self) -> Option<Owned> {
+        let mut out: *mut RedisModuleString = ptr::null_mut();
+        // SAFETY: a hash key open for reading; one server-string field, one output, NULL-terminated.
+        let rc = unsafe {
+            api!(RedisModule_HashGet)(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                until(),
+                &mut out as *mut *mut RedisModuleString,
+                ptr::null_mut::<c_char>(),
+            )
+        };
+        if rc != raw::REDISMODULE_OK as c_int || out.is_null() {
+            return None;
+        }
+        Some(Owned {
+            ctx: self.ctx,
+            ptr: out,
+        })
+    }
+
+    /// `HGET key field` (the key must be a hash).
+    pub fn hget(&self, field: &CStr) -> Option<Owned> {
+        let mut out: *mut RedisModuleString = ptr::null_mut();
+        // SAFETY: a hash key open for reading; C-string field, one output, NULL-terminated.
+        let rc = unsafe {
+            api!(RedisModule_HashGet)(
+                self.key,
+                raw::REDISMODULE_HASH_CFIELDS as c_int,
+                field.as_ptr(),
+                &mut out as *mut *mut RedisModuleString,
+                ptr::null_mut::<c_char>(),
+            )
+        };
+        if rc != raw::REDISMODULE_OK as c_int || out.is_null() {
+            return None;
+        }
+        Some(Owned {
+            ctx: self.ctx,
+            ptr: out,
+        })
+    }
+
+    /// `HEXISTS key field` (the key must be a hash).
+    pub fn hexists(&self, field: &CStr) -> bool {
+        let mut exists: c_int = 0;
+        // SAFETY: as `hget`, with the EXISTS flag: one int output.
+        let rc = unsafe {
+            api!(RedisModule_HashGet)(
+                self.key,
+                (raw::REDISMODULE_HASH_CFIELDS | raw::REDISMODULE_HASH_EXISTS) as c_int,
+                field.as_ptr(),
+                &mut exists as *mut c_int,
+                ptr::null_mut::<c_char>(),
+            )
+        };
+        rc == raw::REDISMODULE_OK as c_int && exists != 0
+    }
+
+    /// `HSET key until value`, replicated as that command.
+    pub fn set_until(&self, value: &[u8]) {
+        let v = Owned::new(self.ctx, value);
+        // SAFETY: a key open for writing (a hash or empty, checked by the caller); the value
+        // string lives until after the replication call.
+        unsafe {
+            api!(RedisModule_HashSet)(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                until(),
+                v.ptr,
+                ptr::null_mut::<c_char>(),
+            );
+            api!(RedisModule_Replicate)(
+                self.ctx,
+                c"HSET".as_ptr(),
+                c"sss".as_ptr(),
+                self.name,
+                until(),
+                v.ptr,
+            );
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_HASH as c_int,
+                c"hset".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// `PEXPIRETIME key`: the absolute expiry in ms, -1 for none.
+    pub fn expire_time(&self) -> i64 {
+        // SAFETY: an open key.
+        let t = unsafe { api!(RedisModule_GetAbsExpire)(self.key) };
+        if t == raw::REDISMODULE_NO_EXPIRE as i64 {
+            -1
+        } else {
+            t
+        }
+    }
+
+    /// `PEXPIREAT key ms`, replicated as that command (the key exists: it was just written).
+    pub fn expire_at(&self, ms: i64) {
+        // SAFETY: a key open for writing that holds a value.
+        unsafe {
+            api!(RedisModule_SetAbsExpire)(self.key, ms);
+            api!(RedisModule_Replicate)(
+                self.ctx,
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                self.name,
+                ms as c_longlong,
+            );
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+                c"expire".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// `PERSIST key`: replicated only when it removed an expiry (as the command propagates).
+    pub fn persist(&self) {
+        if self.expire_time() == -1 {
+            return;
+        }
+        // SAFETY: a key open for writing that holds a value.
+        unsafe {
+            api!(RedisModule_SetExpire)(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
+            api!(RedisModule_Replicate)(self.ctx, c"PERSIST".as_ptr(), c"s".as_ptr(), self.name);
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+                c"persist".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// True when this server has `SPUBLISH` for modules (Redis 7.0 and later).
+    pub fn can_spublish() -> bool {
+        // SAFETY: set once at load, only read.
+        unsafe { { raw::RedisModule_PublishMessageShard }.is_some() }
+    }
+
+    /// `PUBLISH key ""` (`shard` false) or `SPUBLISH key ""`, as a script's call: on a cluster
+    /// the server sends it to the other nodes (or the shard's), on a standalone server it is
+    /// replicated so subscribers of the replicas hear it too. False when `SPUBLISH` is not
+    /// available (a server before 7.0): nothing was sent.
+    pub fn announce(&self, shard: bool) -> bool {
+        let empty = Owned::new(self.ctx, b"");
+        // SAFETY: the key name and a string of this module; the optional API is checked here.
+        unsafe {
+            let cluster = api!(RedisModule_GetContextFlags)(self.ctx) as u32
+                & raw::REDISMODULE_CTX_FLAGS_CLUSTER
+                != 0;
+            if shard {
+                match raw::RedisModule_PublishMessageShard {
+                    Some(f) => f(self.ctx, self.name, empty.ptr),
+                    None => return false,
+                };
+            } else {
+                api!(RedisModule_PublishMessage)(self.ctx, self.name, empty.ptr);
+            }
+            if !cluster {
+                let cmd = if shard { c"SPUBLISH" } else { c"PUBLISH" };
+                api!(RedisModule_Replicate)(
+                    self.ctx,
+                    cmd.as_ptr(),
+                    c"ss".as_ptr(),
+                    self.name,
+                    empty.ptr,
+                );
+            }
+        }
+        true
+    }
+}
+
+impl Drop for Key {
+    fn drop(&mut self) {
+        if !self.key.is_null() {
+            // SAFETY: opened by `open`, closed once.
+            unsafe { api!(RedisModule_CloseKey)(self.key) }
+        }
+    }
+}
+
+/// A command's reply, sent by `send` after the command's work.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// An integer.
+    Int(i64),
+    /// An array of integers.
+    Ints(Vec<i64>),
+    /// An error reply (its first word the error code, e.g. `ERR`, `FALLBACK`, `WRONGTYPE`).
+    Error(String),
+    /// The server's own wrong-arity error.
+    WrongArity,
+}
+
+/// Sends `reply`.
+pub fn send(ctx: *mut RedisModuleCtx, reply: Reply) -> c_int {
+    // SAFETY: the command's context; error text without NUL bytes (replaced if any).
+    unsafe {
+        match reply {
+            Reply::Int(n) => api!(RedisModule_ReplyWithLongLong)(ctx, n),
+            Reply::Ints(v) => {
+                api!(RedisModule_ReplyWithArray)(ctx, v.len() as _);
+                for n in v {
+                    api!(RedisModule_ReplyWithLongLong)(ctx, n);
+                }
+                raw::REDISMODULE_OK as c_int
+            }
+            Reply::Error(text) => {
+                let text = std::ffi::CString::new(text.replace('\0', " ")).unwrap_or_default();
+                api!(RedisModule_ReplyWithError)(ctx, text.as_ptr())
+            }
+            Reply::WrongArity => api!(RedisModule_WrongArity)(ctx),
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The lock's state in key layout 2 (docs/design.md, "Key layout"; src/script/lua/prologue.lua):
+//! the hash field `until` holds "<lease end ms> <fence> <owner>" followed by ` h<holds>` when the
+//! lock is re-entered and ` w<waiters>` when an acquire found it busy since it was last freed
+//! ("0 <fence> " for a free lock). Parsing and formatting only, no server calls.
+
+/// The largest fence a lock hands out: 2^53 - 1 (clients read fences as exact doubles too).
+pub const MAX_FENCE: u64 = (1 << 53) - 1;
+
+/// One parsed `until` value; the byte slices borrow from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State<'a> {
+    /// The lease end in ms as stored (its digits, written back verbatim as the scripts do).
+    pub lease_raw: &'a [u8],
+    /// The lease end in ms (0: none).
+    pub lease: u64,
+    /// The last fence granted as stored (its digits).
+    pub fence_raw: &'a [u8],
+    /// The last fence granted (0: none yet).
+    pub fence: u64,
+    /// The owner token (empty for a free lock).
+    pub owner: &'a [u8],
+    /// A re-entered lock's hold count (` h<n>`), as its digits.
+    pub holds: Option<&'a [u8]>,
+    /// The waiters mark (` w<x>`): a client tag, `*`, `q` (a queue) or `y<tag>` (a yield).
+    pub waiters: Option<&'a [u8]>,
+}
+
+/// Lua's `%s` class: the bytes `%S` does not match.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Parses a run of ASCII digits as u64 (None when empty, not digits or past u64).
+pub fn parse_u64(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
+/// The first ` <tag><run>` in `marks` whose run matches `ok` (at least one byte), as Lua's
+/// `string.match(marks, ' h(%d+)')` and `' w(%S+)'` find it.
+fn find_mark(marks: &[u8], tag: u8, ok: fn(u8) -> bool) -> Option<&[u8]> {
+    let mut i = 0;
+    while i + 2 < marks.len() + 1 {
+        if marks[i] == b' ' && marks.get(i + 1) == Some(&tag) {
+            let start = i + 2;
+            let len = marks[start..].iter().take_while(|&&b| ok(b)).count();
+            if len > 0 {
+                return Some(&marks[start..start + len]);
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+impl<'a> State<'a> {
+    /// Parses an `until` value of layout 2 as the prologue's pattern
+    /// `^(%d+) (%d+) (%S*)(.*)$` does; None for anything else (a layout-1 key's `until`, or
+    /// numbers past u64, which the module leaves to the scripts).
+    pub fn parse(value: &'a [u8]) -> Option<Self> {
+        let d1 = value.iter().take_while(|b| b.is_ascii_digit()).count();
+        let lease_raw = &value[..d1];
+        let lease = parse_u64(lease_raw)?;
+        let rest = value.get(d1..)?.strip_prefix(b" ")?;
+        let d2 = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let fence_raw = &rest[..d2];
+        let fence = parse_u64(fence_raw)?;
+        let rest = rest.get(d2..)?.strip_prefix(b" ")?;
+        let o = rest.iter().take_while(|&&b| !is_space(b)).count();
+        let (owner, marks) = rest.split_at(o);
+        let (holds, waiters) = if marks.is_empty() {
+            (None, None)
+        } else {
+            (
+                find_mark(marks, b'h', |b| b.is_ascii_digit()),
+                find_mark(marks, b'w', |b| !is_space(b)),
+            )
+        };
+        Some(State {
+            lease_raw,
+            lease,
+            fence_raw,
+            fence,
+            owner,
+            holds,
+            waiters,
+        })
+    }
+
+    /// The prologue's `live`: an owner holds an unexpired lease.
+    pub fn live(&self, now_ms: u64) -> bool {
+        !self.owner.is_empty() && self.lease > now_ms
+    }
+}
+
+/// A small byte buffer on the stack that moves to the heap past 160 bytes (a state value with
+/// an owner token of the usual 32 characters needs about 70): the hot path allocates nothing.
+pub struct Buf {
+    stack: [u8; 160],
+    len: usize,
+    heap: Option<Vec<u8>>,
+}
+
+impl Buf {
+    /// An empty buffer.
+    pub fn new() -> Buf {
+        Buf {
+            stack: [0; 160],
+            len: 0,
+            heap: None,
+        }
+    }
+
+    /// Appends `data`.
+    pub fn push(&mut self, data: &[u8]) -> &mut Buf {
+        if let Some(heap) = &mut self.heap {
+            heap.extend_from_slice(data);
+        } else if self.len + data.len() <= self.stack.len() {
+            self.stack[self.len..self.len + data.len()].copy_from_slice(data);
+            self.len += data.len();
+        } else {
+            let mut heap = Vec::with_capacity(self.len + data.len() + 32);
+            heap.extend_from_slice(&self.stack[..self.len]);
+            heap.extend_from_slice(data);
+            self.heap = Some(heap);
+        }
+        self
+    }
+
+    /// Appends the decimal digits of `n`.
+    pub fn push_u64(&mut self, n: u64) -> &mut Buf {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut n = n;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..])
+    }
+
+    /// The bytes so far.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.heap {
+            Some(heap) => heap,
+            None => &self.stack[..self.len],
+        }
+    }
+}
+
+/// Appends a state to `out`: "<lease> <fence> <owner>[ h<holds>][ w<waiters>]" (keep.lua's
+/// `store`), the lease end and fence as digits.
+pub fn format<'b>(
+    out: &'b mut Buf,
+    lease: &[u8],
+    fence: &[u8],
+    owner: &[u8],
+    holds: Option<&[u8]>,
+    waiters: Option<&[u8]>,
+) -> &'b [u8] {
+    out.push(lease)
+        .push(b" ")
+        .push(fence)
+        .push(b" ")
+        .push(owner);
+    if let Some(h) = holds {
+        out.push(b" h").push(h);
+    }
+    if let Some(w) = waiters {
+        out.push(b" w").push(w);
+    }
+    out.bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_layout() {
+        let s = State::parse(b"1700000000000 42 abcdef h3 w*").unwrap();
+        assert_eq!(
+            (s.lease, s.fence, s.owner),
+            (1_700_000_000_000, 42, &b"abcdef"[..])
+        );
+        assert_eq!((s.holds, s.waiters), (Some(&b"3"[..]), Some(&b"*"[..])));
+        let free = State::parse(b"0 7 ").unwrap();
+        assert_eq!(
+            (free.lease, free.fence, free.owner, free.waiters),
+            (0, 7, &b""[..], None)
+        );
+        let queued = State::parse(b"0 7  wq").unwrap();
+        assert_eq!((queued.owner, queued.waiters), (&b""[..], Some(&b"q"[..])));
+        assert!(State::parse(b"1700000000000").is_none());
+        assert!(State::parse(b"x 1 a").is_none());
+        assert!(State::parse(b"99999999999999999999 1 a").is_none());
+        assert!(!free.live(1));
+        assert!(State::parse(b"10 1 a").unwrap().live(9));
+        assert!(!State::parse(b"10 1 a").unwrap().live(10));
+    }
+
+    #[test]
+    fn formats_as_store() {
+        assert_eq!(
+            format(&mut Buf::new(), b"5", b"6", b"o", None, Some(b"*")),
+            b"5 6 o w*"
+        );
+        assert_eq!(
+            format(&mut Buf::new(), b"0", b"6", b"", None, None),
+            b"0 6 "
+        );
+        let mut b = Buf::new();
+        b.push_u64(0).push_u64(9_007_199_254_740_991);
+        assert_eq!(b.bytes(), b"09007199254740991");
+        let long = vec![b'x'; 300];
+        let mut b = Buf::new();
+        assert_eq!(
+            format(&mut b, b"1", b"2", &long, Some(b"3"), None).len(),
+            4 + 300 + 3
+        );
+        assert!(b.bytes().starts_with(b"1 2 xxx") && b.bytes().ends_with(b"x h3"));
+    }
+}
