@@ -11,12 +11,17 @@ use common::{eventually, Cluster, Standalone};
 use fencelock::{Client, Error, FenceToken, LockOptions};
 
 /// The waiting places (`q:<owner>` fields) of the fair lock `name`, as owner tokens.
+/// The owners of the places queued on fair lock `name`, sorted (a hash's field order is not
+/// kept: a packed state longer than `hash-max-listpack-value`, 64 bytes, turns the hash into a
+/// hashtable, whose order is arbitrary).
 fn places(node: &common::Node, name: &str) -> Vec<String> {
     let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(fair_key(name)));
-    fields
+    let mut places: Vec<String> = fields
         .into_iter()
         .filter_map(|f| f.strip_prefix("q:").map(str::to_owned))
-        .collect()
+        .collect();
+    places.sort();
+    places
 }
 
 fn fair_key(name: &str) -> String {
