@@ -179,6 +179,13 @@ fn with_clear(file: &'static str) -> &'static str {
     inline_at(file, "--@clear", &[include_str!("lua/clear_holds.lua")])
 }
 
+/// An acquire whose `--@expiry` line (after its grant's write, on its common path) is replaced
+/// by the grant's expiry rule, `script/lua/grant_expiry.lua`: keep.lua's `keep` for a grant,
+/// written once for the two acquires that define no function.
+fn with_expiry(file: &'static str) -> &'static str {
+    inline_at(file, "--@expiry", &[include_str!("lua/grant_expiry.lua")])
+}
+
 /// A mutex script whose `--@queue` line (inside the block that meets a queue) is replaced by
 /// the fence rule, keep.lua's helpers, [`RAISE`], the [`FAIR`] queue and the mutex's arrival
 /// index (`script/lua/mutex_queue.lua`): functions created only by a call that meets a queue
@@ -287,7 +294,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
         "acquire",
         &[],
         with_queue(inline_fence(
-            with_clear(include_str!("lua/acquire.lua")),
+            with_clear(with_expiry(include_str!("lua/acquire.lua"))),
             FENCE_RULE,
         )),
     )
@@ -432,7 +439,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
         "fair_acquire",
         &[],
         with_fair_queue(inline_fence(
-            include_str!("lua/fair_acquire.lua"),
+            with_expiry(include_str!("lua/fair_acquire.lua")),
             FENCE_RULE,
         )),
     )

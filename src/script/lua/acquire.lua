@@ -135,21 +135,7 @@ if w then
 else
   redis.call('HSET', KEYS[1], 'until', string.format('%d %d %s', ends, fence, ARGV[1]))
 end
--- keep.lua's `keep(KEYS[1], fence, ends)`, inlined (this script defines no function on its
--- common path): a grant in clock or hybrid mode (`memo.shift` set) expires at
--- max(ends, fence as ms) + grace.
-local latest = ends
-if not grace then
-  redis.call('PERSIST', KEYS[1])
-elseif memo.shift then
-  if fence - memo.shift > latest * 1000 then latest = math.ceil((fence - memo.shift) / 1000) end
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-elseif fence > latest * 1000 then
-  if redis.call('PEXPIRETIME', KEYS[1]) < latest + grace then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-  end
-else
-  redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-end
+-- The grant's expiry (grant_expiry.lua, keep.lua's rule), inlined.
+--@expiry
 if behind == 0 then return fence end
 return {1, fence, behind}

@@ -36,19 +36,7 @@ if not live and lock[5] ~= 'q' then
   if not fence then return behind end
   local ends = now_ms + ARGV[2]
   redis.call('HSET', KEYS[1], 'until', string.format('%d %d %s', ends, fence, ARGV[1]))
-  local latest = ends
-  if not grace then
-    redis.call('PERSIST', KEYS[1])
-  elseif memo.shift then
-    if fence - memo.shift > latest * 1000 then latest = math.ceil((fence - memo.shift) / 1000) end
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-  elseif fence > latest * 1000 then
-    if redis.call('PEXPIRETIME', KEYS[1]) < latest + grace then
-      redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-    end
-  else
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', latest + grace))
-  end
+--@expiry
   if behind == 0 then return fence end
   return {1, fence, behind, 0}
 end
