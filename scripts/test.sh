@@ -17,5 +17,8 @@ echo "== cargo clippy"
 cargo clippy --all-targets --all-features -- -D warnings
 echo "== cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+echo "== the Redis module (scripts/build-module.sh; the module tests load it)"
+FENCELOCK_MODULE=$(bash scripts/build-module.sh | tail -1)
+export FENCELOCK_MODULE
 echo "== cargo test"
 cargo test --all-features

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 pub mod chaos;
 pub mod cli;
 pub mod lock_state;
+pub mod module;
 pub mod netns;
 pub mod semaphore;
 
@@ -649,18 +650,28 @@ impl Cluster {
     }
 
     fn start_with(tls: Option<&Arc<TlsCerts>>) -> Self {
-        Self::start_inner(tls, |_| Launch::default())
+        Self::start_inner(tls, &[], |_| Launch::default())
     }
 
     /// A plain cluster whose node `i` (0..6) starts as `launch(i)` says: in a network namespace
     /// of its own with an address it announces, or with the clock shim preloaded.
     pub fn start_launched(launch: impl Fn(usize) -> Launch) -> Self {
-        Self::start_inner(None, launch)
+        Self::start_inner(None, &[], launch)
     }
 
-    fn start_inner(tls: Option<&Arc<TlsCerts>>, launch: impl Fn(usize) -> Launch) -> Self {
+    /// A plain cluster whose nodes get `extra` arguments besides the cluster's own (e.g.
+    /// `--loadmodule`), each started as `launch(i)` says.
+    pub fn start_with_args(extra: &[String], launch: impl Fn(usize) -> Launch) -> Self {
+        Self::start_inner(None, extra, launch)
+    }
+
+    fn start_inner(
+        tls: Option<&Arc<TlsCerts>>,
+        extra: &[String],
+        launch: impl Fn(usize) -> Launch,
+    ) -> Self {
         let timeout = NODE_TIMEOUT.as_millis().to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -670,6 +681,7 @@ impl Cluster {
             "--cluster-replica-validity-factor",
             "0",
         ];
+        args.extend(extra.iter().map(String::as_str));
         let tls_args = [
             &args[..],
             &["--tls-cluster", "yes", "--tls-replication", "yes"],

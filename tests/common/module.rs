@@ -1,0 +1,70 @@
+//! The Redis module (issue 24) for the tests: the path of its shared object, built once per
+//! test binary with `scripts/build-module.sh` unless `FENCELOCK_MODULE` names one already
+//! (scripts/test.sh builds it first and sets that), and servers that load it.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use super::{Cluster, Launch, Node, Standalone};
+
+/// The module's `.so`: `FENCELOCK_MODULE`, or built here (once per test binary).
+pub fn module_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(path) = std::env::var_os("FENCELOCK_MODULE") {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "FENCELOCK_MODULE={} is not a file",
+                path.display()
+            );
+            return path;
+        }
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let output = Command::new("bash")
+            .arg(root.join("scripts/build-module.sh"))
+            .env(
+                "CARGO_TARGET_DIR",
+                std::env::var_os("CARGO_TARGET_DIR")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| root.join("target"))
+                    .join("module"),
+            )
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("bash runs scripts/build-module.sh");
+        assert!(output.status.success(), "scripts/build-module.sh failed");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let path = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+        assert!(path.is_file(), "build-module.sh printed no .so path");
+        path
+    })
+    .clone()
+}
+
+/// `--loadmodule PATH` for a server's command line.
+pub fn load_args() -> Vec<String> {
+    vec![
+        "--loadmodule".to_owned(),
+        module_path().display().to_string(),
+    ]
+}
+
+impl Standalone {
+    /// A standalone server that loads the module.
+    pub fn start_with_module() -> Self {
+        let args = load_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self {
+            node: Node::spawn_launched(&args, Launch::default()),
+        }
+    }
+}
+
+impl Cluster {
+    /// A 3-master/3-replica cluster whose nodes all load the module.
+    pub fn start_with_module() -> Self {
+        Self::start_with_args(&load_args(), |_| Launch::default())
+    }
+}
