@@ -186,11 +186,12 @@ impl Core {
         }
     }
 
-    /// A snapshot of the counters, with the transport's rebuilds and batches.
+    /// A snapshot of the counters, with the transport's rebuilds, batches and module calls.
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.counters.snapshot();
         stats.connection_rebuilds = self.transport.rebuilds();
         (stats.batches, stats.batched_calls) = self.transport.batches();
+        (stats.module_calls, stats.module_fallbacks) = self.transport.module_calls();
         stats
     }
 

@@ -200,6 +200,22 @@ pub enum Error {
         source: redis::RedisError,
     },
 
+    /// The client requires fencelock's Redis module
+    /// ([`ModuleUse::Required`](crate::ModuleUse::Required)) and the node serving the lock does
+    /// not load it (it answered "unknown command"). Nothing was written.
+    #[error(
+        "{operation} on lock {name:?} needs fencelock's Redis module, which the node serving \
+         it does not load: load it there (`loadmodule` in redis.conf or MODULE LOAD, see \
+         docs/design.md, \"Redis module\"), or build the client with ModuleUse::Auto to fall \
+         back to the scripts"
+    )]
+    ModuleMissing {
+        /// The lock concerned.
+        name: String,
+        /// What was being done.
+        operation: Operation,
+    },
+
     /// Redis answered with something the scripts never return.
     #[error(
         "{operation} on lock {name:?} got an unexpected reply ({detail}): is another program \

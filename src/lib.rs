@@ -111,7 +111,7 @@ pub use rwlock::{ReadGuard, RwReentry, WriteGuard, MAX_READERS};
 pub use script::{lua_scripts, ScriptSource};
 pub use semaphore::{Permit, PermitGuard, Semaphore, MAX_PERMITS, MAX_PERMITS_PER_CALL};
 pub use stats::{Histogram, Stats};
-pub use transport::Topology;
+pub use transport::{ModuleUse, Topology};
 
 /// The `redis` crate fencelock is built on, re-exported so that the redis-rs types in
 /// fencelock's API (the `source` of [`Error::Connect`], [`Error::Redis`] and

@@ -56,6 +56,12 @@ pub struct Stats {
     pub batches: u64,
     /// The calls those batches carried (`batched_calls / batches` is the mean batch size).
     pub batched_calls: u64,
+    /// Calls that fencelock's Redis module answered in place of a script (see
+    /// [`ClientBuilder::module`](crate::ClientBuilder::module)); every other call ran a script.
+    pub module_calls: u64,
+    /// Calls sent to the module that it left to the script (`-FALLBACK`: a queue, a
+    /// re-entered lock, …) or whose node did not load it: each was then sent as the script.
+    pub module_fallbacks: u64,
     /// Grants (clock mode) where the lock's stored fence was ahead of the node's clock: the
     /// node's clock is behind the clock of an earlier grant (a failover to a node whose clock
     /// lags, or a clock stepped back), or a floor above the clock was used. Fences stay
@@ -328,6 +334,8 @@ impl Counters {
             connection_rebuilds: 0,
             batches: 0,
             batched_calls: 0,
+            module_calls: 0,
+            module_fallbacks: 0,
             clock_behind: get(&self.clock_behind),
             clock_behind_max_us: self.clock_behind_max_us.load(Ordering::Relaxed),
             fence_regressions: get(&self.fence_regressions),

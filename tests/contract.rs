@@ -35,6 +35,10 @@ trait Primitive {
     fn status_and_fence(reply: &[i64]) -> (i64, Option<i64>) {
         (reply[0], reply.get(1).copied())
     }
+    /// The server the checks run on.
+    fn server() -> Standalone {
+        Standalone::start()
+    }
 }
 
 fn key(kind: &str, name: &str) -> String {
@@ -86,6 +90,36 @@ impl Primitive for Mutex {
     }
     fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd {
         eval_grant("acquire", key, owner, &["10000"])
+    }
+}
+
+/// The mutex on a server that loads fencelock's Redis module: the client's default
+/// (`ModuleUse::Auto`) sends its acquire and release as the module's commands.
+struct ModuleMutex;
+impl Primitive for ModuleMutex {
+    type Guard = LockGuard;
+    const KIND: &'static str = "lock";
+    const ACQUIRE: &'static str = "acquire";
+    async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        Mutex::try_take(client, name, options).await
+    }
+    async fn take(client: &Client, name: &str, options: &LockOptions) -> Result<LockGuard> {
+        Mutex::take(client, name, options).await
+    }
+    fn fence(guard: &LockGuard) -> FenceToken {
+        Mutex::fence(guard)
+    }
+    async fn release(guard: LockGuard) -> Result<()> {
+        Mutex::release(guard).await
+    }
+    async fn lost(guard: &LockGuard) -> Error {
+        Mutex::lost(guard).await
+    }
+    fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd {
+        Mutex::acquire_by_hand(key, owner)
+    }
+    fn server() -> Standalone {
+        Standalone::start_with_module()
     }
 }
 
@@ -184,7 +218,7 @@ async fn clients(server: &Standalone) -> (Client, Client) {
 /// Grant, refuse, release; the next grant's fence is higher; releasing a hold that was lost
 /// (its lease ended and another owner took it) says so.
 async fn grant_refuse_release<P: Primitive>() {
-    let server = Standalone::start();
+    let server = P::server();
     let (a, b) = clients(&server).await;
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let first = P::try_take(&a, "c", &options).await.unwrap();
@@ -213,7 +247,7 @@ async fn grant_refuse_release<P: Primitive>() {
 /// The acquire script sent twice for one owner (as redis-rs resends after an I/O error)
 /// grants once: the same fence, the counter advanced once.
 async fn idempotent_resend<P: Primitive>() {
-    let server = Standalone::start();
+    let server = P::server();
     let key = key(P::KIND, "resend");
     let first = grant_values(server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1")));
     let again = grant_values(server.node.cmd(&mut P::acquire_by_hand(&key, "owner-1")));
@@ -254,7 +288,7 @@ async fn taken_within<P: Primitive>(
 /// A call dropped at any moment holds nothing and leaves nothing behind: no holder, no queue
 /// place or writer intent that would keep others out, no task.
 async fn cancel_safety<P: Primitive>() {
-    let server = Standalone::start();
+    let server = P::server();
     let (a, b) = clients(&server).await;
     let options = LockOptions::new().ttl(Duration::from_secs(30));
     let baseline = alive_tasks();
@@ -312,7 +346,7 @@ async fn cancel_safety<P: Primitive>() {
 /// With the watchdog a hold outlives its TTL; when the key is lost behind its back, `lost()`
 /// says so within a renewal period and the release reports the loss.
 async fn watchdog_and_loss<P: Primitive>() {
-    let server = Standalone::start();
+    let server = P::server();
     let (a, b) = clients(&server).await;
     let ttl = Duration::from_millis(300);
     let watched = LockOptions::new().ttl(ttl).watchdog(true);
@@ -378,7 +412,13 @@ macro_rules! contract {
     )*};
 }
 
-contract!(mutex => Mutex, write => Write, fair => Fair, permit => Permit);
+contract!(
+    mutex => Mutex,
+    mutex_module => ModuleMutex,
+    write => Write,
+    fair => Fair,
+    permit => Permit,
+);
 
 /// Tokens of every primitive stay monotonic across a failover that loses acknowledged writes:
 /// the replica is cut off, holds are granted on the master, the master dies and the lagging

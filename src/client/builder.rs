@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::fence::{FenceMode, FenceToken};
 use crate::human::HumanDuration;
 use crate::options::MAX_FLOOR;
-use crate::transport::{Endpoint, Seeds, Timeouts, TlsFiles, Transport};
+use crate::transport::{Endpoint, ModuleUse, Seeds, Timeouts, TlsFiles, Transport};
 
 /// The default [`ClientBuilder::expiry_grace`].
 pub const DEFAULT_EXPIRY_GRACE: Duration = Duration::from_secs(10);
@@ -49,6 +49,7 @@ pub struct ClientBuilder {
     wait_lanes: usize,
     wake_on_release: bool,
     batching: bool,
+    module: ModuleUse,
     expiry_grace: Duration,
     fence_floor: Option<FenceToken>,
     tls: TlsFiles,
@@ -147,6 +148,32 @@ impl ClientBuilder {
     /// ```
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
+        self
+    }
+
+    /// Whether calls go through fencelock's Redis module where a node loads it (default
+    /// [`ModuleUse::Auto`]).
+    ///
+    /// The module (`module/` in the repository; `docs/design.md`, "Redis module") serves the
+    /// mutex's acquire and release natively with the scripts' keys, fences and replies, at a
+    /// fraction of their cost to the server; what it does not serve (queues, re-entry, …) it
+    /// leaves to the script, which the client then sends. With `Auto` a node without it costs
+    /// one round trip to find out, and is asked again after a minute or a change of the slot
+    /// map; [`Stats::module_calls`](crate::Stats::module_calls) counts what the module served.
+    /// Managed services do not load custom modules: there `Auto` runs the scripts.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> fencelock::Result<()> {
+    /// let client = fencelock::Client::builder(["redis://127.0.0.1:7000"])
+    ///     .module(fencelock::ModuleUse::Required)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn module(mut self, module: ModuleUse) -> Self {
+        self.module = module;
         self
     }
 
@@ -428,6 +455,7 @@ impl ClientBuilder {
                     self.wait_lanes,
                     self.request_timeout,
                     self.batching,
+                    self.module,
                 ),
                 self.wake_on_release,
                 self.prefix,
@@ -524,6 +552,7 @@ impl Client {
             wait_lanes: 4,
             wake_on_release: true,
             batching: true,
+            module: ModuleUse::Auto,
             expiry_grace: DEFAULT_EXPIRY_GRACE,
             fence_floor: None,
             tls: TlsFiles::default(),

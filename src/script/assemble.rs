@@ -11,6 +11,9 @@ pub(crate) struct LuaScript {
     /// The script that runs this one for many keys of one node in one call (`batch.lua`
     /// around it), for the scripts the client batches.
     batch: Option<Box<LuaScript>>,
+    /// The module command with this script's KEYS, ARGV and replies (`module/`, issue 24),
+    /// which a node that loads the module runs in its place.
+    module: Option<&'static str>,
 }
 
 impl LuaScript {
@@ -123,7 +126,21 @@ impl LuaScript {
             source,
             sha,
             batch: None,
+            module: None,
         }
+    }
+
+    /// The same script, served by the module command `command` where a node loads the module:
+    /// the command takes the script's KEYS then ARGV and gives its replies, or declines with
+    /// `-FALLBACK` before any write.
+    pub(super) fn served_by(mut self, command: &'static str) -> Self {
+        self.module = Some(command);
+        self
+    }
+
+    /// The module command serving this script, if any (see [`served_by`](Self::served_by)).
+    pub(crate) fn module(&self) -> Option<&'static str> {
+        self.module
     }
 
     /// The twin that runs this script for many keys of one node in one call, if it has one.

@@ -99,6 +99,9 @@ pub(crate) struct ScriptCall {
     /// What the call may cost the server, in units of one mutex call (1 unless set with
     /// [`weighted`](Self::weighted)): a batch carries calls up to a total weight.
     weight: u32,
+    /// Whether a node that loads the module may run the call as the script's module command
+    /// (see [`module_cmd`](Self::module_cmd)).
+    module: bool,
     cmd: Cmd,
 }
 
@@ -137,6 +140,7 @@ impl ScriptCall {
             script,
             keys: keys.len(),
             weight: 1,
+            module: true,
             cmd,
         }
     }
@@ -146,6 +150,31 @@ impl ScriptCall {
     pub(crate) fn weighted(mut self, weight: u32) -> Self {
         self.weight = weight.max(1);
         self
+    }
+
+    /// The same call, always sent as the script: for calls the module would decline anyway
+    /// (a waiter's call with a queue place), which would otherwise cost a round trip more.
+    pub(crate) fn script_only(mut self) -> Self {
+        self.module = false;
+        self
+    }
+
+    /// Whether the call may run as a module command (see [`module_cmd`](Self::module_cmd)).
+    pub(crate) fn has_module(&self) -> bool {
+        self.module && self.keys == 1 && self.script.module().is_some()
+    }
+
+    /// The module command that runs this call where a node loads the module
+    /// (`<command> key args..`), if the script has one and the call has one key.
+    pub(crate) fn module_cmd(&self) -> Option<Cmd> {
+        let command = self.script.module().filter(|_| self.has_module())?;
+        let parts = self.cmd.args_iter().len() - HEAD;
+        let mut cmd = Cmd::with_capacity(1 + parts, command.len() + self.cmd_bytes());
+        cmd.arg(command);
+        for part in self.parts() {
+            cmd.arg(part);
+        }
+        Some(cmd)
     }
 
     /// The call's weight in a batch, in mutex calls.

@@ -100,6 +100,16 @@ impl Batcher {
         if !self.enabled || !call.has_one_key() {
             return None;
         }
+        self.node_index(transport, call)
+    }
+
+    /// The index of the node serving `call`'s key (0 on a standalone server), whether or not
+    /// batching is on, or `None` when unknown (no slot map yet: one is then read).
+    pub(super) fn node_index(
+        &self,
+        transport: &Arc<Transport>,
+        call: &ScriptCall,
+    ) -> Option<usize> {
         match self.topology {
             Topology::Standalone => Some(0),
             Topology::Cluster => {
@@ -177,6 +187,7 @@ impl Batcher {
                 .slots
                 .write()
                 .unwrap_or_else(PoisonError::into_inner) = map;
+            transport.modules.forget();
             batcher.refreshing.store(false, Ordering::Release);
         });
     }
@@ -292,11 +303,17 @@ async fn start(transport: &Arc<Transport>, entries: Vec<Entry>, in_flight: &mut 
 }
 
 /// The sends of one round: one batch per script (chunks of at most [`MAX_BATCH`] weight), lone
-/// calls alone.
+/// calls alone; calls the module serves on this node each alone, as its command (the
+/// connection pipelines them).
 fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
     let mut sends: Vec<Round> = Vec::new();
     while !pending.is_empty() {
-        let Some(script) = pending[0].call.batch_script() else {
+        let first = &pending[0].call;
+        let module = transport
+            .modules
+            .serves(first, transport.batcher.node_index(transport, first));
+        let script = pending[0].call.batch_script().filter(|_| !module);
+        let Some(script) = script else {
             let alone = pending.remove(0);
             sends.push(Box::pin(send(Arc::clone(transport), vec![alone])));
             continue;

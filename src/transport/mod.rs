@@ -8,6 +8,7 @@
 //! - `probe.rs`: probing the seeds, and why a connection failed;
 //! - `subscriber.rs`: the waiters' subscriber connection;
 //! - `eval.rs`: `EVALSHA` with the `NOSCRIPT` fallback;
+//! - `module.rs`: fencelock's Redis module as a path for calls, with the script as fallback;
 //! - `batch.rs`: the per-node drivers that batch one-key calls;
 //! - `lanes.rs`: the WAIT lanes;
 //! - `detached.rs`: undos and background calls, which finish after their caller;
@@ -19,6 +20,7 @@ mod detached;
 mod endpoint;
 mod eval;
 mod lanes;
+mod module;
 mod probe;
 mod subscriber;
 mod tls;
@@ -38,6 +40,7 @@ pub(crate) use batch::SlotMap;
 pub(crate) use connection::Timeouts;
 pub use connection::Topology;
 pub(crate) use endpoint::{Endpoint, Seeds};
+pub use module::ModuleUse;
 pub(crate) use subscriber::Subscriber;
 pub(crate) use tls::TlsFiles;
 
@@ -45,6 +48,7 @@ use batch::{Batcher, Entry};
 use connection::Connection;
 use eval::eval;
 use lanes::Lanes;
+use module::{Modules, Verdict};
 
 /// Where the reply of a queued call arrives ([`Transport::queue`]).
 pub(crate) type Reply = tokio::sync::oneshot::Receiver<Result<Value>>;
@@ -72,6 +76,8 @@ pub(crate) struct Transport {
     detached_done: Notify,
     /// Sends concurrent calls of one script for keys of one node as one call.
     batcher: Batcher,
+    /// Where the module serves calls, and what it served.
+    modules: Modules,
 }
 
 impl Transport {
@@ -82,8 +88,10 @@ impl Transport {
         wait_lanes: usize,
         request_timeout: Duration,
         batching: bool,
+        module: ModuleUse,
     ) -> Self {
         Self {
+            modules: Modules::new(module),
             batcher: Batcher::new(batching, endpoint.topology),
             conn: RwLock::new(conn),
             failures: AtomicU32::new(0),
@@ -261,7 +269,18 @@ impl Transport {
         self.run_alone(call, name, operation).await
     }
 
-    /// Runs `call` on its own on the main connection within the request timeout.
+    /// How many calls the module answered, and how many it declined or whose node lacked it
+    /// (run as scripts).
+    pub(crate) fn module_calls(&self) -> (u64, u64) {
+        (
+            self.modules.served.load(Ordering::Relaxed),
+            self.modules.declined.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Runs `call` on its own on the main connection within the request timeout: as the
+    /// module's command where its node may load the module (then as the script if the module
+    /// declines or is missing: see `module.rs`), else as the script.
     async fn run_alone(
         self: &Arc<Self>,
         call: &ScriptCall,
@@ -269,8 +288,32 @@ impl Transport {
         operation: Operation,
     ) -> Result<Value> {
         let mut conn = self.connection();
-        let call = eval(&mut conn, call);
-        let outcome = bounded(name, operation, self.request_timeout, call).await;
+        let node = self.batcher.node_index(self, call);
+        let outcome = match self.modules.command(call, node) {
+            None => bounded(name, operation, self.request_timeout, eval(&mut conn, call)).await,
+            Some(cmd) => {
+                let run = async {
+                    let reply = cmd.query_async::<Value>(&mut conn).await;
+                    match self.modules.judge(reply, node) {
+                        Verdict::Served(reply) => Ok(reply),
+                        Verdict::Script => Ok(eval(&mut conn, call).await),
+                        Verdict::Missing => Err(()),
+                    }
+                };
+                match tokio::time::timeout(self.request_timeout, run).await {
+                    Ok(Ok(reply)) => classify(name, operation, reply),
+                    Ok(Err(())) => Err(Error::ModuleMissing {
+                        name: name.to_owned(),
+                        operation,
+                    }),
+                    Err(_) => Err(Error::Timeout {
+                        name: name.to_owned(),
+                        operation,
+                        after: self.request_timeout,
+                    }),
+                }
+            }
+        };
         self.observe(&outcome);
         outcome
     }

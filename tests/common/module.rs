@@ -43,11 +43,14 @@ pub fn module_path() -> PathBuf {
     .clone()
 }
 
-/// `--loadmodule PATH` for a server's command line.
+/// `--loadmodule PATH` for a server's command line (and `MODULE` allowed from loopback, for
+/// tests that unload it).
 pub fn load_args() -> Vec<String> {
     vec![
         "--loadmodule".to_owned(),
         module_path().display().to_string(),
+        "--enable-module-command".to_owned(),
+        "local".to_owned(),
     ]
 }
 

@@ -1,0 +1,169 @@
+//! fencelock's Redis module (`module/`, issue 24) as a path for calls: whether the client uses
+//! it ([`ModuleUse`]), which nodes were found without it, and the counts of calls it served and
+//! declined. A call whose script has a module command ([`ScriptCall::module_cmd`]) goes to the
+//! module first where the node may load it; a node that answers "unknown command" is taken to
+//! lack it (its calls go through the scripts; it is asked again after [`RETRY_ABSENT`] or a
+//! change of the slot map), and a `-FALLBACK` reply (a case the module leaves to the script,
+//! answered before any write) sends the same call through the script.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use redis::{Cmd, RedisError};
+
+use crate::script::ScriptCall;
+
+/// Whether a client runs its calls through fencelock's Redis module where a node loads it
+/// ([`ClientBuilder::module`](crate::ClientBuilder::module)).
+///
+/// The module (`module/` in the repository, `docs/design.md`, "Redis module") serves the
+/// mutex's acquire and release natively, with the same keys, fences, expiry and replies as the
+/// scripts: both paths serve one lock together, so a fleet where some nodes load it works.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> fencelock::Result<()> {
+/// let client = fencelock::Client::builder(["redis://127.0.0.1:7000"])
+///     .module(fencelock::ModuleUse::Off)
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ModuleUse {
+    /// Use the module on the nodes that load it and the scripts elsewhere (the default): a
+    /// node found without it (it answered "unknown command") is asked again after a minute or
+    /// when the cluster's slot map changes; each such finding costs one round trip.
+    #[default]
+    Auto,
+    /// Never use the module: every call is a script.
+    Off,
+    /// Every call the module serves goes to it; a node without it fails the call with
+    /// [`Error::ModuleMissing`](crate::Error::ModuleMissing) (the scripts still run what the
+    /// module declines).
+    Required,
+}
+
+/// How long a node found without the module is left alone before a call asks again.
+pub(super) const RETRY_ABSENT: Duration = Duration::from_secs(60);
+
+/// The module path of one client.
+pub(super) struct Modules {
+    setting: ModuleUse,
+    /// Per node index (as the slot map numbers them; 0 on a standalone server): when a call
+    /// last found it without the module.
+    absent: RwLock<Vec<Option<Instant>>>,
+    /// Calls the module answered (its own replies, errors included).
+    pub(super) served: AtomicU64,
+    /// Calls the module declined (`-FALLBACK`) or whose node lacked it, run as scripts.
+    pub(super) declined: AtomicU64,
+}
+
+/// What the module made of a call.
+pub(super) enum Verdict {
+    /// Its reply: the call is done.
+    Served(redis::RedisResult<redis::Value>),
+    /// Send the script.
+    Script,
+    /// The node lacks the module and the client requires it.
+    Missing,
+}
+
+impl Modules {
+    pub(super) fn new(setting: ModuleUse) -> Self {
+        Self {
+            setting,
+            absent: RwLock::new(Vec::new()),
+            served: AtomicU64::new(0),
+            declined: AtomicU64::new(0),
+        }
+    }
+
+    /// The module command to send for `call` to node `node` (`None`: unknown), or `None` to
+    /// send the script: the module is off, the script has no module command, or the node was
+    /// found without it lately (unless the module is required).
+    pub(super) fn command(&self, call: &ScriptCall, node: Option<usize>) -> Option<Cmd> {
+        match self.setting {
+            ModuleUse::Off => None,
+            ModuleUse::Required => call.module_cmd(),
+            ModuleUse::Auto if self.lacks(node) => None,
+            ModuleUse::Auto => call.module_cmd(),
+        }
+    }
+
+    /// Whether `call` would go to the module on node `node` (see [`command`](Self::command)),
+    /// without building the command.
+    pub(super) fn serves(&self, call: &ScriptCall, node: Option<usize>) -> bool {
+        match self.setting {
+            ModuleUse::Off => false,
+            ModuleUse::Required => call.has_module(),
+            ModuleUse::Auto => call.has_module() && !self.lacks(node),
+        }
+    }
+
+    fn lacks(&self, node: Option<usize>) -> bool {
+        let Some(node) = node else { return false };
+        let absent = self.absent.read().unwrap_or_else(PoisonError::into_inner);
+        absent
+            .get(node)
+            .copied()
+            .flatten()
+            .is_some_and(|since| since.elapsed() < RETRY_ABSENT)
+    }
+
+    /// Judges the module's answer `reply` for a call to node `node`.
+    pub(super) fn judge(
+        &self,
+        reply: redis::RedisResult<redis::Value>,
+        node: Option<usize>,
+    ) -> Verdict {
+        match reply {
+            Err(err) if declined(&err) => {
+                self.declined.fetch_add(1, Ordering::Relaxed);
+                Verdict::Script
+            }
+            Err(err) if unknown_command(&err) => {
+                self.declined.fetch_add(1, Ordering::Relaxed);
+                if let Some(node) = node {
+                    let mut absent = self.absent.write().unwrap_or_else(PoisonError::into_inner);
+                    if absent.len() <= node {
+                        absent.resize(node + 1, None);
+                    }
+                    absent[node] = Some(Instant::now());
+                }
+                if self.setting == ModuleUse::Required {
+                    Verdict::Missing
+                } else {
+                    tracing::debug!(node, "a node does not load the fencelock module: scripts");
+                    Verdict::Script
+                }
+            }
+            reply => {
+                self.served.fetch_add(1, Ordering::Relaxed);
+                Verdict::Served(reply)
+            }
+        }
+    }
+
+    /// Forgets which nodes lacked the module: the slot map changed (node indexes move, nodes
+    /// come and go).
+    pub(super) fn forget(&self) {
+        self.absent
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// The module declined the call before any write: the script runs it.
+fn declined(err: &RedisError) -> bool {
+    err.code() == Some("FALLBACK")
+}
+
+/// The node does not know the module's command (it does not load the module).
+fn unknown_command(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.to_string().contains("unknown command")
+}
