@@ -45,6 +45,21 @@ pub fn parse_u64(digits: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// The number the leading digits of `bytes` spell and how many there are, in one pass: as
+/// `parse_u64` of that run (None when there is none, or past 19 digits or u64).
+fn leading_u64(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut n: u64 = 0;
+    let mut len = 0;
+    for &b in bytes {
+        if !b.is_ascii_digit() {
+            break;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+        len += 1;
+    }
+    (1..=19).contains(&len).then_some((n, len))
+}
+
 /// The first ` <tag><run>` in `marks` whose run matches `ok` (at least one byte), as Lua's
 /// `string.match(marks, ' h(%d+)')` and `' w(%S+)'` find it.
 fn find_mark(marks: &[u8], tag: u8, ok: fn(u8) -> bool) -> Option<&[u8]> {
@@ -67,14 +82,12 @@ impl<'a> State<'a> {
     /// `^(%d+) (%d+) (%S*)(.*)$` does; None for anything else (a layout-1 key's `until`, or
     /// numbers past u64, which the module leaves to the scripts).
     pub fn parse(value: &'a [u8]) -> Option<Self> {
-        let d1 = value.iter().take_while(|b| b.is_ascii_digit()).count();
+        let (lease, d1) = leading_u64(value)?;
         let lease_raw = &value[..d1];
-        let lease = parse_u64(lease_raw)?;
-        let rest = value.get(d1..)?.strip_prefix(b" ")?;
-        let d2 = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let rest = value[d1..].strip_prefix(b" ")?;
+        let (fence, d2) = leading_u64(rest)?;
         let fence_raw = &rest[..d2];
-        let fence = parse_u64(fence_raw)?;
-        let rest = rest.get(d2..)?.strip_prefix(b" ")?;
+        let rest = rest[d2..].strip_prefix(b" ")?;
         let o = rest.iter().take_while(|&&b| !is_space(b)).count();
         let (owner, marks) = rest.split_at(o);
         let (holds, waiters) = if marks.is_empty() {
