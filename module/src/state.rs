@@ -1,7 +1,7 @@
 //! The lock's state in key layout 2 (docs/design.md, "Key layout"; src/script/lua/prologue.lua):
-//! the hash field `until` holds "<lease end ms> <fence> <owner>" followed by ` h<holds>` when the
+//! the hash field `until` holds `<lease end ms> <fence> <owner>` followed by ` h<holds>` when the
 //! lock is re-entered and ` w<waiters>` when an acquire found it busy since it was last freed
-//! ("0 <fence> " for a free lock). Parsing and formatting only, no server calls.
+//! (`0 <fence> ` for a free lock). Parsing and formatting only, no server calls.
 
 /// The largest fence a lock hands out: 2^53 - 1 (clients read fences as exact doubles too).
 pub const MAX_FENCE: u64 = (1 << 53) - 1;
