@@ -141,7 +141,12 @@ impl Mode {
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Lib {
+    /// fencelock as configured by default: through the Redis module where the server loads
+    /// it (`ModuleUse::Auto`), else the scripts.
     Fencelock,
+    /// fencelock with the module off (`ModuleUse::Off`): the scripts, also where the server
+    /// loads the module.
+    FencelockScripts,
     Rslock,
 }
 
@@ -274,12 +279,17 @@ impl Job {
     async fn new(args: &Args, lib: Lib, mode: FenceMode, clients: usize) -> Self {
         let ttl = Duration::from_secs(10);
         let locker = match lib {
-            Lib::Fencelock => {
+            Lib::Fencelock | Lib::FencelockScripts => {
+                let module = match lib {
+                    Lib::FencelockScripts => fencelock::ModuleUse::Off,
+                    _ => fencelock::ModuleUse::Auto,
+                };
                 let mut made = Vec::new();
                 for _ in 0..clients.max(1) {
                     let client = Client::builder(args.urls.clone())
                         .fence_mode(mode)
                         .batching(!args.no_batching)
+                        .module(module)
                         .connect()
                         .await
                         .expect("connect");
@@ -572,6 +582,7 @@ impl Measured {
         let server_cpu = s1.cpu_s - s0.cpu_s;
         let lib = match lib {
             Lib::Fencelock => "fencelock",
+            Lib::FencelockScripts => "fencelock-scripts",
             Lib::Rslock => "rslock",
         };
         let target = match args.target {
@@ -725,6 +736,7 @@ async fn latency(job: &Job, args: &Args, lib: Lib, pairs: usize) {
     let lib_kind = lib;
     let lib = match lib {
         Lib::Fencelock => "fencelock",
+        Lib::FencelockScripts => "fencelock-scripts",
         Lib::Rslock => "rslock",
     };
     let target = match args.target {
@@ -746,7 +758,7 @@ async fn latency(job: &Job, args: &Args, lib: Lib, pairs: usize) {
 /// The fence mode a line of `lib` ran with (`-` for rslock, which has none).
 fn mode_label(args: &Args, lib: Lib) -> &'static str {
     match lib {
-        Lib::Fencelock => args.fence_mode.label(),
+        Lib::Fencelock | Lib::FencelockScripts => args.fence_mode.label(),
         Lib::Rslock => "-",
     }
 }

@@ -6,6 +6,10 @@
 # `ratio ...` lines at the end, and stops what it started (by pid) on exit.
 #   BASE_PORT=7600 SECONDS_PER_RUN=10 scripts/bench-speed.sh
 # Results: docs/benchmarks.md, "Speed against rslock (issue 11)".
+# With MODULE=/path/to/libfencelock_module.so (scripts/build-module.sh) every server loads
+# fencelock's Redis module (issue 24): the `fencelock` lines then go through it (the client's
+# default, ModuleUse::Auto), and (a) and (c) also measure `fencelock-scripts` (the module off)
+# in the same run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -35,10 +39,13 @@ CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --quiet --release --bin fenc
 speed=target/release/examples/speed
 fencelock=target/release/fencelock
 
+module_args=""; libs=fencelock,rslock
+if [ -n "${MODULE:-}" ]; then module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock; fi
+# shellcheck disable=SC2086
 redis-server --port "$base" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" $module_args
 until redis-cli -p "$base" ping >/dev/null 2>&1; do sleep 0.05; done
-scripts/cluster.sh up --base-port "$cport" >/dev/null
+REDIS_ARGS="$module_args" scripts/cluster.sh up --base-port "$cport" >/dev/null
 
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
   "rslock $(grep -A1 '^name = "rslock"' Cargo.lock | grep -o '[0-9][0-9.]*'), ${seconds}s per measurement"
@@ -53,8 +60,8 @@ for target in standalone cluster; do
 done
 
 echo "== (a) uncontended acquire + release, 64 tasks, random names of their own"
-run --url "$standalone" --target standalone pairs --tasks 64
-run --url "$cluster" --target cluster pairs --tasks 64
+run --libs "$libs" --url "$standalone" --target standalone pairs --tasks 64
+run --libs "$libs" --url "$cluster" --target cluster pairs --tasks 64
 # The same with one client worker thread: the client's runtime otherwise has one worker per core,
 # and on this machine it shares both with the server (in (d) the one-thread redis-benchmark
 # leaves the server a core of its own).
@@ -65,8 +72,8 @@ echo "== (b) contended: 16 tasks on one lock, hold 0"
 run --url "$standalone" --target standalone contended --tasks 16
 run --url "$cluster" --target cluster contended --tasks 16
 echo "== (c) one task: acquire / release latency"
-run --url "$standalone" --target standalone latency --pairs "${LATENCY_PAIRS:-5000}"
-run --url "$cluster" --target cluster latency --pairs "${LATENCY_PAIRS:-5000}"
+run --libs "$libs" --url "$standalone" --target standalone latency --pairs "${LATENCY_PAIRS:-5000}"
+run --libs "$libs" --url "$cluster" --target cluster latency --pairs "${LATENCY_PAIRS:-5000}"
 echo "== (e) fence modes, fencelock, 64 tasks, cluster"
 run --url "$cluster" --target cluster modes --tasks 64
 
@@ -107,6 +114,9 @@ for target in standalone cluster; do
   f=$(field pairs $target fencelock pairs/s)
   s=$(field pairs $target rslock pairs/s)
   ratio "pairs_${target}_fencelock/rslock" "$f" "$s"
+  ratio "pairs_${target}_fencelock-scripts/rslock" "$(field pairs $target fencelock-scripts pairs/s)" "$s"
+  ratio "latency_${target}_fencelock/rslock" \
+    "$(field latency $target fencelock pairs/s)" "$(field latency $target rslock pairs/s)"
   if [ $target = standalone ]; then ratio "pairs_standalone_fencelock/ceiling" "$f" "$ceiling"; fi
   f1=$(field pairs $target fencelock pairs/s "workers=1 ")
   ratio "pairs_${target}_one_worker_fencelock/rslock" "$f1" "$(field pairs $target rslock pairs/s "workers=1 ")"

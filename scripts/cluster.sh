@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts, stops or shows a local 3-master/3-replica Redis Cluster on 127.0.0.1.
 #   scripts/cluster.sh up|down|status [--base-port PORT]   (default 7000: ports 7000-7005)
-# Data, logs and pid files live in .cluster/PORT/ at the repository root.
+# Data, logs and pid files live in .cluster/PORT/ at the repository root. REDIS_ARGS adds
+# arguments to every node's redis-server (e.g. REDIS_ARGS="--loadmodule /path/to/module.so").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -63,7 +64,7 @@ up() {
     redis-server --port "$p" --bind 127.0.0.1 --daemonize yes --dir "$d" \
       --pidfile "$d/redis.pid" --logfile "$d/redis.log" --save "" --appendonly no \
       --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      --cluster-replica-validity-factor 0
+      --cluster-replica-validity-factor 0 ${REDIS_ARGS:-}
   done
   for p in $ports; do wait_for "redis on port $p" 20 running "$p"; done
   if ! cluster_ok 2>/dev/null; then

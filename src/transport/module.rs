@@ -163,7 +163,9 @@ fn declined(err: &RedisError) -> bool {
     err.code() == Some("FALLBACK")
 }
 
-/// The node does not know the module's command (it does not load the module).
+/// The node does not know the module's command (it does not load the module), or the client's
+/// ACL user may not run it (a user allowed the scripts only): both leave the call to the script.
 fn unknown_command(err: &RedisError) -> bool {
-    err.code() == Some("ERR") && err.to_string().contains("unknown command")
+    err.code() == Some("NOPERM")
+        || (err.code() == Some("ERR") && err.to_string().contains("unknown command"))
 }
