@@ -4,7 +4,8 @@
 //! replication role change, the start or end of a load, a master link change and a `CONFIG SET`
 //! (the server events that can come with a new epoch or a new role), before every command that
 //! can give the node a slot or a new epoch (a command filter: `CLUSTER SETSLOT`, `BUMPEPOCH`,
-//! …, and `EXEC`), and anyway once it is older than `MAX_AGE_US`. Why a cached epoch is safe: docs/safety.md, "The module's epoch read".
+//! …, and `EXEC`), and anyway once it is older than `MAX_AGE_US`; inside `MULTI` it is always
+//! read afresh. Why a cached epoch is safe: docs/safety.md, "The module's epoch read".
 //! All of it runs on the server's main thread (commands and server events).
 
 use std::os::raw::{c_int, c_void};
@@ -76,8 +77,19 @@ fn read(ctx: *mut RedisModuleCtx) -> Option<u64> {
 }
 
 /// The node's config epoch: the cached one when younger than `MAX_AGE_US`, else read and
-/// cached. None when it cannot be read (a server without cluster support).
+/// cached; inside a transaction always read (not cached). None when it cannot be read (a server
+/// without cluster support).
 pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
+    // SAFETY: the command's context; the function's presence was checked at load.
+    let in_multi = unsafe {
+        { raw::RedisModule_GetContextFlags }
+            .is_none_or(|f| f(ctx) as u32 & raw::REDISMODULE_CTX_FLAGS_MULTI != 0)
+    };
+    if in_multi {
+        // A transaction may have run `CLUSTER SETSLOT` since its `EXEC` passed the filter:
+        // read afresh, as the scripts do, and leave the cache alone.
+        return read(ctx);
+    }
     let now = monotonic_us();
     let cached = EPOCH_PLUS_ONE.load(Ordering::Relaxed);
     if let Some(now) = now {
