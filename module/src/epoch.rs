@@ -5,7 +5,8 @@
 //! (the server events that can come with a new epoch or a new role), before every command that
 //! can give the node a slot or a new epoch (a command filter: `CLUSTER SETSLOT`, `BUMPEPOCH`,
 //! …, and `EXEC`), and anyway once it is older than `MAX_AGE_US`; inside `MULTI` it is always
-//! read afresh. Why a cached epoch is safe: docs/safety.md, "The module's epoch read".
+//! read afresh (and the cache forgotten). So the epochs of a node's successive grants never
+//! decrease: each is the node's epoch at a read, no older than the previous grant's read. Why a cached epoch is safe: docs/safety.md, "The module's epoch read".
 //! All of it runs on the server's main thread (commands and server events).
 
 use std::os::raw::{c_int, c_void};
@@ -77,7 +78,7 @@ fn read(ctx: *mut RedisModuleCtx) -> Option<u64> {
 }
 
 /// The node's config epoch: the cached one when younger than `MAX_AGE_US`, else read and
-/// cached; inside a transaction always read (not cached). None when it cannot be read (a server
+/// cached; inside a transaction always read, and the cache forgotten. None when it cannot be read (a server
 /// without cluster support).
 pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
     // SAFETY: the command's context; the function's presence was checked at load.
@@ -87,7 +88,9 @@ pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
     };
     if in_multi {
         // A transaction may have run `CLUSTER SETSLOT` since its `EXEC` passed the filter:
-        // read afresh, as the scripts do, and leave the cache alone.
+        // read afresh, as the scripts do, and forget the cache (it may be below this read, and
+        // the grants of this node must not use a lower epoch after this one).
+        forget();
         return read(ctx);
     }
     let now = monotonic_us();
