@@ -1,11 +1,11 @@
 //! `fencelock.acquire <key> <owner> <ttl> <floor> <mode> [<place>] <grace>`: acquire.lua's
 //! KEYS, ARGV and replies (see its header), served natively on key layout 2 for the paths a lock
 //! without a queue takes: a grant of a free or expired lock (the fence rule in every mode, the
-//! config epoch of modes `epoch` and `hybrid` from the cache in epoch.rs; the key-expiry rule), the resend of a live holder (lease moved forward), and busy
-//! (setting the waiters mark as the script does). The rest answers `-FALLBACK <reason>` before
-//! any write, for the client to send through the script: a queue (`waiters` `q`, or a caller
-//! with a place lease finding the lock held), a re-entered lock's leftover holds and a key of
-//! layout 1.
+//! config epoch of modes `epoch` and `hybrid` from the cache in epoch.rs; the key-expiry rule),
+//! the resend of a live holder (lease moved forward), and busy (setting the waiters mark as the
+//! script does). The rest answers `-FALLBACK <reason>` before any write, for the client to send
+//! through the script: a queue (`waiters` `q`, or a caller with a place lease finding the lock
+//! held), a re-entered lock's leftover holds and a key of layout 1.
 
 use crate::epoch;
 use crate::rules::{self, Expiry};

@@ -6,7 +6,8 @@
 //! can give the node a slot or a new epoch (a command filter: `CLUSTER SETSLOT`, `BUMPEPOCH`,
 //! …, and `EXEC`), and anyway once it is older than `MAX_AGE_US`; inside `MULTI` it is always
 //! read afresh (and the cache forgotten). So the epochs of a node's successive grants never
-//! decrease: each is the node's epoch at a read, no older than the previous grant's read. Why a cached epoch is safe: docs/safety.md, "The module's epoch read".
+//! decrease: each is the node's epoch at a read, no older than the previous grant's read. Why a
+//! cached epoch is safe: docs/safety.md, "The module's epoch read".
 //! All of it runs on the server's main thread (commands and server events).
 
 use std::os::raw::{c_int, c_void};
@@ -78,8 +79,8 @@ fn read(ctx: *mut RedisModuleCtx) -> Option<u64> {
 }
 
 /// The node's config epoch: the cached one when younger than `MAX_AGE_US`, else read and
-/// cached; inside a transaction always read, and the cache forgotten. None when it cannot be read (a server
-/// without cluster support).
+/// cached; inside a transaction always read, and the cache forgotten. None when it cannot be
+/// read (a server without cluster support).
 pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
     // SAFETY: the command's context; the function's presence was checked at load.
     let in_multi = unsafe {
@@ -201,6 +202,7 @@ pub fn subscribe(ctx: *mut RedisModuleCtx) -> bool {
         raw::REDISMODULE_EVENT_MASTER_LINK_CHANGE,
         raw::REDISMODULE_EVENT_CONFIG,
     ];
+    // SAFETY: set once by RedisModule_Init before this runs; read by value.
     let Some(sub) = (unsafe { raw::RedisModule_SubscribeToServerEvent }) else {
         return false;
     };
@@ -222,7 +224,8 @@ mod tests {
 
     #[test]
     fn parses_cluster_info() {
-        let info = b"cluster_state:ok\r\ncluster_current_epoch:9\r\ncluster_my_epoch:7\r\ncluster_stats_messages_sent:1\r\n";
+        let info: &[u8] = b"cluster_state:ok\r\ncluster_current_epoch:9\r\n\
+            cluster_my_epoch:7\r\ncluster_stats_messages_sent:1\r\n";
         assert_eq!(parse_my_epoch(info), Some(7));
         assert_eq!(parse_my_epoch(b"cluster_my_epoch:0"), Some(0));
         assert_eq!(parse_my_epoch(b"cluster_my_epoch:\r\n"), None);
