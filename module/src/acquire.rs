@@ -1,12 +1,13 @@
 //! `fencelock.acquire <key> <owner> <ttl> <floor> <mode> [<place>] <grace>`: acquire.lua's
 //! KEYS, ARGV and replies (see its header), served natively on key layout 2 for the paths a lock
-//! without a queue takes: a grant of a free or expired lock (the fence rule in modes `clock` and
-//! `counter`, the key-expiry rule), the resend of a live holder (lease moved forward), and busy
-//! (setting the waiters mark as the script does). The rest answers `-FALLBACK <reason>` before
-//! any write, for the client to send through the script: a queue (`waiters` `q`, or a caller
-//! with a place lease finding the lock held), a re-entered lock's leftover holds, a key of
-//! layout 1, and the modes `epoch` and `hybrid`.
+//! without a queue takes: a grant of a free or expired lock (the fence rule in every mode, the
+//! config epoch of modes `epoch` and `hybrid` from the cache in epoch.rs; the key-expiry rule),
+//! the resend of a live holder (lease moved forward), and busy (setting the waiters mark as the
+//! script does). The rest answers `-FALLBACK <reason>` before any write, for the client to send
+//! through the script: a queue (`waiters` `q`, or a caller with a place lease finding the lock
+//! held), a re-entered lock's leftover holds and a key of layout 1.
 
+use crate::epoch;
 use crate::rules::{self, Expiry};
 use crate::server::{Key, Kind, Reply};
 use crate::state::{self, Buf, State};
@@ -42,12 +43,6 @@ pub fn run(
     let (ttl, floor, mode, place, grace) = match parsed {
         Ok(p) => p,
         Err(e) => return Reply::Error(e),
-    };
-    let Some(mode) = mode else {
-        return Reply::Error(
-            "FALLBACK fence mode epoch/hybrid (cluster_my_epoch) is not served by the module yet"
-                .into(),
-        );
     };
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
@@ -146,7 +141,20 @@ pub fn run(
             waiters = None;
         }
     }
-    let (fence, behind) = match rules::next_fence(lock.fence, floor, mode, now_us) {
+    // The epoch is read where the script reads it: in the fence rule, on a grant only.
+    let epoch = if mode.reads_epoch() {
+        match epoch::my_epoch(ctx) {
+            Some(e) => e,
+            None => return Reply::Error(rules::EPOCH_UNREADABLE.into()),
+        }
+    } else {
+        0
+    };
+    let rules::Fence {
+        fence,
+        behind,
+        shift,
+    } = match rules::next_fence(lock.fence, floor, mode, now_us, epoch) {
         Ok(f) => f,
         Err(e) => return Reply::Error(e),
     };
@@ -165,7 +173,7 @@ pub fn run(
         value.push(b" w").push(w);
     }
     key.set_until(value.bytes());
-    match rules::grant_expiry(mode, fence, ends, grace) {
+    match rules::grant_expiry(shift, fence, ends, grace) {
         Expiry::Persist => key.persist(),
         Expiry::At(ms) => key.expire_at(ms as i64),
         Expiry::RaiseTo(ms) => {

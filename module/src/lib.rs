@@ -10,6 +10,7 @@
 //! never the command itself: it reads the clock.
 
 mod acquire;
+mod epoch;
 mod release;
 mod rules;
 mod server;
@@ -79,7 +80,7 @@ type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c
 
 /// Registers the commands: the key is the first argument (COMMAND GETKEYS, cluster routing).
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    if !server::check_api() || !server::init_strings() {
+    if !server::check_api() || !epoch::check_api() || !server::init_strings() {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
     }
@@ -110,6 +111,12 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             ));
             return Status::Err;
         }
+    }
+    if !epoch::subscribe(ctx.ctx) || !epoch::register_filter(ctx.ctx) {
+        ctx.log_warning(
+            "fencelock: cannot subscribe to replication role changes or register a command filter",
+        );
+        return Status::Err;
     }
     Status::Ok
 }

@@ -1,23 +1,37 @@
-//! The scripts' rules as pure functions: argument validation, the fence rule (fence.lua, modes
-//! `clock` and `counter`) and the key-expiry rule of a grant (keep.lua, as acquire.lua inlines
-//! it).
+//! The scripts' rules as pure functions: argument validation, the fence rule (fence.lua, every
+//! mode) and the key-expiry rule of a grant (grant_expiry.lua, as acquire.lua inlines it).
 
-/// The fence modes the module serves; `epoch` and `hybrid` (they read `cluster_my_epoch`) are
-/// answered with a FALLBACK error for now.
+/// The fence modes (fence.lua).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// The fence is above TIME in µs.
     Clock,
     /// A plain counter.
     Counter,
+    /// The fence is above `cluster_my_epoch` × 2^32.
+    Epoch,
+    /// The fence is above TIME in µs + `cluster_my_epoch` × 2^34 (the client's epoch-clock).
+    Hybrid,
 }
 
-/// Parses a mode argument: Ok(Some) served, Ok(None) a mode left to the scripts, Err unknown.
-pub fn parse_mode(arg: &[u8]) -> Result<Option<Mode>, String> {
+impl Mode {
+    /// True for the modes whose rule reads the config epoch.
+    pub fn reads_epoch(self) -> bool {
+        matches!(self, Mode::Epoch | Mode::Hybrid)
+    }
+}
+
+/// The scripts' error when the config epoch cannot be read (a server without cluster support).
+pub const EPOCH_UNREADABLE: &str =
+    "ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO";
+
+/// Parses a mode argument (Err: unknown).
+pub fn parse_mode(arg: &[u8]) -> Result<Mode, String> {
     match arg {
-        b"clock" => Ok(Some(Mode::Clock)),
-        b"counter" => Ok(Some(Mode::Counter)),
-        b"epoch" | b"hybrid" => Ok(None),
+        b"clock" => Ok(Mode::Clock),
+        b"counter" => Ok(Mode::Counter),
+        b"epoch" => Ok(Mode::Epoch),
+        b"hybrid" => Ok(Mode::Hybrid),
         _ => Err(format!(
             "ERR fencelock: unknown fence mode '{}' (clock, counter, epoch, hybrid)",
             String::from_utf8_lossy(arg)
@@ -58,31 +72,73 @@ pub fn check_owner(arg: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// The fence rule (fence.lua): the next fence above `stored` and `floor` (and TIME µs in clock
-/// mode), with `behind` (µs the stored fence was ahead of the clock, clock mode), or the
-/// scripts' error text when it would pass 2^53 - 1.
-pub fn next_fence(stored: u64, floor: u64, mode: Mode, now_us: u64) -> Result<(u64, u64), String> {
+/// A grant's fence from the fence rule.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The fence.
+    pub fence: u64,
+    /// µs the stored fence was ahead of the clock term (modes `clock` and `hybrid`), else 0.
+    pub behind: u64,
+    /// fence.lua's `memo.shift`: what to take off the fence to read it as server µs (0 in clock
+    /// mode, epoch × 2^34 in hybrid mode), None in modes `counter` and `epoch`.
+    pub shift: Option<u64>,
+}
+
+/// The fence rule (fence.lua): the next fence above `stored` and `floor`, TIME µs in clock mode,
+/// `epoch` × 2^32 in epoch mode, TIME µs + `epoch` × 2^34 in hybrid mode (`epoch` is only read
+/// in those two), or the scripts' error text when the epoch is too large for epoch mode or the
+/// fence would pass 2^53 - 1.
+pub fn next_fence(
+    stored: u64,
+    floor: u64,
+    mode: Mode,
+    now_us: u64,
+    epoch: u64,
+) -> Result<Fence, String> {
     let mut floor = floor;
     let mut behind = 0;
-    if mode == Mode::Clock {
-        floor = floor.max(now_us);
-        if stored > now_us {
-            behind = stored - now_us;
+    let mut shift = None;
+    match mode {
+        Mode::Counter => {}
+        Mode::Clock | Mode::Hybrid => {
+            let s = if mode == Mode::Hybrid {
+                epoch.saturating_mul(1 << 34)
+            } else {
+                0
+            };
+            shift = Some(s);
+            let clock = now_us.saturating_add(s);
+            floor = floor.max(clock);
+            if stored > clock {
+                behind = stored - clock;
+            }
+        }
+        Mode::Epoch => {
+            if epoch >= 1 << 21 {
+                return Err(format!(
+                    "ERR fencelock: config epoch {epoch} leaves no room below 2^53 for epoch fences"
+                ));
+            }
+            floor = floor.max(epoch << 32);
         }
     }
     let mut fence = stored.saturating_add(1);
     if fence <= floor {
-        fence = floor + 1;
+        fence = floor.saturating_add(1);
     }
     if fence > crate::state::MAX_FENCE {
         return Err(format!(
             "ERR fencelock: the next fence would pass 2^53 - 1 (stored {stored}): lower the floor"
         ));
     }
-    Ok((fence, behind))
+    Ok(Fence {
+        fence,
+        behind,
+        shift,
+    })
 }
 
-/// What a grant does to the key's expiry (acquire.lua's inlined `keep`).
+/// What a grant does to the key's expiry (acquire.lua's inlined grant_expiry.lua).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Expiry {
     /// No grace: remove any expiry.
@@ -93,17 +149,18 @@ pub enum Expiry {
     RaiseTo(u64),
 }
 
-/// The key-expiry rule of a grant of `fence` whose lease ends at `ends` (ms): in clock mode at
-/// max(ends, fence as ms) + grace; in counter mode at ends + grace, only raised when the fence
-/// read as µs is past the lease end.
-pub fn grant_expiry(mode: Mode, fence: u64, ends: u64, grace: Option<u64>) -> Expiry {
+/// The key-expiry rule of a grant of `fence` whose lease ends at `ends` (ms), given the fence
+/// rule's `shift`: with a shift (clock and hybrid modes) at max(ends, (fence - shift) as ms) +
+/// grace; without (counter and epoch modes) at ends + grace, only raised when the fence read as
+/// µs is past the lease end.
+pub fn grant_expiry(shift: Option<u64>, fence: u64, ends: u64, grace: Option<u64>) -> Expiry {
     let Some(grace) = grace else {
         return Expiry::Persist;
     };
-    match mode {
-        Mode::Clock => Expiry::At(ends.max(fence.div_ceil(1000)) + grace),
-        Mode::Counter if fence > ends.saturating_mul(1000) => Expiry::RaiseTo(ends + grace),
-        Mode::Counter => Expiry::At(ends + grace),
+    match shift {
+        Some(shift) => Expiry::At(ends.max(fence.saturating_sub(shift).div_ceil(1000)) + grace),
+        None if fence > ends.saturating_mul(1000) => Expiry::RaiseTo(ends + grace),
+        None => Expiry::At(ends + grace),
     }
 }
 
@@ -111,41 +168,145 @@ pub fn grant_expiry(mode: Mode, fence: u64, ends: u64, grace: Option<u64>) -> Ex
 mod tests {
     use super::*;
 
+    fn ok(fence: u64, behind: u64, shift: Option<u64>) -> Result<Fence, String> {
+        Ok(Fence {
+            fence,
+            behind,
+            shift,
+        })
+    }
+
     #[test]
     fn fence_rule() {
-        assert_eq!(next_fence(0, 0, Mode::Counter, 5), Ok((1, 0)));
-        assert_eq!(next_fence(7, 100, Mode::Counter, 5), Ok((101, 0)));
-        assert_eq!(next_fence(7, 0, Mode::Clock, 1000), Ok((1001, 0)));
-        assert_eq!(next_fence(2000, 0, Mode::Clock, 1000), Ok((2001, 1000)));
-        assert!(next_fence(crate::state::MAX_FENCE, 0, Mode::Counter, 0).is_err());
-        assert!(next_fence(0, crate::state::MAX_FENCE, Mode::Counter, 0).is_err());
+        assert_eq!(next_fence(0, 0, Mode::Counter, 5, 3), ok(1, 0, None));
+        assert_eq!(next_fence(7, 100, Mode::Counter, 5, 3), ok(101, 0, None));
+        assert_eq!(next_fence(7, 0, Mode::Clock, 1000, 3), ok(1001, 0, Some(0)));
+        assert_eq!(
+            next_fence(2000, 0, Mode::Clock, 1000, 3),
+            ok(2001, 1000, Some(0))
+        );
+        assert!(next_fence(crate::state::MAX_FENCE, 0, Mode::Counter, 0, 0).is_err());
+        assert!(next_fence(0, crate::state::MAX_FENCE, Mode::Counter, 0, 0).is_err());
+    }
+
+    #[test]
+    fn epoch_fence_rule() {
+        // fence.lua: max(stored + 1, floor + 1, epoch × 2^32 + 1); behind stays 0.
+        assert_eq!(
+            next_fence(0, 0, Mode::Epoch, 5, 3),
+            ok(3 * 4294967296 + 1, 0, None)
+        );
+        let above = 3 * 4294967296 + 10;
+        assert_eq!(
+            next_fence(above, 0, Mode::Epoch, 5, 3),
+            ok(above + 1, 0, None)
+        );
+        assert_eq!(
+            next_fence(0, 5 * 4294967296, Mode::Epoch, 5, 3),
+            ok(5 * 4294967296 + 1, 0, None)
+        );
+        assert_eq!(next_fence(0, 0, Mode::Epoch, 5, 0), ok(1, 0, None));
+        assert_eq!(
+            next_fence(0, 0, Mode::Epoch, 5, 2097151),
+            ok(2097151 * 4294967296 + 1, 0, None)
+        );
+        assert_eq!(
+            next_fence(0, 0, Mode::Epoch, 5, 2097152),
+            Err(
+                "ERR fencelock: config epoch 2097152 leaves no room below 2^53 for epoch fences"
+                    .into()
+            )
+        );
+        assert!(next_fence(crate::state::MAX_FENCE, 0, Mode::Epoch, 5, 1).is_err());
+    }
+
+    #[test]
+    fn hybrid_fence_rule() {
+        // fence.lua: max(stored + 1, floor + 1, TIME µs + epoch × 2^34 + 1), behind against
+        // the clock term, shift = epoch × 2^34.
+        let now = 1_764_000_000_000_000;
+        let shift = 3 * 17179869184;
+        assert_eq!(
+            next_fence(0, 0, Mode::Hybrid, now, 3),
+            ok(now + shift + 1, 0, Some(shift))
+        );
+        assert_eq!(
+            next_fence(now + shift + 50, 0, Mode::Hybrid, now, 3),
+            ok(now + shift + 51, 50, Some(shift))
+        );
+        // A fence of an older epoch is below the clock term: not behind.
+        assert_eq!(
+            next_fence(now + 17179869184, 0, Mode::Hybrid, now, 3),
+            ok(now + shift + 1, 0, Some(shift))
+        );
+        assert_eq!(
+            next_fence(0, now + shift + 7, Mode::Hybrid, now, 3),
+            ok(now + shift + 8, 0, Some(shift))
+        );
+        assert_eq!(
+            next_fence(0, 0, Mode::Hybrid, now, 0),
+            ok(now + 1, 0, Some(0))
+        );
+        // An epoch whose term passes 2^53: the scripts' fence error, no overflow.
+        assert_eq!(
+            next_fence(4, 0, Mode::Hybrid, now, 1 << 19),
+            Err(
+                "ERR fencelock: the next fence would pass 2^53 - 1 (stored 4): lower the floor"
+                    .into()
+            )
+        );
+        assert!(next_fence(4, 0, Mode::Hybrid, now, u64::MAX).is_err());
     }
 
     #[test]
     fn expiry_rule() {
         assert_eq!(
-            grant_expiry(Mode::Clock, 5_000_001, 4000, Some(10)),
+            grant_expiry(Some(0), 5_000_001, 4000, Some(10)),
             Expiry::At(5011)
         );
         assert_eq!(
-            grant_expiry(Mode::Clock, 1_000, 4000, Some(10)),
+            grant_expiry(Some(0), 1_000, 4000, Some(10)),
             Expiry::At(4010)
         );
+        assert_eq!(grant_expiry(None, 3, 4000, Some(10)), Expiry::At(4010));
         assert_eq!(
-            grant_expiry(Mode::Counter, 3, 4000, Some(10)),
-            Expiry::At(4010)
-        );
-        assert_eq!(
-            grant_expiry(Mode::Counter, 5_000_000, 4000, Some(10)),
+            grant_expiry(None, 5_000_000, 4000, Some(10)),
             Expiry::RaiseTo(4010)
         );
-        assert_eq!(grant_expiry(Mode::Counter, 3, 4000, None), Expiry::Persist);
+        assert_eq!(grant_expiry(None, 3, 4000, None), Expiry::Persist);
+    }
+
+    #[test]
+    fn hybrid_and_epoch_expiry_rule() {
+        // grant_expiry.lua with memo.shift = epoch × 2^34: the fence read as server µs.
+        let shift = 2 * 17179869184;
+        assert_eq!(
+            grant_expiry(Some(shift), shift + 5_000_001, 4000, Some(10)),
+            Expiry::At(5011)
+        );
+        assert_eq!(
+            grant_expiry(Some(shift), shift + 1_000, 4000, Some(10)),
+            Expiry::At(4010)
+        );
+        assert_eq!(
+            grant_expiry(Some(shift), shift + 1, 4000, None),
+            Expiry::Persist
+        );
+        // Epoch mode has no shift: its fence is far past the lease end, so the expiry is raised.
+        let (mode, epoch) = (Mode::Epoch, 3);
+        let f = next_fence(0, 0, mode, 5, epoch).map(|f| (f.fence, f.shift));
+        assert_eq!(f, Ok((3 * 4294967296 + 1, None)));
+        assert_eq!(
+            grant_expiry(None, 3 * 4294967296 + 1, 4000, Some(10)),
+            Expiry::RaiseTo(4010)
+        );
     }
 
     #[test]
     fn arguments() {
         assert!(parse_mode(b"nope").is_err());
-        assert_eq!(parse_mode(b"hybrid"), Ok(None));
+        assert_eq!(parse_mode(b"hybrid"), Ok(Mode::Hybrid));
+        assert_eq!(parse_mode(b"epoch"), Ok(Mode::Epoch));
         assert_eq!(parse_grace(b""), Ok(None));
         assert!(parse_grace(b"-1").is_err());
         assert!(parse_num(b"12a", "x", 100).is_err());
