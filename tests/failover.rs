@@ -71,7 +71,19 @@ async fn a_paused_master_does_not_hang_calls_and_promotion_restores_acquisition(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forced_loss_keeps_clock_and_epoch_fences_monotonic_while_a_plain_counter_regresses() {
-    let mut cluster = Cluster::start();
+    forced_loss(Cluster::start()).await;
+}
+
+/// The same on nodes that load fencelock's Redis module: the clients' acquires and releases go
+/// through it (its cached config epoch, `docs/safety.md`, "The module's epoch read").
+#[tokio::test(flavor = "multi_thread")]
+async fn forced_loss_keeps_fences_monotonic_through_the_module() {
+    let served = forced_loss(Cluster::start_with_module()).await;
+    assert!(served > 0, "the module served the calls");
+}
+
+/// Runs the forced-loss check on `cluster`; returns how many calls the module served.
+async fn forced_loss(mut cluster: Cluster) -> u64 {
     let fenced = Client::connect(cluster.urls()).await.unwrap();
     let epoch = Client::builder(cluster.urls())
         .fence_mode(FenceMode::Epoch)
@@ -148,6 +160,7 @@ async fn forced_loss_keeps_clock_and_epoch_fences_monotonic_while_a_plain_counte
         regressed.fence()
     );
     regressed.release().await.unwrap();
+    fenced.stats().module_calls + epoch.stats().module_calls
 }
 
 /// `cluster_my_epoch` and `master_replid` of a node, as a granting script would read them.
@@ -172,7 +185,20 @@ fn epoch_and_replid(node: &common::Node) -> (u64, String) {
 /// replication id would have granted below them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_slot_round_trip_with_forced_loss_keeps_epoch_clock_fences_monotonic() {
-    let mut cluster = Cluster::start();
+    slot_round_trip(Cluster::start()).await;
+}
+
+/// The same on nodes that load the module: the importer's config epoch is bumped by
+/// `CLUSTER SETSLOT … NODE` with no server event, so the module's cached epoch must not be
+/// used across it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slot_round_trip_with_forced_loss_keeps_fences_monotonic_through_the_module() {
+    let served = slot_round_trip(Cluster::start_with_module()).await;
+    assert!(served > 0, "the module served the calls");
+}
+
+/// Runs the slot round trip on `cluster`; returns how many calls the module served.
+async fn slot_round_trip(mut cluster: Cluster) -> u64 {
     let client = Client::connect(cluster.urls()).await.unwrap();
     let options = LockOptions::new()
         .tag("trip")
@@ -222,6 +248,7 @@ async fn a_slot_round_trip_with_forced_loss_keeps_epoch_clock_fences_monotonic()
         after.fence()
     );
     after.release().await.unwrap();
+    client.stats().module_calls
 }
 
 /// Runs `fencelock exec` against every node of `cluster` and returns its exit code, the token
