@@ -13,7 +13,19 @@ pub(crate) struct LuaScript {
     batch: Option<Box<LuaScript>>,
     /// The module command with this script's KEYS, ARGV and replies (`module/`, issue 24),
     /// which a node that loads the module runs in its place.
-    module: Option<&'static str>,
+    module: Option<ModuleCommand>,
+}
+
+/// A module command serving a script (see [`LuaScript::served_by`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ModuleCommand {
+    /// `<name> key args..`: one call.
+    pub(crate) name: &'static str,
+    /// `<batch> key args.. key args..`: many calls, each `stride` arguments (its key first).
+    pub(crate) batch: &'static str,
+    /// Arguments per call in the batched form; a call one short has its optional argument
+    /// before the last one absent, sent there as `0`.
+    pub(crate) stride: usize,
 }
 
 impl LuaScript {
@@ -132,14 +144,20 @@ impl LuaScript {
 
     /// The same script, served by the module command `command` where a node loads the module:
     /// the command takes the script's KEYS then ARGV and gives its replies, or declines with
-    /// `-FALLBACK` before any write.
-    pub(super) fn served_by(mut self, command: &'static str) -> Self {
-        self.module = Some(command);
+    /// `-FALLBACK` before any write. Its batched form is `command` + `_batch`, `stride`
+    /// arguments per call.
+    pub(super) fn served_by(mut self, command: &'static str, stride: usize) -> Self {
+        let batch: &'static str = Box::leak(format!("{command}_batch").into_boxed_str());
+        self.module = Some(ModuleCommand {
+            name: command,
+            batch,
+            stride,
+        });
         self
     }
 
     /// The module command serving this script, if any (see [`served_by`](Self::served_by)).
-    pub(crate) fn module(&self) -> Option<&'static str> {
+    pub(crate) fn module(&self) -> Option<ModuleCommand> {
         self.module
     }
 

@@ -167,12 +167,53 @@ impl ScriptCall {
     /// The module command that runs this call where a node loads the module
     /// (`<command> key args..`), if the script has one and the call has one key.
     pub(crate) fn module_cmd(&self) -> Option<Cmd> {
-        let command = self.script.module().filter(|_| self.has_module())?;
+        let command = self.script.module().filter(|_| self.has_module())?.name;
         let parts = self.cmd.args_iter().len() - HEAD;
         let mut cmd = Cmd::with_capacity(1 + parts, command.len() + self.cmd_bytes());
         cmd.arg(command);
         for part in self.parts() {
             cmd.arg(part);
+        }
+        Some(cmd)
+    }
+
+    /// Whether `other` runs the same module command as this call (both may go in one batched
+    /// module command, [`module_batch_of`](Self::module_batch_of)).
+    pub(crate) fn same_module(&self, other: &ScriptCall) -> bool {
+        self.has_module() && other.has_module() && std::ptr::eq(self.script, other.script)
+    }
+
+    /// One call of the module's batched command running every call of `calls` (calls of one
+    /// script that [`has_module`](Self::has_module)), in order: `<batch> key args.. key
+    /// args..`, each call padded to the command's stride. `None` when a call does not fit it.
+    pub(crate) fn module_batch_of<'a>(
+        calls: impl IntoIterator<Item = &'a ScriptCall> + Clone,
+    ) -> Option<Cmd> {
+        let first = calls.clone().into_iter().next()?;
+        let module = first.script.module()?;
+        let (mut args, mut bytes) = (1, module.batch.len());
+        for call in calls.clone() {
+            args += module.stride;
+            bytes += call.cmd_bytes() + 1;
+        }
+        let mut cmd = Cmd::with_capacity(args, bytes);
+        cmd.arg(module.batch);
+        for call in calls {
+            let count = call.cmd.args_iter().len() - HEAD;
+            if count == module.stride {
+                for part in call.parts() {
+                    cmd.arg(part);
+                }
+            } else if count + 1 == module.stride {
+                for (i, part) in call.parts().enumerate() {
+                    if i + 1 == count {
+                        cmd.arg("0");
+                    }
+                    cmd.arg(part);
+                }
+            } else {
+                return None;
+            }
         }
         Some(cmd)
     }

@@ -298,7 +298,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
             FENCE_RULE,
         )),
     )
-    .served_by("fencelock.acquire")
+    .served_by("fencelock.acquire", 7)
 });
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
@@ -314,7 +314,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
         &[],
         with_queue(with_clear(include_str!("lua/release.lua"))),
     )
-    .served_by("fencelock.release")
+    .served_by("fencelock.release", 5)
 });
 
 /// Release A's hold and grant B of the same client in one call. No batch twin: it

@@ -30,6 +30,7 @@ use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -38,6 +39,7 @@ use crate::keys::slot_of;
 use crate::script::{LuaScript, ScriptCall};
 
 use super::eval::eval_raw;
+use super::module::Verdict;
 use super::{classify, Topology, Transport};
 
 /// The most calls one batch carries, by weight (a batch runs as one script: this bounds how
@@ -312,8 +314,20 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
         let module = transport
             .modules
             .serves(first, transport.batcher.node_index(transport, first));
-        let script = pending[0].call.batch_script().filter(|_| !module);
-        let Some(script) = script else {
+        if module {
+            let head = pending.remove(0);
+            let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
+                .into_iter()
+                .partition(|entry| head.call.same_module(&entry.call));
+            pending = rest;
+            let mut group = vec![head];
+            group.extend(same);
+            for chunk in module_chunks(transport.topology(), group) {
+                sends.push(Box::pin(send_module(Arc::clone(transport), chunk)));
+            }
+            continue;
+        }
+        let Some(script) = pending[0].call.batch_script() else {
             let alone = pending.remove(0);
             sends.push(Box::pin(send(Arc::clone(transport), vec![alone])));
             continue;
@@ -336,6 +350,181 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
         }
     }
     sends
+}
+
+/// The most calls one batched module command carries (the module refuses more).
+const MODULE_BATCH: usize = 64;
+
+/// `entries` (calls of one module command) in chunks of one slot each on a cluster (a batched
+/// module command declares every key: Redis refuses keys of several slots), at most
+/// [`MODULE_BATCH`] each, in order within each slot.
+fn module_chunks(topology: Topology, entries: Vec<Entry>) -> Vec<Vec<Entry>> {
+    let mut chunks: Vec<(u16, Vec<Entry>)> = Vec::new();
+    for entry in entries {
+        let slot = match topology {
+            Topology::Cluster => slot_of(entry.call.first_key().as_bytes()),
+            Topology::Standalone => 0,
+        };
+        match chunks
+            .iter_mut()
+            .rev()
+            .find(|(s, chunk)| *s == slot && chunk.len() < MODULE_BATCH)
+        {
+            Some((_, chunk)) => chunk.push(entry),
+            None => chunks.push((slot, vec![entry])),
+        }
+    }
+    chunks.into_iter().map(|(_, chunk)| chunk).collect()
+}
+
+/// Sends `entries` (calls of one module command, keys of one slot on a cluster) as one call of
+/// the module's batched command, or alone when there is one, and answers each; a call the
+/// module declines (`-FALLBACK`) goes again as its script, alone. A node that does not know
+/// the command (no module, or an older one) sends them all as scripts.
+async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
+    let node = transport.batcher.node_index(&transport, &entries[0].call);
+    let batch = if entries.len() > 1 && transport.modules.batches(node) {
+        ScriptCall::module_batch_of(entries.iter().map(|entry| &entry.call))
+    } else {
+        None
+    };
+    let Some(cmd) = batch else {
+        // One command each, all handed to the connection at once (in order), which pipelines
+        // them.
+        let alone = entries.into_iter().map(|entry| {
+            let transport = Arc::clone(&transport);
+            Box::pin(async move {
+                let outcome = transport
+                    .run_alone(&entry.call, &entry.name, entry.operation)
+                    .await;
+                entry.answer(outcome);
+            }) as Round
+        });
+        join_all(alone.collect()).await;
+        return;
+    };
+    let (name, operation) = (entries[0].name.clone(), entries[0].operation);
+    let mut conn = transport.connection();
+    let outcome =
+        tokio::time::timeout(transport.request_timeout, conn.req_packed_command(&cmd)).await;
+    let replies = match outcome {
+        Ok(Ok(Value::Array(replies))) if replies.len() == entries.len() => replies,
+        Ok(Ok(Value::ServerError(error))) => {
+            return whole_refused(&transport, entries, RedisError::from(error), node).await;
+        }
+        Ok(Err(error)) => return whole_refused(&transport, entries, error, node).await,
+        Ok(Ok(other)) => {
+            let detail = format!("module batch of {} calls answered {other:?}", entries.len());
+            for entry in entries {
+                let error = Error::UnexpectedReply {
+                    name: entry.name.clone(),
+                    operation: entry.operation,
+                    detail: detail.clone(),
+                };
+                entry.answer(Err(error));
+            }
+            return;
+        }
+        Err(_) => {
+            let after = transport.request_timeout;
+            transport.observe::<()>(&Err(Error::Timeout {
+                name,
+                operation,
+                after,
+            }));
+            for entry in entries {
+                let error = Error::Timeout {
+                    name: entry.name.clone(),
+                    operation: entry.operation,
+                    after,
+                };
+                entry.answer(Err(error));
+            }
+            return;
+        }
+    };
+    transport.observe::<()>(&Ok(()));
+    let batcher = &transport.batcher;
+    batcher.batches.fetch_add(1, Ordering::Relaxed);
+    batcher
+        .batched_calls
+        .fetch_add(replies.len() as u64, Ordering::Relaxed);
+    let mut declined = Vec::new();
+    for (entry, reply) in entries.into_iter().zip(replies) {
+        let reply = match reply {
+            Value::ServerError(error) => Err(RedisError::from(error)),
+            reply => Ok(reply),
+        };
+        match transport.modules.judge(reply, node) {
+            Verdict::Served(outcome) => {
+                let outcome = classify(&entry.name, entry.operation, outcome);
+                entry.answer(outcome);
+            }
+            Verdict::Script => declined.push(entry),
+            Verdict::Missing => {
+                let error = missing(&entry);
+                entry.answer(Err(error));
+            }
+        }
+    }
+    for entry in declined {
+        let outcome = transport
+            .run_script(&entry.call, &entry.name, entry.operation)
+            .await;
+        entry.answer(outcome);
+    }
+}
+
+/// The module's batched command was refused as a whole: by a node without it (each call
+/// then goes alone, as the script), or for another reason (each call gets the error).
+async fn whole_refused(
+    transport: &Arc<Transport>,
+    entries: Vec<Entry>,
+    error: RedisError,
+    node: Option<usize>,
+) {
+    if transport.modules.batch_unknown(&error, node) {
+        // A module without the batched commands: one command each (no module at all: the
+        // first of them finds that out, and the rest go as scripts).
+        for entry in entries {
+            let outcome = transport
+                .run_alone(&entry.call, &entry.name, entry.operation)
+                .await;
+            entry.answer(outcome);
+        }
+        return;
+    }
+    match transport.modules.judge(Err(error), node) {
+        Verdict::Served(outcome) => {
+            let (name, operation) = (&entries[0].name, entries[0].operation);
+            transport.observe::<()>(&classify(name, operation, outcome.clone().map(drop)));
+            for entry in entries {
+                let outcome = classify(&entry.name, entry.operation, outcome.clone());
+                entry.answer(outcome);
+            }
+        }
+        Verdict::Script => {
+            for entry in entries {
+                let outcome = transport
+                    .run_script(&entry.call, &entry.name, entry.operation)
+                    .await;
+                entry.answer(outcome);
+            }
+        }
+        Verdict::Missing => {
+            for entry in entries {
+                let error = missing(&entry);
+                entry.answer(Err(error));
+            }
+        }
+    }
+}
+
+fn missing(entry: &Entry) -> Error {
+    Error::ModuleMissing {
+        name: entry.name.clone(),
+        operation: entry.operation,
+    }
 }
 
 /// Whether two calls have the same batch script.

@@ -287,33 +287,46 @@ impl Transport {
         name: &str,
         operation: Operation,
     ) -> Result<Value> {
-        let mut conn = self.connection();
         let node = self.batcher.node_index(self, call);
-        let outcome = match self.modules.command(call, node) {
-            None => bounded(name, operation, self.request_timeout, eval(&mut conn, call)).await,
-            Some(cmd) => {
-                let run = async {
-                    let reply = cmd.query_async::<Value>(&mut conn).await;
-                    match self.modules.judge(reply, node) {
-                        Verdict::Served(reply) => Ok(reply),
-                        Verdict::Script => Ok(eval(&mut conn, call).await),
-                        Verdict::Missing => Err(()),
-                    }
-                };
-                match tokio::time::timeout(self.request_timeout, run).await {
-                    Ok(Ok(reply)) => classify(name, operation, reply),
-                    Ok(Err(())) => Err(Error::ModuleMissing {
-                        name: name.to_owned(),
-                        operation,
-                    }),
-                    Err(_) => Err(Error::Timeout {
-                        name: name.to_owned(),
-                        operation,
-                        after: self.request_timeout,
-                    }),
-                }
+        let Some(cmd) = self.modules.command(call, node) else {
+            return self.run_script(call, name, operation).await;
+        };
+        let mut conn = self.connection();
+        let run = async {
+            let reply = cmd.query_async::<Value>(&mut conn).await;
+            match self.modules.judge(reply, node) {
+                Verdict::Served(reply) => Ok(reply),
+                Verdict::Script => Ok(eval(&mut conn, call).await),
+                Verdict::Missing => Err(()),
             }
         };
+        let outcome = match tokio::time::timeout(self.request_timeout, run).await {
+            Ok(Ok(reply)) => classify(name, operation, reply),
+            Ok(Err(())) => Err(Error::ModuleMissing {
+                name: name.to_owned(),
+                operation,
+            }),
+            Err(_) => Err(Error::Timeout {
+                name: name.to_owned(),
+                operation,
+                after: self.request_timeout,
+            }),
+        };
+        self.observe(&outcome);
+        outcome
+    }
+
+    /// Runs `call` on its own as the script (never the module's command), within the request
+    /// timeout.
+    async fn run_script(
+        self: &Arc<Self>,
+        call: &ScriptCall,
+        name: &str,
+        operation: Operation,
+    ) -> Result<Value> {
+        let mut conn = self.connection();
+        let call = eval(&mut conn, call);
+        let outcome = bounded(name, operation, self.request_timeout, call).await;
         self.observe(&outcome);
         outcome
     }

@@ -53,9 +53,11 @@ pub(super) const RETRY_ABSENT: Duration = Duration::from_secs(60);
 /// The module path of one client.
 pub(super) struct Modules {
     setting: ModuleUse,
-    /// Per node index (as the slot map numbers them; 0 on a standalone server): when a call
-    /// last found it without the module.
-    absent: RwLock<Vec<Option<Instant>>>,
+    /// The nodes found without the module.
+    absent: Absent,
+    /// The nodes found with a module that lacks the batched commands (an older one): their
+    /// calls go to the module one command each.
+    no_batch: Absent,
     /// Calls the module answered (its own replies, errors included).
     pub(super) served: AtomicU64,
     /// Calls the module declined (`-FALLBACK`) or whose node lacked it, run as scripts.
@@ -76,7 +78,8 @@ impl Modules {
     pub(super) fn new(setting: ModuleUse) -> Self {
         Self {
             setting,
-            absent: RwLock::new(Vec::new()),
+            absent: Absent::default(),
+            no_batch: Absent::default(),
             served: AtomicU64::new(0),
             declined: AtomicU64::new(0),
         }
@@ -89,7 +92,7 @@ impl Modules {
         match self.setting {
             ModuleUse::Off => None,
             ModuleUse::Required => call.module_cmd(),
-            ModuleUse::Auto if self.lacks(node) => None,
+            ModuleUse::Auto if self.absent.lacks(node) => None,
             ModuleUse::Auto => call.module_cmd(),
         }
     }
@@ -100,18 +103,25 @@ impl Modules {
         match self.setting {
             ModuleUse::Off => false,
             ModuleUse::Required => call.has_module(),
-            ModuleUse::Auto => call.has_module() && !self.lacks(node),
+            ModuleUse::Auto => call.has_module() && !self.absent.lacks(node),
         }
     }
 
-    fn lacks(&self, node: Option<usize>) -> bool {
-        let Some(node) = node else { return false };
-        let absent = self.absent.read().unwrap_or_else(PoisonError::into_inner);
-        absent
-            .get(node)
-            .copied()
-            .flatten()
-            .is_some_and(|since| since.elapsed() < RETRY_ABSENT)
+    /// Whether calls to node `node` may go as the module's batched commands (the module was
+    /// not found without them lately).
+    pub(super) fn batches(&self, node: Option<usize>) -> bool {
+        !self.no_batch.lacks(node)
+    }
+
+    /// Whether `error`, the answer to a batched module command on node `node`, says the node
+    /// does not know that command: it is then noted (its calls go one command each), and the
+    /// calls are to be sent again one by one.
+    pub(super) fn batch_unknown(&self, error: &RedisError, node: Option<usize>) -> bool {
+        let unknown = unknown_command(error);
+        if unknown {
+            self.no_batch.mark(node);
+        }
+        unknown
     }
 
     /// Judges the module's answer `reply` for a call to node `node`.
@@ -127,13 +137,7 @@ impl Modules {
             }
             Err(err) if unknown_command(&err) => {
                 self.declined.fetch_add(1, Ordering::Relaxed);
-                if let Some(node) = node {
-                    let mut absent = self.absent.write().unwrap_or_else(PoisonError::into_inner);
-                    if absent.len() <= node {
-                        absent.resize(node + 1, None);
-                    }
-                    absent[node] = Some(Instant::now());
-                }
+                self.absent.mark(node);
                 if self.setting == ModuleUse::Required {
                     Verdict::Missing
                 } else {
@@ -151,7 +155,40 @@ impl Modules {
     /// Forgets which nodes lacked the module: the slot map changed (node indexes move, nodes
     /// come and go).
     pub(super) fn forget(&self) {
-        self.absent
+        self.absent.clear();
+        self.no_batch.clear();
+    }
+}
+
+/// Nodes found without something, by index (as the slot map numbers them; 0 on a standalone
+/// server), with when that was found.
+#[derive(Default)]
+struct Absent(RwLock<Vec<Option<Instant>>>);
+
+impl Absent {
+    /// Whether `node` was found without it less than [`RETRY_ABSENT`] ago.
+    fn lacks(&self, node: Option<usize>) -> bool {
+        let Some(node) = node else { return false };
+        let absent = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        absent
+            .get(node)
+            .copied()
+            .flatten()
+            .is_some_and(|since| since.elapsed() < RETRY_ABSENT)
+    }
+
+    /// `node` (if known) was found without it now.
+    fn mark(&self, node: Option<usize>) {
+        let Some(node) = node else { return };
+        let mut absent = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if absent.len() <= node {
+            absent.resize(node + 1, None);
+        }
+        absent[node] = Some(Instant::now());
+    }
+
+    fn clear(&self) {
+        self.0
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
