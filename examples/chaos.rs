@@ -28,7 +28,7 @@ fn usage() -> ! {
          [--faults kill,pause,failover,force,takeover,forced-loss,migrate,client-pause,\
          minority,latency,client-partition,skew-0s,skew-1s,skew-5s,skew-60s,restart-empty,\
          standalone-restart-empty] [--locks mutex,rwlock,fair,semaphore,latch,plain] \
-         [--fence clock,epoch,counter,epoch-clock] [--ttl-ms 500] [--work-ms 1]"
+         [--fence clock,epoch,counter,epoch-clock] [--ttl-ms 500] [--work-ms 1] [--module on]"
     );
     std::process::exit(64);
 }
@@ -41,6 +41,7 @@ async fn main() {
     let mut fences = vec![FenceMode::default()];
     let mut ttl = None;
     let mut work = None;
+    let mut module = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -73,6 +74,13 @@ async fn main() {
                     .map(|id| chaos::parse_fence(id).unwrap_or_else(|| usage()))
                     .collect()
             }
+            ("--module", Some(on)) => {
+                module = match on.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => usage(),
+                }
+            }
             _ => usage(),
         }
     }
@@ -83,6 +91,7 @@ async fn main() {
             let mut plan = Plan {
                 kinds: kinds.clone(),
                 fence,
+                module,
                 ..Plan::new(fault, grants)
             };
             plan.ttl = ttl.unwrap_or(plan.ttl);

@@ -13,7 +13,9 @@
 # loss onto a replica whose wall clock is behind: needs gcc, which builds the LD_PRELOAD clock
 # shim tests/common/clockshim.c); restart-empty, standalone-restart-empty (restarts without
 # persistence). --fence runs each fault once per fence mode (clock, epoch, counter, epoch-clock;
-# default: the library default, epoch-clock).
+# default: the library default, epoch-clock). --module on: every server loads fencelock's Redis
+# module (built with scripts/build-module.sh unless FENCELOCK_MODULE names the .so), which the
+# clients then use where it serves (issue 24).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."

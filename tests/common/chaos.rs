@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::netns::{self, ClockShim, Net, Shape};
-use super::{Cluster, Launch, Standalone};
+use super::{Cluster, Launch, Node, Standalone};
 
 /// Every lock of a run lives in this tag's slot.
 const TAG: &str = "chaos";
@@ -198,6 +198,8 @@ pub struct Plan {
     /// How long a writer holds between its read and its write (default 1 ms); longer holds
     /// let holders on both sides of a partition overlap.
     pub work: Duration,
+    /// Every server loads fencelock's Redis module (the clients use it where it serves).
+    pub module: bool,
 }
 
 impl Plan {
@@ -210,6 +212,7 @@ impl Plan {
             kinds: Kind::ALL.to_vec(),
             fence: FenceMode::default(),
             work: WORK,
+            module: false,
         }
     }
 }
@@ -412,22 +415,30 @@ enum Servers {
 }
 
 impl Env {
-    fn start(fault: Fault) -> Env {
+    fn start(fault: Fault, module: bool) -> Env {
         let (mut net, mut runtimes, mut shim) = (None, Vec::new(), None);
+        let extra = if module {
+            super::module::load_args()
+        } else {
+            Vec::new()
+        };
         let servers = match fault {
             Fault::StandaloneRestartEmpty => {
-                Servers::Standalone(Box::new(Standalone::start_launched(Launch::default())))
+                let args: Vec<&str> = extra.iter().map(String::as_str).collect();
+                Servers::Standalone(Box::new(Standalone {
+                    node: Node::spawn_launched(&args, Launch::default()),
+                }))
             }
             Fault::SkewedLoss(_) => {
                 let built = ClockShim::build();
-                let cluster = Cluster::start_launched(|_| built.launch(Launch::default()));
+                let cluster = Cluster::start_with_args(&extra, |_| built.launch(Launch::default()));
                 shim = Some(built);
                 Servers::Cluster(cluster)
             }
             f if f.needs_netns() => {
                 let mut built = Net::new();
                 let launches: Vec<Launch> = (0..6).map(|_| built.node_launch()).collect();
-                let cluster = Cluster::start_launched(|i| launches[i].clone());
+                let cluster = Cluster::start_with_args(&extra, |i| launches[i].clone());
                 for i in 0..SIDES {
                     built.add_client();
                     runtimes.push(built.runtime(i, 2));
@@ -435,7 +446,7 @@ impl Env {
                 net = Some(built);
                 Servers::Cluster(cluster)
             }
-            _ => Servers::Cluster(Cluster::start()),
+            _ => Servers::Cluster(Cluster::start_with_args(&extra, |_| Launch::default())),
         };
         Env {
             servers,
@@ -486,8 +497,8 @@ impl Drop for Env {
 
 /// Runs `plan` on fresh servers and reports every lane.
 pub async fn run(plan: &Plan) -> Vec<Report> {
-    let fault = plan.fault;
-    let env = tokio::task::spawn_blocking(move || Env::start(fault))
+    let (fault, module) = (plan.fault, plan.module);
+    let env = tokio::task::spawn_blocking(move || Env::start(fault, module))
         .await
         .expect("servers start");
     let urls = env.urls();
@@ -610,6 +621,16 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
             fault_start,
             fault_end,
         ));
+    }
+    if plan.module {
+        let stats = clients.iter().map(Client::stats);
+        let (served, fell_back) = stats.fold((0, 0), |(s, f), st| {
+            (s + st.module_calls, f + st.module_fallbacks)
+        });
+        eprintln!(
+            "{}: the module answered {served} calls ({fell_back} went to the scripts)",
+            plan.fault.id()
+        );
     }
     drop(clients);
     let env = Arc::try_unwrap(env)
