@@ -27,6 +27,9 @@
 # of its 200; semaphore-renew-alone: a call for one hold).
 #   PORT=7930 PAIRS=2000 scripts/bench-server-cost.sh
 #   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
+#   MODULE=/path/to/libfencelock_module.so scripts/bench-server-cost.sh   (issue 24: the module
+#     loaded, and the lines fencelock-module and fencelock-module-batched-16: the pairs of
+#     fencelock-single and fencelock-batched-16 sent as the module's commands)
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -183,6 +186,20 @@ if [ -n "$module" ]; then
     for ((i = 0; i < n; i++)); do resp fencelock.acquire "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
     for ((i = 0; i < n; i++)); do resp fencelock.release "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
   } >"$dir/module_single"
+  # The same pairs as fencelock-batched-16 through the module's batched commands: 16 acquires per
+  # fencelock.acquire_batch (place 0: none), then 16 releases per fencelock.release_batch.
+  {
+    for ((i = 0; i < n; i += 16)); do
+      args=()
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner" "$ttl" 0 clock 0 "$grace"); done
+      resp fencelock.acquire_batch "${args[@]}"
+    done
+    for ((i = 0; i < n; i += 16)); do
+      args=()
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner" "" "" "$grace"); done
+      resp fencelock.release_batch "${args[@]}"
+    done
+  } >"$dir/module_batched"
 fi
 # The same pairs through FCALL, same names and arguments.
 {
@@ -304,7 +321,10 @@ measure fencelock-fcall-batched-16 "$dir/fcall_batched"
 measure entry-evalsha "$dir/entry_evalsha"
 measure entry-evalsha-shebang "$dir/entry_evalsha_shebang"
 measure entry-fcall "$dir/entry_fcall"
-if [ -n "$module" ]; then measure fencelock-module "$dir/module_single"; fi
+if [ -n "$module" ]; then
+  measure fencelock-module "$dir/module_single"
+  measure fencelock-module-batched-16 "$dir/module_batched"
+fi
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.
 cluster_port=$((port + 1))

@@ -4,12 +4,16 @@
 //! together. What a command does not serve natively yet it answers with `-FALLBACK <reason>`
 //! before any write, for the client to send through the script.
 //!
+//! `fencelock.acquire_batch` and `fencelock.release_batch` (batch.rs) serve the client's per-node
+//! batches as one command, each item exactly as its single command.
+//!
 //! Safety inside the server: every argument is validated with an error reply, every call runs
 //! under `catch_unwind` (a panic becomes an error reply, never unwinds into Redis), and the
 //! effects are replicated as the commands the scripts run (`HSET`, `PEXPIREAT`, `PERSIST`),
 //! never the command itself: it reads the clock.
 
 mod acquire;
+mod batch;
 mod epoch;
 mod release;
 mod rules;
@@ -78,17 +82,31 @@ extern "C" fn release_command(
 
 type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
 
-/// Registers the commands: the key is the first argument (COMMAND GETKEYS, cluster routing).
+/// Registers the commands: the key is the first argument, a batch's keys every item's first
+/// (COMMAND GETKEYS, cluster routing).
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !server::check_api() || !epoch::check_api() || !server::init_strings() {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
     }
-    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr); 2] = [
-        (c"fencelock.acquire", acquire_command, c"write deny-oom"),
-        (c"fencelock.release", release_command, c"write"),
+    // (name, handler, flags, key step): the batches name every item's key (last key -1).
+    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 4] = [
+        (c"fencelock.acquire", acquire_command, c"write deny-oom", 1),
+        (c"fencelock.release", release_command, c"write", 1),
+        (
+            c"fencelock.acquire_batch",
+            batch::acquire_batch_command,
+            c"write deny-oom",
+            batch::ACQUIRE_STRIDE as c_int,
+        ),
+        (
+            c"fencelock.release_batch",
+            batch::release_batch_command,
+            c"write",
+            batch::RELEASE_STRIDE as c_int,
+        ),
     ];
-    for (name, command, flags) in commands {
+    for (name, command, flags, step) in commands {
         // SAFETY: the load-time context; static C strings.
         let rc = unsafe {
             match raw::RedisModule_CreateCommand {
@@ -98,8 +116,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
                     Some(command),
                     flags.as_ptr(),
                     1,
-                    1,
-                    1,
+                    if step == 1 { 1 } else { -1 },
+                    step,
                 ),
                 None => raw::REDISMODULE_ERR as c_int,
             }

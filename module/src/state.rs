@@ -249,7 +249,18 @@ mod tests {
         let mut b = Buf::new();
         b.push_u64(0).push_u64(9_007_199_254_740_991);
         assert_eq!(b.bytes(), b"09007199254740991");
-        for n in [1, 9, 10, 99, 100, 101, 999, 1000, 1_795_730_058_739, u64::MAX] {
+        for n in [
+            1,
+            9,
+            10,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            1_795_730_058_739,
+            u64::MAX,
+        ] {
             let mut b = Buf::new();
             b.push_u64(n);
             assert_eq!(b.bytes(), n.to_string().as_bytes());
