@@ -447,6 +447,8 @@ pub enum Operation {
     Info,
     /// Reading the cluster's slot map.
     ClusterSlots,
+    /// Asking a node whether it loads fencelock's Redis module (`COMMAND INFO`).
+    ModuleCheck,
     /// Subscribing to a primitive's release channel.
     Subscribe,
     /// A write checked against a fence (`fenced_set`).
@@ -490,6 +492,7 @@ impl Operation {
             Operation::Scan => "scan",
             Operation::Info => "info",
             Operation::ClusterSlots => "cluster slots",
+            Operation::ModuleCheck => "module check",
             Operation::Subscribe => "subscribe",
             Operation::FencedWrite => "fenced write",
             Operation::QuorumAcquire => "quorum acquire",

@@ -116,18 +116,15 @@ async fn a_server_without_the_module_runs_the_scripts_or_fails_when_it_is_requir
         "one call finds the module missing: {stats:?}"
     );
 
-    let required = Client::builder([server.url()])
+    let refused = Client::builder([server.url()])
         .module(ModuleUse::Required)
         .connect()
         .await
-        .unwrap();
-    let options = LockOptions::new().ttl(Duration::from_secs(5));
-    let err = required.try_lock("plain", &options).await.unwrap_err();
-    assert!(matches!(err, Error::ModuleMissing { .. }), "{err:?}");
-    let text = err.to_string();
+        .unwrap_err();
+    assert!(matches!(refused, Error::Connect { .. }), "{refused:?}");
     assert!(
-        text.contains("\"plain\"") && text.contains("MODULE LOAD") && text.contains("Auto"),
-        "{text}"
+        refused.to_string().contains("ModuleUse::Required"),
+        "{refused}"
     );
     assert!(
         !server.node.held("fencelock:{plain}:lock"),
@@ -146,9 +143,26 @@ async fn a_node_that_unloads_the_module_makes_calls_fall_back_not_fail() {
         .await
         .unwrap();
     fences.push(held.fence());
+    let required = Client::builder([server.url()])
+        .module(ModuleUse::Required)
+        .connect()
+        .await
+        .expect("the module is loaded");
     let _: () = server
         .node
         .cmd(redis::cmd("MODULE").arg("UNLOAD").arg("fencelock"));
+    let options = LockOptions::new().ttl(Duration::from_secs(5));
+    let err = required.try_lock("unload2", &options).await.unwrap_err();
+    assert!(matches!(err, Error::ModuleMissing { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"unload2\"") && text.contains("MODULE LOAD") && text.contains("Auto"),
+        "{text}"
+    );
+    assert!(
+        !server.node.held("fencelock:{unload2}:lock"),
+        "nothing written"
+    );
     held.release().await.expect("released through the script");
     fences.extend(cycle(&client, "unload", 3).await);
     assert!(strictly_increasing(&fences), "{fences:?}");
@@ -157,27 +171,61 @@ async fn a_node_that_unloads_the_module_makes_calls_fall_back_not_fail() {
     assert_eq!(stats.module_fallbacks, 1, "{stats:?}");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn concurrent_tasks_go_through_the_module_one_command_each() {
-    let server = Standalone::start_with_module();
-    let client = Client::connect([server.url()]).await.unwrap();
+/// 32 tasks, a lock each: `count` grants and releases through the module.
+async fn many_tasks(client: &Client, count: usize) {
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let client = client.clone();
-            tokio::spawn(async move { cycle(&client, &format!("many{i}"), 10).await })
+            tokio::spawn(async move { cycle(&client, &format!("many{i}"), count).await })
         })
         .collect();
     for task in tasks {
-        task.await.unwrap();
+        let fences = task.await.unwrap();
+        assert!(strictly_increasing(&fences), "{fences:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_tasks_go_through_the_module_in_batches() {
+    let server = Standalone::start_with_module();
+    let client = Client::connect([server.url()]).await.unwrap();
+    many_tasks(&client, 10).await;
     let stats = client.stats();
     assert_eq!(stats.grants, 320, "{stats:?}");
     assert_eq!(stats.module_calls, 640, "{stats:?}");
     assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+    assert!(stats.batches >= 1, "{stats:?}");
+    let batched =
+        server.node.calls("fencelock.acquire_batch") + server.node.calls("fencelock.release_batch");
     assert_eq!(
-        stats.batches, 0,
-        "the module's calls go one command each: {stats:?}"
+        batched, stats.batches,
+        "every batch went as a batched command"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_without_the_batched_commands_gets_one_command_each() {
+    let server = Standalone::start_with_module();
+    let _: () = server.node.cmd(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("single")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-fencelock.acquire_batch")
+            .arg("-fencelock.release_batch"),
+    );
+    let url = format!("redis://single:pw@{}", server.node.addr());
+    let client = Client::connect([url]).await.unwrap();
+    many_tasks(&client, 10).await;
+    let stats = client.stats();
+    assert_eq!(stats.grants, 320, "{stats:?}");
+    assert_eq!(stats.module_calls, 640, "{stats:?}");
+    assert_eq!(stats.batches, 0, "{stats:?}");
+    assert_eq!(server.node.calls("fencelock.acquire"), 320);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -189,8 +237,10 @@ async fn the_module_serves_a_cluster_in_every_fence_mode() {
         FenceMode::Clock,
         FenceMode::Counter,
     ] {
+        // Required: the client checks every master at connect.
         let client = Client::builder(cluster.urls())
             .fence_mode(mode)
+            .module(ModuleUse::Required)
             .connect()
             .await
             .unwrap();
@@ -204,4 +254,13 @@ async fn the_module_serves_a_cluster_in_every_fence_mode() {
         assert_eq!(stats.module_calls, 36, "{mode:?}: {stats:?}");
         assert_eq!(stats.module_fallbacks, 0, "{mode:?}: {stats:?}");
     }
+    // What the module declines on a cluster (a re-entered lock's release) goes as the script.
+    let client = Client::connect(cluster.urls()).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(10));
+    let outer = client.lock("slot0", &options).await.unwrap();
+    let inner = outer.reentry().lock().await.unwrap();
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    assert!(client.stats().module_fallbacks >= 1, "{:?}", client.stats());
+    assert!(cycle(&client, "slot0", 2).await.len() == 2);
 }

@@ -190,6 +190,18 @@ fn render(args: &[Vec<u8>]) -> String {
 fn check_reply(args: &[Vec<u8>], reply: &Reply) -> Option<String> {
     match reply {
         Reply::Int(_) | Reply::Ints(_) => None,
+        // A batched command: one element per item, each a reply of the single command.
+        Reply::Array(items) if args[0].ends_with(b"_batch") => {
+            for item in items {
+                assert!(
+                    !matches!(item, Reply::Array(_)),
+                    "nested array {item:?} in the reply to {}",
+                    render(args)
+                );
+                check_reply(args, item);
+            }
+            None
+        }
         Reply::Error(text) => {
             let code = text.split(' ').next().unwrap_or("").to_owned();
             assert!(
@@ -269,8 +281,41 @@ fn valid_args(rng: &mut Rng, key: &[u8], acquire: bool) -> Vec<Vec<u8>> {
     args
 }
 
-/// One storm call on `key`: valid (about a third) or mutated.
+/// One storm call of a batched command on `key`: one to three items (the acquire's padded to
+/// its stride of 7 with place `0`), valid (about a third) or with one argument mutated.
+fn batch_call(rng: &mut Rng, key: &[u8]) -> Vec<Vec<u8>> {
+    let acquire = rng.chance(60);
+    let name: &[u8] = if acquire {
+        b"fencelock.acquire_batch"
+    } else {
+        b"fencelock.release_batch"
+    };
+    let mut args = Vec::new();
+    for _ in 0..1 + rng.below(3) {
+        let mut item = valid_args(rng, key, acquire);
+        if acquire && item.len() == 6 {
+            item.insert(5, b"0".to_vec());
+        }
+        args.extend(item);
+    }
+    if !rng.chance(35) {
+        let at = rng.below(args.len());
+        if rng.chance(50) {
+            args[at] = junk(rng);
+        } else {
+            args.remove(at);
+        }
+    }
+    let mut call = vec![name.to_vec()];
+    call.extend(args);
+    call
+}
+
+/// One storm call on `key`: valid (about a third) or mutated; one in seven a batched command.
 fn storm_call(rng: &mut Rng, key: &[u8]) -> Vec<Vec<u8>> {
+    if rng.chance(15) {
+        return batch_call(rng, key);
+    }
     let acquire = rng.chance(60);
     let name: &[u8] = if acquire {
         b"fencelock.acquire"

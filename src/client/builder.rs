@@ -447,16 +447,18 @@ impl ClientBuilder {
         let (endpoint, conn) =
             Endpoint::discover(&seeds, timeouts, self.retries, &self.tls).await?;
         tracing::debug!(nodes = %endpoint.nodes, topology = ?endpoint.topology, "connected");
+        let transport = Transport::new(
+            endpoint,
+            conn,
+            self.wait_lanes,
+            self.request_timeout,
+            self.batching,
+            self.module,
+        );
+        transport.check_module().await?;
         Ok(Client {
             core: Arc::new(Core::new(
-                Transport::new(
-                    endpoint,
-                    conn,
-                    self.wait_lanes,
-                    self.request_timeout,
-                    self.batching,
-                    self.module,
-                ),
+                transport,
                 self.wake_on_release,
                 self.prefix,
                 self.fence_mode,

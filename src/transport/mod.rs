@@ -143,6 +143,43 @@ impl Transport {
         .await
     }
 
+    /// With [`ModuleUse::Required`], checks that every master loads fencelock's Redis module
+    /// (`COMMAND INFO fencelock.acquire` answers the command): at connect, so a client that
+    /// requires it fails there rather than at its first lock. Nothing to check otherwise.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] naming a master without the module; the errors of the calls.
+    pub(crate) async fn check_module(&self) -> Result<()> {
+        if !self.modules.required() {
+            return Ok(());
+        }
+        let masters: Vec<(u16, String)> = match self.topology() {
+            Topology::Standalone => vec![(0, self.endpoint().nodes.to_string())],
+            Topology::Cluster => module::masters(&self.cluster_slots().await?),
+        };
+        for (slot, node) in masters {
+            let cmd = redis::cmd("COMMAND")
+                .arg("INFO")
+                .arg("fencelock.acquire")
+                .to_owned();
+            let reply = self
+                .run_on_master(slot, cmd, Operation::ModuleCheck)
+                .await?;
+            if !module::loaded(&reply) {
+                return Err(Error::Connect {
+                    target: node,
+                    reason: "the client requires fencelock's Redis module \
+                             (ModuleUse::Required) and this node does not load it: load it \
+                             (docs/module.md) or use ModuleUse::Auto"
+                        .to_owned(),
+                    source: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `cmd` on the master serving `slot` (a cluster; the client's slot map routes it) or
     /// on the server (standalone), within the request timeout: for commands that belong to
     /// one node, such as `SCAN`.

@@ -152,6 +152,11 @@ impl Modules {
         }
     }
 
+    /// Whether the client requires the module.
+    pub(super) fn required(&self) -> bool {
+        self.setting == ModuleUse::Required
+    }
+
     /// Forgets which nodes lacked the module: the slot map changed (node indexes move, nodes
     /// come and go).
     pub(super) fn forget(&self) {
@@ -192,6 +197,47 @@ impl Absent {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+    }
+}
+
+/// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves and its address.
+pub(super) fn masters(slots: &redis::Value) -> Vec<(u16, String)> {
+    let mut masters: Vec<(u16, String)> = Vec::new();
+    let redis::Value::Array(ranges) = slots else {
+        return masters;
+    };
+    for range in ranges {
+        let redis::Value::Array(fields) = range else {
+            continue;
+        };
+        let (Some(redis::Value::Int(start)), Some(redis::Value::Array(master))) =
+            (fields.first(), fields.get(2))
+        else {
+            continue;
+        };
+        let text = |v: Option<&redis::Value>| match v {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(redis::Value::SimpleString(s)) => s.clone(),
+            Some(redis::Value::Int(n)) => n.to_string(),
+            _ => String::new(),
+        };
+        let addr = format!("{}:{}", text(master.first()), text(master.get(1)));
+        if let (Ok(slot), false) = (u16::try_from(*start), masters.iter().any(|m| m.1 == addr)) {
+            masters.push((slot, addr));
+        }
+    }
+    masters
+}
+
+/// Whether a `COMMAND INFO fencelock.acquire` reply describes the command (a node without the
+/// module answers an array holding nil).
+pub(super) fn loaded(reply: &redis::Value) -> bool {
+    match reply {
+        redis::Value::Array(items) | redis::Value::Set(items) => items
+            .first()
+            .is_some_and(|item| !matches!(item, redis::Value::Nil)),
+        redis::Value::Map(items) => !items.is_empty(),
+        _ => false,
     }
 }
 
