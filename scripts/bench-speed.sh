@@ -36,8 +36,9 @@ stop() {
 trap stop EXIT
 
 CARGO_BUILD_JOBS=${CARGO_BUILD_JOBS:-1} cargo build --quiet --release --bin fencelock --example speed
-speed=target/release/examples/speed
-fencelock=target/release/fencelock
+tdir=${CARGO_TARGET_DIR:-target}
+speed=$tdir/release/examples/speed
+fencelock=$tdir/release/fencelock
 
 module_args=""; libs=fencelock,rslock
 if [ -n "${MODULE:-}" ]; then module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock; fi
