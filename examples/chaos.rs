@@ -28,7 +28,7 @@ fn usage() -> ! {
          [--faults kill,pause,failover,force,takeover,forced-loss,migrate,client-pause,\
          minority,latency,client-partition,skew-0s,skew-1s,skew-5s,skew-60s,restart-empty,\
          standalone-restart-empty] [--locks mutex,rwlock,fair,semaphore,latch,plain] \
-         [--fence clock,epoch,counter,epoch-clock] [--ttl-ms 500] [--work-ms 1] [--module on]"
+         [--fence clock,epoch,counter,epoch-clock] [--ttl-ms 500] [--work-ms 1] [--module on] [--workers 4]"
     );
     std::process::exit(64);
 }
@@ -42,6 +42,7 @@ async fn main() {
     let mut ttl = None;
     let mut work = None;
     let mut module = false;
+    let mut workers = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
@@ -74,6 +75,7 @@ async fn main() {
                     .map(|id| chaos::parse_fence(id).unwrap_or_else(|| usage()))
                     .collect()
             }
+            ("--workers", Some(n)) => workers = Some(n.parse().unwrap_or_else(|_| usage())),
             ("--module", Some(on)) => {
                 module = match on.as_str() {
                     "on" => true,
@@ -96,6 +98,7 @@ async fn main() {
             };
             plan.ttl = ttl.unwrap_or(plan.ttl);
             plan.work = work.unwrap_or(plan.work);
+            plan.workers = workers.unwrap_or(plan.workers);
             for report in chaos::run(&plan).await {
                 println!("{}", report.row());
                 if report.kind.is_fencelock() {

@@ -15,7 +15,9 @@
 # persistence). --fence runs each fault once per fence mode (clock, epoch, counter, epoch-clock;
 # default: the library default, epoch-clock). --module on: every server loads fencelock's Redis
 # module (built with scripts/build-module.sh unless FENCELOCK_MODULE names the .so), which the
-# clients then use where it serves (issue 24).
+# clients then use where it serves (issue 24); --workers 1 (default 4 per lane) leaves a lane's
+# lock uncontended, so every acquire and release of the mutex lane goes through the module
+# (contended, waiters queue, and the module leaves queues to the scripts).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
