@@ -331,7 +331,7 @@ impl Transport {
         let mut conn = self.connection();
         let run = async {
             let reply = cmd.query_async::<Value>(&mut conn).await;
-            match self.modules.judge(reply, node) {
+            match self.modules.judge(reply, call, node) {
                 Verdict::Served(reply) => Ok(reply),
                 Verdict::Script => Ok(eval(&mut conn, call).await),
                 Verdict::Missing => Err(()),

@@ -50,6 +50,14 @@ pub enum ModuleUse {
 /// How long a node found without the module is left alone before a call asks again.
 pub(super) const RETRY_ABSENT: Duration = Duration::from_secs(60);
 
+/// How long the calls for the keys of a slot bucket go straight to the scripts after the
+/// module declined one there (a contended lock: its waiters queue, which the module leaves to
+/// the scripts, so each call would otherwise cost a round trip more).
+const AFTER_DECLINE: Duration = Duration::from_secs(1);
+
+/// Slot buckets for [`AFTER_DECLINE`]: slots share one by `slot % DECLINE_BUCKETS`.
+const DECLINE_BUCKETS: usize = 1024;
+
 /// The module path of one client.
 pub(super) struct Modules {
     setting: ModuleUse,
@@ -62,6 +70,10 @@ pub(super) struct Modules {
     pub(super) served: AtomicU64,
     /// Calls the module declined (`-FALLBACK`) or whose node lacked it, run as scripts.
     pub(super) declined: AtomicU64,
+    /// Per slot bucket: when the module last declined a call there, in ms since `start` plus
+    /// one (0: never).
+    declined_at: Box<[AtomicU64]>,
+    start: Instant,
 }
 
 /// What the module made of a call.
@@ -82,6 +94,8 @@ impl Modules {
             no_batch: Absent::default(),
             served: AtomicU64::new(0),
             declined: AtomicU64::new(0),
+            declined_at: (0..DECLINE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            start: Instant::now(),
         }
     }
 
@@ -89,22 +103,45 @@ impl Modules {
     /// send the script: the module is off, the script has no module command, or the node was
     /// found without it lately (unless the module is required).
     pub(super) fn command(&self, call: &ScriptCall, node: Option<usize>) -> Option<Cmd> {
-        match self.setting {
-            ModuleUse::Off => None,
-            ModuleUse::Required => call.module_cmd(),
-            ModuleUse::Auto if self.absent.lacks(node) => None,
-            ModuleUse::Auto => call.module_cmd(),
+        if self.serves(call, node) {
+            call.module_cmd()
+        } else {
+            None
         }
     }
 
     /// Whether `call` would go to the module on node `node` (see [`command`](Self::command)),
     /// without building the command.
     pub(super) fn serves(&self, call: &ScriptCall, node: Option<usize>) -> bool {
-        match self.setting {
+        let on = match self.setting {
             ModuleUse::Off => false,
-            ModuleUse::Required => call.has_module(),
-            ModuleUse::Auto => call.has_module() && !self.absent.lacks(node),
-        }
+            ModuleUse::Required => true,
+            ModuleUse::Auto => !self.absent.lacks(node),
+        };
+        on && call.has_module() && !self.declined_lately(call)
+    }
+
+    fn bucket(&self, call: &ScriptCall) -> &AtomicU64 {
+        let slot = crate::keys::slot_of(call.first_key().as_bytes());
+        &self.declined_at[usize::from(slot) % DECLINE_BUCKETS]
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1
+    }
+
+    /// Whether the module declined a call for a key of `call`'s slot bucket less than
+    /// [`AFTER_DECLINE`] ago.
+    fn declined_lately(&self, call: &ScriptCall) -> bool {
+        let at = self.bucket(call).load(Ordering::Relaxed);
+        let after = u64::try_from(AFTER_DECLINE.as_millis()).unwrap_or(u64::MAX);
+        at != 0 && self.now_ms().saturating_sub(at) < after
+    }
+
+    /// Whether the module serves the calls to node `node` (on, and the node not found without
+    /// it lately).
+    pub(super) fn in_use(&self, node: Option<usize>) -> bool {
+        self.setting != ModuleUse::Off && !self.absent.lacks(node)
     }
 
     /// Whether calls to node `node` may go as the module's batched commands (the module was
@@ -124,15 +161,17 @@ impl Modules {
         unknown
     }
 
-    /// Judges the module's answer `reply` for a call to node `node`.
+    /// Judges the module's answer `reply` to `call`, sent to node `node`.
     pub(super) fn judge(
         &self,
         reply: redis::RedisResult<redis::Value>,
+        call: &ScriptCall,
         node: Option<usize>,
     ) -> Verdict {
         match reply {
             Err(err) if declined(&err) => {
                 self.declined.fetch_add(1, Ordering::Relaxed);
+                self.bucket(call).store(self.now_ms(), Ordering::Relaxed);
                 Verdict::Script
             }
             Err(err) if unknown_command(&err) => {
