@@ -55,11 +55,6 @@ const IDLE: Duration = Duration::from_millis(500);
 /// arrive meanwhile still gather into batches.
 const IN_FLIGHT: usize = 2;
 
-/// Rounds in flight at most on a node where the module serves the calls: its commands cost the
-/// server little batched or not, so more rounds go out while earlier ones are answered (as a
-/// client without a driver pipelines every request), and batches still form under load.
-const MODULE_IN_FLIGHT: usize = 8;
-
 /// One queued call and where its reply goes.
 pub(super) struct Entry {
     call: ScriptCall,
@@ -163,7 +158,7 @@ impl Batcher {
             Some(driver) if !driver.is_closed() => driver.clone(),
             _ => {
                 let (driver, queue) = mpsc::unbounded_channel();
-                runtime.spawn(drive(Arc::downgrade(transport), queue, node));
+                runtime.spawn(drive(Arc::downgrade(transport), queue));
                 drivers[node] = Some(driver.clone());
                 driver
             }
@@ -232,20 +227,15 @@ impl Entry {
 type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A node's driver: takes every queued call and sends it as one round (one batch call per
-/// script, lone calls alone), up to [`IN_FLIGHT`] rounds at a time ([`MODULE_IN_FLIGHT`] where
-/// the module serves the calls of node `node`); what queues meanwhile goes
+/// script, lone calls alone), up to [`IN_FLIGHT`] rounds at a time; what queues meanwhile goes
 /// in the next round. Each round is polled once as soon as it is made, which hands its calls
 /// to the connection before any later round's: Redis runs a node's calls in queue order, undos
 /// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
 /// with its queue (the client dropped), its transport, or after [`IDLE`] without a call.
-async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>, node: usize) {
+async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
     let mut in_flight: Vec<Round> = Vec::new();
     loop {
         let mut pending = Vec::new();
-        let limit = match transport.upgrade() {
-            Some(transport) if transport.modules.in_use(Some(node)) => MODULE_IN_FLIGHT,
-            _ => IN_FLIGHT,
-        };
         if in_flight.is_empty() {
             match tokio::time::timeout(IDLE, queue.recv()).await {
                 Ok(Some(first)) => pending.push(first),
@@ -261,7 +251,7 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
                     }
                 }
             }
-        } else if in_flight.len() < limit {
+        } else if in_flight.len() < IN_FLIGHT {
             tokio::select! {
                 biased;
                 () = any_done(&mut in_flight) => continue,

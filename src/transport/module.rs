@@ -138,12 +138,6 @@ impl Modules {
         at != 0 && self.now_ms().saturating_sub(at) < after
     }
 
-    /// Whether the module serves the calls to node `node` (on, and the node not found without
-    /// it lately).
-    pub(super) fn in_use(&self, node: Option<usize>) -> bool {
-        self.setting != ModuleUse::Off && !self.absent.lacks(node)
-    }
-
     /// Whether calls to node `node` may go as the module's batched commands (the module was
     /// not found without them lately).
     pub(super) fn batches(&self, node: Option<usize>) -> bool {
