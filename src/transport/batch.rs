@@ -166,6 +166,13 @@ impl Batcher {
         driver.send(entry).map_err(|e| e.0)
     }
 
+    /// Counts a batch call that carried `calls` calls.
+    fn count(&self, calls: usize) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_calls
+            .fetch_add(calls as u64, Ordering::Relaxed);
+    }
+
     /// Reads the slot map again in the background (one read at a time).
     fn refresh(&self, transport: &Arc<Transport>) {
         if self.topology != Topology::Cluster || self.refreshing.swap(true, Ordering::AcqRel) {
@@ -403,7 +410,6 @@ async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
         join_all(alone.collect()).await;
         return;
     };
-    let (name, operation) = (entries[0].name.clone(), entries[0].operation);
     let mut conn = transport.connection();
     let outcome =
         tokio::time::timeout(transport.request_timeout, conn.req_packed_command(&cmd)).await;
@@ -413,42 +419,11 @@ async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
             return whole_refused(&transport, entries, RedisError::from(error), node).await;
         }
         Ok(Err(error)) => return whole_refused(&transport, entries, error, node).await,
-        Ok(Ok(other)) => {
-            let detail = format!("module batch of {} calls answered {other:?}", entries.len());
-            for entry in entries {
-                let error = Error::UnexpectedReply {
-                    name: entry.name.clone(),
-                    operation: entry.operation,
-                    detail: detail.clone(),
-                };
-                entry.answer(Err(error));
-            }
-            return;
-        }
-        Err(_) => {
-            let after = transport.request_timeout;
-            transport.observe::<()>(&Err(Error::Timeout {
-                name,
-                operation,
-                after,
-            }));
-            for entry in entries {
-                let error = Error::Timeout {
-                    name: entry.name.clone(),
-                    operation: entry.operation,
-                    after,
-                };
-                entry.answer(Err(error));
-            }
-            return;
-        }
+        Ok(Ok(other)) => return unexpected(entries, "module batch", &other),
+        Err(_) => return timed_out(&transport, entries),
     };
     transport.observe::<()>(&Ok(()));
-    let batcher = &transport.batcher;
-    batcher.batches.fetch_add(1, Ordering::Relaxed);
-    batcher
-        .batched_calls
-        .fetch_add(replies.len() as u64, Ordering::Relaxed);
+    transport.batcher.count(replies.len());
     let mut declined = Vec::new();
     for (entry, reply) in entries.into_iter().zip(replies) {
         let reply = match reply {
@@ -527,6 +502,40 @@ fn missing(entry: &Entry) -> Error {
     }
 }
 
+/// A batch call of `entries` (at least one) was not answered within the request timeout: each
+/// call gets the timeout.
+fn timed_out(transport: &Arc<Transport>, entries: Vec<Entry>) {
+    let after = transport.request_timeout;
+    if let Some(first) = entries.first() {
+        transport.observe::<()>(&Err(Error::Timeout {
+            name: first.name.clone(),
+            operation: first.operation,
+            after,
+        }));
+    }
+    for entry in entries {
+        let error = Error::Timeout {
+            name: entry.name.clone(),
+            operation: entry.operation,
+            after,
+        };
+        entry.answer(Err(error));
+    }
+}
+
+/// A batch call (`what`) of `entries` answered `other`, not one reply per call.
+fn unexpected(entries: Vec<Entry>, what: &str, other: &Value) {
+    let detail = format!("{what} of {} calls answered {other:?}", entries.len());
+    for entry in entries {
+        let error = Error::UnexpectedReply {
+            name: entry.name.clone(),
+            operation: entry.operation,
+            detail: detail.clone(),
+        };
+        entry.answer(Err(error));
+    }
+}
+
 /// Whether two calls have the same batch script.
 fn same_script(a: Option<&'static LuaScript>, b: &'static LuaScript) -> bool {
     a.is_some_and(|a| std::ptr::eq(a, b))
@@ -579,25 +588,10 @@ async fn send(transport: Arc<Transport>, mut entries: Vec<Entry>) {
     let mut conn = transport.connection();
     let outcome =
         tokio::time::timeout(transport.request_timeout, eval_raw(&mut conn, &batch)).await;
-    let batcher = &transport.batcher;
-    batcher.batches.fetch_add(1, Ordering::Relaxed);
-    batcher
-        .batched_calls
-        .fetch_add(entries.len() as u64, Ordering::Relaxed);
+    transport.batcher.count(entries.len());
     let replies = match outcome {
         Ok(Ok(Value::Array(replies))) if replies.len() == entries.len() => replies,
-        Ok(Ok(other)) => {
-            let detail = format!("batch of {} calls answered {other:?}", entries.len());
-            for entry in entries {
-                let error = Error::UnexpectedReply {
-                    name: entry.name.clone(),
-                    operation: entry.operation,
-                    detail: detail.clone(),
-                };
-                entry.answer(Err(error));
-            }
-            return;
-        }
+        Ok(Ok(other)) => return unexpected(entries, "batch", &other),
         Ok(Err(source)) => {
             transport.observe::<()>(&classify(&name, operation, Err(source.clone())));
             for entry in entries {
@@ -606,23 +600,7 @@ async fn send(transport: Arc<Transport>, mut entries: Vec<Entry>) {
             }
             return;
         }
-        Err(_) => {
-            let after = transport.request_timeout;
-            transport.observe::<()>(&Err(Error::Timeout {
-                name,
-                operation,
-                after,
-            }));
-            for entry in entries {
-                let error = Error::Timeout {
-                    name: entry.name.clone(),
-                    operation: entry.operation,
-                    after,
-                };
-                entry.answer(Err(error));
-            }
-            return;
-        }
+        Err(_) => return timed_out(&transport, entries),
     };
     transport.observe::<()>(&Ok(()));
     let mut misrouted = Vec::new();
@@ -641,7 +619,7 @@ async fn send(transport: Arc<Transport>, mut entries: Vec<Entry>) {
         }
     }
     if !misrouted.is_empty() {
-        batcher.refresh(&transport);
+        transport.batcher.refresh(&transport);
         for entry in misrouted {
             let outcome = transport
                 .run_alone(&entry.call, &entry.name, entry.operation)
