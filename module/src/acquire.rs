@@ -9,7 +9,7 @@
 
 use crate::epoch;
 use crate::rules::{self, Expiry};
-use crate::server::{Key, Kind, Reply};
+use crate::server::{Key, Reply};
 use crate::state::{self, Buf, State};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
@@ -46,14 +46,9 @@ pub fn run(
     };
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
-    let value = match key.kind() {
-        Kind::Empty => None,
-        Kind::Hash => key.hget_until(),
-        Kind::Other => {
-            return Reply::Error(
-                "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
-            )
-        }
+    let value = match key.read_until() {
+        Ok(value) => value,
+        Err(reply) => return reply,
     };
     let free = State {
         lease_raw: b"0",
@@ -69,9 +64,6 @@ pub fn run(
             Some(s) => s,
             None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
         },
-        None if key.kind() == Kind::Hash && key.hexists(c"fence") => {
-            return Reply::Error("FALLBACK key layout 1".into())
-        }
         None => free,
     };
     let live = lock.live(now_ms);

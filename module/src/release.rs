@@ -29,23 +29,15 @@ pub fn run(
     }
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
-    let value = match key.kind() {
-        Kind::Empty => None,
-        Kind::Hash => key.hget_until(),
-        Kind::Other => {
-            return Reply::Error(
-                "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
-            )
-        }
+    let value = match key.read_until() {
+        Ok(value) => value,
+        Err(reply) => return reply,
     };
     let lock = match &value {
         Some(v) => match State::parse(v.bytes()) {
             Some(s) => Some(s),
             None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
         },
-        None if key.kind() == Kind::Hash && key.hexists(c"fence") => {
-            return Reply::Error("FALLBACK key layout 1".into())
-        }
         None => None,
     };
     let live = lock.as_ref().is_some_and(|l| l.live(now_ms));

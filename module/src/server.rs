@@ -150,37 +150,44 @@ impl Key {
         }
     }
 
+    /// The value of `until`, the packed state, for a command that reads it: `Ok(None)` for an
+    /// empty key or a hash without it; `Err` with the reply to send for a key of another type
+    /// (`WRONGTYPE`) or of layout 1 (`-FALLBACK`: its `fence` field stands where `until` is
+    /// missing).
+    pub fn read_until(&self) -> Result<Option<Owned>, Reply> {
+        match self.kind() {
+            Kind::Empty => Ok(None),
+            Kind::Hash => match self.hget_until() {
+                Some(value) => Ok(Some(value)),
+                None if self.hexists(c"fence") => Err(Reply::Error("FALLBACK key layout 1".into())),
+                None => Ok(None),
+            },
+            Kind::Other => Err(Reply::Error(
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
+            )),
+        }
+    }
+
     /// `HGET key until` (the key must be a hash).
     pub fn hget_until(&self) -> Option<Owned> {
-        let mut out: *mut RedisModuleString = ptr::null_mut();
-        // SAFETY: a hash key open for reading; one server-string field, one output, NULL-terminated.
-        let rc = unsafe {
-            api!(RedisModule_HashGet)(
-                self.key,
-                raw::REDISMODULE_HASH_NONE as c_int,
-                until(),
-                &mut out as *mut *mut RedisModuleString,
-                ptr::null_mut::<c_char>(),
-            )
-        };
-        if rc != raw::REDISMODULE_OK as c_int || out.is_null() {
-            return None;
-        }
-        Some(Owned {
-            ctx: self.ctx,
-            ptr: out,
-        })
+        self.hash_get(raw::REDISMODULE_HASH_NONE, until().cast_const().cast())
     }
 
     /// `HGET key field` (the key must be a hash).
     pub fn hget(&self, field: &CStr) -> Option<Owned> {
+        self.hash_get(raw::REDISMODULE_HASH_CFIELDS, field.as_ptr().cast())
+    }
+
+    /// `HGET` of one field: `field` a server string (`flags` NONE) or a C string (CFIELDS).
+    fn hash_get(&self, flags: u32, field: *const std::ffi::c_void) -> Option<Owned> {
         let mut out: *mut RedisModuleString = ptr::null_mut();
-        // SAFETY: a hash key open for reading; C-string field, one output, NULL-terminated.
+        // SAFETY: a hash key open for reading; one field of the kind `flags` says, one
+        // output, NULL-terminated.
         let rc = unsafe {
             api!(RedisModule_HashGet)(
                 self.key,
-                raw::REDISMODULE_HASH_CFIELDS as c_int,
-                field.as_ptr(),
+                flags as c_int,
+                field,
                 &mut out as *mut *mut RedisModuleString,
                 ptr::null_mut::<c_char>(),
             )
