@@ -2,9 +2,13 @@
 //! whose keys live on the same node are sent as one call of the script's batch twin
 //! (`script/lua/batch.lua`), each caller getting its own reply.
 //!
-//! One driver task per node takes what callers queued and sends it as one round; while a
-//! round is in flight the next callers queue up: there is no timer, so a lone call goes out at
-//! once, and batches grow only with the load. A driver keeps up to two rounds in flight and
+//! Driver tasks take what callers queued and send it as one round; while a round is in flight
+//! the next callers queue up: there is no timer, so a lone call goes out at once, and batches
+//! grow only with the load. Each node has one driver per lane, as many lanes as the runtime has
+//! worker threads (at most [`MAX_LANES`]): a lone driver was the client's bottleneck, doing every
+//! call's work on one thread while the other waited. A key's lane is its slot modulo the lanes,
+//! so the calls of one lock (its keys share a hash tag) all go through one driver, and what
+//! follows says of a node's driver holds per lane. A driver keeps up to two rounds in flight and
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
 //! calls in the order they were queued (an attempt woken by a release of this client runs after
 //! the release). A caller dropped before its call was sent is left out of its round.
@@ -55,6 +59,9 @@ const IDLE: Duration = Duration::from_millis(500);
 /// arrive meanwhile still gather into batches.
 const IN_FLIGHT: usize = 2;
 
+/// The most lanes (drivers) per node.
+const MAX_LANES: usize = 8;
+
 /// One queued call and where its reply goes.
 pub(super) struct Entry {
     call: ScriptCall,
@@ -65,12 +72,17 @@ pub(super) struct Entry {
     after_in_flight: bool,
 }
 
-/// The drivers of one client, one per node, and the slot map that says which node a key is on.
+/// The drivers of one client, [`Batcher::lanes`] per node, and the slot map that says which
+/// node a key is on.
 pub(super) struct Batcher {
     enabled: bool,
     topology: Topology,
-    /// Node index (1-based, as [`SlotMap`] numbers them; 0 on a standalone server) → driver.
+    /// Node index (1-based, as [`SlotMap`] numbers them; 0 on a standalone server) × lanes +
+    /// lane → driver.
     drivers: RwLock<Vec<Option<mpsc::UnboundedSender<Entry>>>>,
+    /// Drivers per node: the runtime's worker threads when the client was built, 1 to
+    /// [`MAX_LANES`].
+    lanes: usize,
     slots: RwLock<SlotMap>,
     refreshing: AtomicBool,
     /// Batch calls sent (two or more callers each) and the callers they carried.
@@ -84,6 +96,9 @@ impl Batcher {
             enabled,
             topology,
             drivers: RwLock::new(Vec::new()),
+            lanes: tokio::runtime::Handle::try_current()
+                .map_or(1, |runtime| runtime.metrics().num_workers())
+                .clamp(1, MAX_LANES),
             slots: RwLock::new(SlotMap::default()),
             refreshing: AtomicBool::new(false),
             batches: AtomicU64::new(0),
@@ -128,8 +143,8 @@ impl Batcher {
         }
     }
 
-    /// Queues `entry` on `node`'s driver, starting it if needed; gives the entry back when the
-    /// call must be sent alone.
+    /// Queues `entry` on the driver of `node` and of its key's lane, starting it if needed; gives
+    /// the entry back when the call must be sent alone.
     // The entry (its command inline) is given back by value on the rare path: boxing it would
     // cost an allocation on every call.
     #[allow(clippy::result_large_err)]
@@ -139,6 +154,8 @@ impl Batcher {
         node: usize,
         entry: Entry,
     ) -> std::result::Result<(), Entry> {
+        let lane = usize::from(slot_of(entry.call.first_key().as_bytes())) % self.lanes;
+        let node = node * self.lanes + lane;
         let queued = {
             let drivers = self.drivers.read().unwrap_or_else(PoisonError::into_inner);
             match drivers.get(node).and_then(Option::as_ref) {
