@@ -186,18 +186,20 @@ if [ -n "$module" ]; then
     for ((i = 0; i < n; i++)); do resp fencelock.acquire "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
     for ((i = 0; i < n; i++)); do resp fencelock.release "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
   } >"$dir/module_single"
-  # The same pairs as fencelock-batched-16 through the module's batched commands: 16 acquires per
-  # fencelock.acquire_batch (place 0: none), then 16 releases per fencelock.release_batch.
+  # The same pairs as fencelock-batched-16 through the module's batched commands, as the client
+  # sends them: 16 acquires per fencelock.acquire_packed (each item its key, then owner, TTL,
+  # floor, mode, place 0 (none) and grace joined by spaces), then 16 releases per
+  # fencelock.release_packed (owner, no hold id, no announcement, grace).
   {
     for ((i = 0; i < n; i += 16)); do
       args=()
-      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner" "$ttl" 0 clock 0 "$grace"); done
-      resp fencelock.acquire_batch "${args[@]}"
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner $ttl 0 clock 0 $grace"); done
+      resp fencelock.acquire_packed "${args[@]}"
     done
     for ((i = 0; i < n; i += 16)); do
       args=()
-      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner" "" "" "$grace"); done
-      resp fencelock.release_batch "${args[@]}"
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" "$owner   $grace"); done
+      resp fencelock.release_packed "${args[@]}"
     done
   } >"$dir/module_batched"
 fi

@@ -198,8 +198,8 @@ async fn concurrent_tasks_go_through_the_module_in_batches() {
     assert_eq!(stats.module_calls, 640, "{stats:?}");
     assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
     assert!(stats.batches >= 1, "{stats:?}");
-    let batched =
-        server.node.calls("fencelock.acquire_batch") + server.node.calls("fencelock.release_batch");
+    let batched = server.node.calls("fencelock.acquire_packed")
+        + server.node.calls("fencelock.release_packed");
     assert_eq!(
         batched, stats.batches,
         "every batch went as a batched command"
@@ -218,8 +218,8 @@ async fn a_user_without_the_batched_commands_gets_one_command_each() {
             .arg("~*")
             .arg("&*")
             .arg("+@all")
-            .arg("-fencelock.acquire_batch")
-            .arg("-fencelock.release_batch"),
+            .arg("-fencelock.acquire_packed")
+            .arg("-fencelock.release_packed"),
     );
     let url = format!("redis://single:pw@{}", server.node.addr());
     let client = Client::connect([url]).await.unwrap();
@@ -266,4 +266,242 @@ async fn the_module_serves_a_cluster_in_every_fence_mode() {
     outer.release().await.unwrap();
     assert!(client.stats().module_fallbacks >= 1, "{:?}", client.stats());
     assert!(cycle(&client, "slot0", 2).await.len() == 2);
+}
+
+/// The key's `until`, its `forced` and its absolute expiry (ms, -1 none, -2 no key).
+fn extend_state(server: &Standalone, key: &str) -> (Option<String>, Option<String>, i64) {
+    let fields: (Option<String>, Option<String>) = server
+        .node
+        .cmd(redis::cmd("HMGET").arg(key).arg("until").arg("forced"));
+    let expiry: i64 = server.node.cmd(redis::cmd("PEXPIRETIME").arg(key));
+    (fields.0, fields.1, expiry)
+}
+
+/// Numbers in `a` and `b` (replies, states) may differ by the milliseconds between the two
+/// calls; everything else must be equal.
+fn alike(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.split(' ').collect(), b.split(' ').collect());
+    a.len() == b.len()
+        && a.iter()
+            .zip(&b)
+            .all(|(x, y)| match (x.parse::<i64>(), y.parse::<i64>()) {
+                (Ok(x), Ok(y)) if x.abs() > 100_000 => (x - y).abs() <= 200,
+                (Ok(x), Ok(y)) => (x - y).abs() <= 200 || x == y,
+                _ => x == y,
+            })
+}
+
+/// An extend case: (name, `until`, `forced`, the key's expiry or -1, owner, TTL, grace).
+type ExtendCase<'a> = (
+    &'a str,
+    String,
+    Option<&'a str>,
+    i64,
+    &'a str,
+    &'a str,
+    &'a str,
+);
+
+#[test]
+fn the_module_extends_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let script = fencelock::lua_scripts()
+        .find(|s| s.name == "extend")
+        .expect("the extend script");
+    let now: i64 = {
+        let t: (String, String) = server.node.cmd(&mut redis::cmd("TIME"));
+        t.0.parse::<i64>().unwrap() * 1000 + t.1.parse::<i64>().unwrap() / 1000
+    };
+    let epoch_fence = (7_i64 << 32) * 1_000_000 + 5; // far ahead of any clock, as epoch-clock's
+    let cases: Vec<ExtendCase> = vec![
+        (
+            "held",
+            format!("{} 123 me", now + 1000),
+            None,
+            now + 9000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "other",
+            format!("{} 123 you", now + 1000),
+            None,
+            now + 9000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "expired",
+            format!("{} 123 me", now - 10),
+            None,
+            now + 9000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "forced",
+            "0 123 ".to_owned(),
+            Some("me"),
+            now + 9000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "reentered",
+            format!("{} 123 me h3 w*", now + 50_000),
+            None,
+            -1,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "reentered-short",
+            format!("{} 123 me h2", now + 100),
+            None,
+            -1,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "one-hold",
+            format!("{} 123 me h1", now + 50_000),
+            None,
+            -1,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "epoch-later",
+            format!("{} {epoch_fence} me", now + 1000),
+            None,
+            now + 900_000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "epoch-sooner",
+            format!("{} {epoch_fence} me", now + 1000),
+            None,
+            now + 2000,
+            "me",
+            "5000",
+            "60000",
+        ),
+        (
+            "no-grace",
+            format!("{} 123 me wq", now + 1000),
+            None,
+            now + 9000,
+            "me",
+            "5000",
+            "",
+        ),
+        ("no-key", String::new(), None, -1, "me", "5000", "60000"),
+    ];
+    for (name, until, forced, expiry, owner, ttl, grace) in cases {
+        let (m, s) = (format!("{{m-{name}}}:lock"), format!("{{s-{name}}}:lock"));
+        for key in [&m, &s] {
+            if !until.is_empty() {
+                let _: () = server
+                    .node
+                    .cmd(redis::cmd("HSET").arg(key).arg("until").arg(&until));
+            }
+            if let Some(forced) = forced {
+                let _: () = server
+                    .node
+                    .cmd(redis::cmd("HSET").arg(key).arg("forced").arg(forced));
+            }
+            if expiry > 0 {
+                let _: () = server
+                    .node
+                    .cmd(redis::cmd("PEXPIREAT").arg(key).arg(expiry));
+            }
+        }
+        let by_module: Vec<i64> = server.node.cmd(
+            redis::cmd("fencelock.extend")
+                .arg(&m)
+                .arg(owner)
+                .arg(ttl)
+                .arg(grace),
+        );
+        let by_script: Vec<i64> = server.node.cmd(
+            redis::cmd("EVAL")
+                .arg(script.source)
+                .arg(1)
+                .arg(&s)
+                .arg(owner)
+                .arg(ttl)
+                .arg(grace),
+        );
+        let (rm, rs) = (format!("{by_module:?}"), format!("{by_script:?}"));
+        assert!(
+            by_module[0] == by_script[0] && (by_module[1] - by_script[1]).abs() <= 200,
+            "{name}: module {rm}, script {rs}"
+        );
+        let (um, fm, em) = extend_state(&server, &m);
+        let (us, fs, es) = extend_state(&server, &s);
+        let (um, us) = (um.unwrap_or_default(), us.unwrap_or_default());
+        assert!(
+            alike(&um, &us),
+            "{name}: until {um:?} by the module, {us:?} by the script"
+        );
+        assert_eq!(fm, fs, "{name}: forced");
+        assert!(
+            (em < 0 && em == es) || (em > 0 && (em - es).abs() <= 200),
+            "{name}: expiry {em} by the module, {es} by the script"
+        );
+    }
+    // Every case ran through the module: none declined.
+    assert_eq!(server.node.calls("fencelock.extend"), 11);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guard_extends_through_the_module_alone_and_in_batches() {
+    let server = Standalone::start_with_module();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(5));
+    let mut guard = client.lock("extended", &options).await.unwrap();
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    let until: String = server.node.cmd(
+        redis::cmd("HGET")
+            .arg("fencelock:{extended}:lock")
+            .arg("until"),
+    );
+    let lease_ends: i64 = until.split(' ').next().unwrap().parse().unwrap();
+    let time: (i64, i64) = server.node.cmd(&mut redis::cmd("TIME"));
+    let ttl = lease_ends - (time.0 * 1000 + time.1 / 1000);
+    assert!(ttl > 20_000, "the lease ends in {ttl} ms, not about 30 s");
+    guard.release().await.unwrap();
+    assert_eq!(server.node.calls("fencelock.extend"), 1);
+
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let client = client.clone();
+            let options = options.clone();
+            tokio::spawn(async move {
+                let mut guard = client.lock(&format!("many-{i}"), &options).await.unwrap();
+                for _ in 0..5 {
+                    guard.extend(Duration::from_secs(10)).await.unwrap();
+                }
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = client.stats();
+    assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+    assert_eq!(stats.module_calls, 3 + 32 * 7, "{stats:?}");
+    let packed = server.node.calls("fencelock.extend_packed");
+    let single = server.node.calls("fencelock.extend");
+    assert!(packed > 0, "no batch of extends: {single} single calls");
 }

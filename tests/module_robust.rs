@@ -1,7 +1,8 @@
 //! The Redis module (issue 24) under a storm of random and malformed calls: thousands of
-//! `fencelock.acquire` / `fencelock.release` calls from a seeded generator (wrong arity, empty,
-//! huge and binary arguments, non-numbers, negative and 2^64 numbers, owners with whitespace,
-//! keys of other types, layout-1 hashes and corrupt packed states), interleaved with valid ones.
+//! `fencelock.acquire` / `fencelock.release` / `fencelock.extend` calls (and their packed
+//! batches) from a seeded generator (wrong arity, empty, huge and binary arguments,
+//! non-numbers, negative and 2^64 numbers, owners with whitespace, keys of other types, layout-1
+//! hashes and corrupt packed states), interleaved with valid ones.
 //! Afterwards the server is the same live process, every key set aside beforehand is byte for
 //! byte intact, every reply was an integer, an array of integers or a clean error reply, and a
 //! lock the module grants is still released by the script path (the state stays shared).
@@ -191,7 +192,7 @@ fn check_reply(args: &[Vec<u8>], reply: &Reply) -> Option<String> {
     match reply {
         Reply::Int(_) | Reply::Ints(_) => None,
         // A batched command: one element per item, each a reply of the single command.
-        Reply::Array(items) if args[0].ends_with(b"_batch") => {
+        Reply::Array(items) if args[0].ends_with(b"_packed") => {
             for item in items {
                 assert!(
                     !matches!(item, Reply::Array(_)),
@@ -249,8 +250,43 @@ const OWNERS: &[&str] = &[
     "x",
 ];
 
-/// A well-formed call on `key` (args after the command name).
-fn valid_args(rng: &mut Rng, key: &[u8], acquire: bool) -> Vec<Vec<u8>> {
+/// The module's commands the storm sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Command {
+    Acquire,
+    Release,
+    Extend,
+}
+
+impl Command {
+    /// Acquire about half the time, release and extend a quarter each.
+    fn pick(rng: &mut Rng) -> Command {
+        match rng.below(4) {
+            0 | 1 => Command::Acquire,
+            2 => Command::Release,
+            _ => Command::Extend,
+        }
+    }
+
+    fn name(self) -> &'static [u8] {
+        match self {
+            Command::Acquire => b"fencelock.acquire",
+            Command::Release => b"fencelock.release",
+            Command::Extend => b"fencelock.extend",
+        }
+    }
+
+    fn packed(self) -> &'static [u8] {
+        match self {
+            Command::Acquire => b"fencelock.acquire_packed",
+            Command::Release => b"fencelock.release_packed",
+            Command::Extend => b"fencelock.extend_packed",
+        }
+    }
+}
+
+/// A well-formed call of `command` on `key` (args after the command name).
+fn valid_args(rng: &mut Rng, key: &[u8], command: Command) -> Vec<Vec<u8>> {
     let owner = rng.pick(OWNERS).as_bytes().to_vec();
     let grace = if rng.chance(30) {
         Vec::new()
@@ -258,8 +294,10 @@ fn valid_args(rng: &mut Rng, key: &[u8], acquire: bool) -> Vec<Vec<u8>> {
         rng.below(5_000).to_string().into_bytes()
     };
     let mut args = vec![key.to_vec(), owner];
-    if acquire {
+    if command != Command::Release {
         args.push((1 + rng.below(3_000)).to_string().into_bytes());
+    }
+    if command == Command::Acquire {
         let floor = match rng.below(4) {
             0 => rng.next() % (1 << 53),
             1 => rng.below(1_000) as u64,
@@ -271,7 +309,7 @@ fn valid_args(rng: &mut Rng, key: &[u8], acquire: bool) -> Vec<Vec<u8>> {
         if rng.chance(20) {
             args.push(rng.below(3_000).to_string().into_bytes());
         }
-    } else {
+    } else if command == Command::Release {
         let hold: &[u8] = if rng.chance(10) { b"h1" } else { b"" };
         args.push(hold.to_vec());
         let announces: [&[u8]; 3] = [b"", b"s", b"p"];
@@ -281,29 +319,34 @@ fn valid_args(rng: &mut Rng, key: &[u8], acquire: bool) -> Vec<Vec<u8>> {
     args
 }
 
-/// One storm call of a batched command on `key`: one to three items (the acquire's padded to
-/// its stride of 7 with place `0`), valid (about a third) or with one argument mutated.
+/// One storm call of a batched command on `key`: one to three items (each the key and the
+/// other arguments joined by spaces, the acquire's padded with place `0`), valid (about a
+/// third) or with one argument mutated, removed, or a field of a packed one dropped.
 fn batch_call(rng: &mut Rng, key: &[u8]) -> Vec<Vec<u8>> {
-    let acquire = rng.chance(60);
-    let name: &[u8] = if acquire {
-        b"fencelock.acquire_batch"
-    } else {
-        b"fencelock.release_batch"
-    };
+    let command = Command::pick(rng);
+    let name = command.packed();
     let mut args = Vec::new();
     for _ in 0..1 + rng.below(3) {
-        let mut item = valid_args(rng, key, acquire);
-        if acquire && item.len() == 6 {
+        let mut item = valid_args(rng, key, command);
+        if command == Command::Acquire && item.len() == 6 {
             item.insert(5, b"0".to_vec());
         }
-        args.extend(item);
+        args.push(item[0].clone());
+        args.push(item[1..].join(&b' '));
     }
     if !rng.chance(35) {
         let at = rng.below(args.len());
-        if rng.chance(50) {
-            args[at] = junk(rng);
-        } else {
-            args.remove(at);
+        match rng.below(3) {
+            0 => args[at] = junk(rng),
+            1 => {
+                args.remove(at);
+            }
+            _ => {
+                let packed = &mut args[at | 1];
+                if let Some(space) = packed.iter().position(|&b| b == b' ') {
+                    packed.remove(space);
+                }
+            }
         }
     }
     let mut call = vec![name.to_vec()];
@@ -316,13 +359,9 @@ fn storm_call(rng: &mut Rng, key: &[u8]) -> Vec<Vec<u8>> {
     if rng.chance(15) {
         return batch_call(rng, key);
     }
-    let acquire = rng.chance(60);
-    let name: &[u8] = if acquire {
-        b"fencelock.acquire"
-    } else {
-        b"fencelock.release"
-    };
-    let mut args = valid_args(rng, key, acquire);
+    let command = Command::pick(rng);
+    let name = command.name();
+    let mut args = valid_args(rng, key, command);
     if !rng.chance(35) {
         for _ in 0..1 + rng.below(2) {
             match rng.below(6) {
@@ -710,11 +749,31 @@ fn the_commands_declare_their_key_and_flags() {
         acquire.iter().any(|f| f == "write") && acquire.iter().any(|f| f == "denyoom"),
         "acquire: {acquire:?}"
     );
-    let release = flags("fencelock.release");
-    assert!(
-        release.iter().any(|f| f == "write") && !release.iter().any(|f| f == "denyoom"),
-        "release: {release:?}"
+    for name in [
+        "fencelock.release",
+        "fencelock.extend",
+        "fencelock.release_packed",
+        "fencelock.extend_packed",
+    ] {
+        let got = flags(name);
+        assert!(
+            got.iter().any(|f| f == "write") && !got.iter().any(|f| f == "denyoom"),
+            "{name}: {got:?}"
+        );
+    }
+    let packed = flags("fencelock.acquire_packed");
+    assert!(packed.iter().any(|f| f == "denyoom"), "{packed:?}");
+    // A packed batch names every item's key, and only those.
+    let keys: Vec<String> = server.node.cmd(
+        redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg("fencelock.extend_packed")
+            .arg("k1")
+            .arg("a 10 5")
+            .arg("k2")
+            .arg("b 10 5"),
     );
+    assert_eq!(keys, ["k1", "k2"]);
 }
 
 #[test]

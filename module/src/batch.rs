@@ -1,28 +1,39 @@
 //! The batched commands: the client's per-node batches of the mutex's acquire or release as one
 //! command, so the server's work per command (reading, parsing, looking up and dispatching it)
-//! is paid once per batch.
+//! is paid once per batch, and each item's arguments but its key packed in one, so the server
+//! makes and frees two argument strings per item instead of seven or five.
 //!
-//! `fencelock.acquire_batch <key> <owner> <ttl> <floor> <mode> <place> <grace> [<key> …]`: items
-//! of exactly 7 arguments each (`<place>` `0` for none: the single command's 6-argument form),
-//! each served as `fencelock.acquire <key> <owner> <ttl> <floor> <mode> <place> <grace>` is (the
-//! same code), in order.
+//! `fencelock.acquire_packed <key> <fields> [<key> <fields> …]`: `<fields>` is
+//! `<owner> <ttl> <floor> <mode> <place> <grace>` joined by single spaces (`<place>` `0` for
+//! none), and the item is served as `fencelock.acquire <key> <owner> <ttl> <floor> <mode>
+//! <place> <grace>` is (the same code).
 //!
-//! `fencelock.release_batch <key> <owner> <hold id> <announce> <grace> [<key> …]`: items of
-//! exactly 5 arguments each, each served as `fencelock.release` is, in order.
+//! `fencelock.release_packed <key> <fields> [<key> <fields> …]`: `<fields>` is
+//! `<owner> <hold id> <announce> <grace>` joined by single spaces (an empty field stays empty:
+//! `owner   10000` is an owner, no hold id, no announcement and a grace of 10000), served as
+//! `fencelock.release` is.
+//!
+//! `fencelock.extend_packed <key> <fields> [<key> <fields> …]`: `<fields>` is
+//! `<owner> <ttl> <grace>`, served as `fencelock.extend` is.
+//!
+//! No field holds a space (an owner has no whitespace; the rest are numbers and words), so an
+//! item whose fields are not exactly six (four, three) is refused with its own `-ERR`, nothing
+//! done.
 //!
 //! Reply: an array with one element per item, in order: the item's own reply (an integer or an
 //! array of integers, exactly the single command's) or its own error reply (`-FALLBACK <reason>`
 //! for the client to send that item through the script, `-WRONGTYPE …`, `-ERR …`); an item's
 //! error leaves the other items served. The whole command is refused with one error reply, and
-//! nothing done, when it has no item, a number of arguments that is not a multiple of the
-//! stride, or more than [`MAX_ITEMS`] items.
+//! nothing done, when it has no item, an odd number of arguments, or more than [`MAX_ITEMS`]
+//! items.
 //!
 //! The server's clock is read once per call: every item sees the same time, as in the scripts'
-//! batch (`batch.lua`). Keys: every item's key (key spec first key 1, last key -1, step 7 or 5),
-//! so `COMMAND GETKEYS` lists them all and a cluster refuses keys of several slots (`CROSSSLOT`)
-//! like any multi-key command. Flags as the single commands: `acquire_batch` is `write deny-oom`,
-//! `release_batch` is `write` (allowed at maxmemory). Replication: each item's effects as its
-//! single command replicates them, in order; the server wraps one call's in `MULTI`/`EXEC`.
+//! batch (`batch.lua`). Keys: every item's key (key spec first key 1, last key -1, step 2), so
+//! `COMMAND GETKEYS` lists them all and a cluster refuses keys of several slots (`CROSSSLOT`)
+//! like any multi-key command. Flags as the single commands: `acquire_packed` is
+//! `write deny-oom`, `release_packed` and `extend_packed` are `write` (allowed at maxmemory). Replication: each
+//! item's effects as its single command replicates them, in order; the server wraps one call's
+//! in `MULTI`/`EXEC`.
 
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -30,16 +41,25 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::server::{self, Reply};
-use crate::{acquire, release, Run};
+use crate::{acquire, extend, release, Run};
 
 /// The most items one batched call may carry (bounded work per call).
 pub const MAX_ITEMS: usize = 64;
 
-/// Arguments per item of `fencelock.acquire_batch` (its key spec's step).
-pub const ACQUIRE_STRIDE: usize = 7;
+/// Arguments per item: the key and the packed fields (the commands' key spec step).
+pub const STRIDE: usize = 2;
 
-/// Arguments per item of `fencelock.release_batch` (its key spec's step).
-pub const RELEASE_STRIDE: usize = 5;
+/// Fields packed in an item of `fencelock.acquire_packed`.
+pub const ACQUIRE_FIELDS: usize = 6;
+
+/// Fields packed in an item of `fencelock.release_packed`.
+pub const RELEASE_FIELDS: usize = 4;
+
+/// Fields packed in an item of `fencelock.extend_packed`.
+pub const EXTEND_FIELDS: usize = 3;
+
+/// The most fields an item packs.
+const MOST_FIELDS: usize = ACQUIRE_FIELDS;
 
 /// Why a batched call is refused as a whole.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,20 +82,21 @@ pub fn items(args: usize, stride: usize) -> Result<usize, Refusal> {
     Ok(n)
 }
 
-/// Serves a batched call: checks its shape, then runs `run` per item under `catch_unwind`,
-/// sending each item's reply as an element of one array.
+/// Serves a batched call: checks its shape, then runs `run` per item under `catch_unwind`
+/// with the item's key and its `fields` unpacked, sending each item's reply as an element of
+/// one array.
 fn handle(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
-    stride: usize,
+    fields: usize,
     run: Run,
 ) -> c_int {
     let argc = usize::try_from(argc).unwrap_or(0);
     if argv.is_null() {
         return server::send(ctx, Reply::WrongArity);
     }
-    let n = match items(argc.saturating_sub(1), stride) {
+    let n = match items(argc.saturating_sub(1), STRIDE) {
         Ok(n) => n,
         Err(Refusal::Arity) => return server::send(ctx, Reply::WrongArity),
         Err(Refusal::TooMany) => {
@@ -92,13 +113,14 @@ fn handle(
     let now_us = crate::now_us();
     // SAFETY: the command's context; `n` elements follow.
     unsafe { start_array(ctx, n) };
-    for item in argv[1..].chunks_exact(stride) {
+    for item in argv[1..].chunks_exact(STRIDE) {
         let reply = catch_unwind(AssertUnwindSafe(|| {
-            let mut args: [&[u8]; ACQUIRE_STRIDE] = [&[]; ACQUIRE_STRIDE];
-            for (slot, &arg) in args.iter_mut().zip(item) {
-                *slot = server::bytes(arg);
+            let mut args: [&[u8]; MOST_FIELDS + 1] = [&[]; MOST_FIELDS + 1];
+            args[0] = server::bytes(item[0]);
+            match unpack(server::bytes(item[1]), &mut args[1..=fields]) {
+                Ok(()) => run(ctx, item[0], &args[..=fields], now_us),
+                Err(e) => Reply::Error(e),
             }
-            run(ctx, item[0], &args[..stride], now_us)
         }))
         .unwrap_or_else(|_| {
             Reply::Error("ERR fencelock module: internal error (the item was refused)".into())
@@ -106,6 +128,27 @@ fn handle(
         server::send(ctx, reply);
     }
     raw::REDISMODULE_OK as c_int
+}
+
+/// Splits `packed` at single spaces into exactly `out.len()` fields.
+fn unpack<'a>(packed: &'a [u8], out: &mut [&'a [u8]]) -> Result<(), String> {
+    let mut split = packed.split(|&b| b == b' ');
+    for slot in out.iter_mut() {
+        match split.next() {
+            Some(field) => *slot = field,
+            None => return Err(wrong_fields(out.len())),
+        }
+    }
+    match split.next() {
+        Some(_) => Err(wrong_fields(out.len())),
+        None => Ok(()),
+    }
+}
+
+fn wrong_fields(n: usize) -> String {
+    format!(
+        "ERR fencelock: an item's second argument must be {n} fields separated by single spaces"
+    )
 }
 
 /// Starts an array reply of `n` elements (`RedisModule_ReplyWithArray` is checked at load).
@@ -118,22 +161,31 @@ unsafe fn start_array(ctx: *mut RedisModuleCtx, n: usize) {
     }
 }
 
-/// `fencelock.acquire_batch`.
-pub extern "C" fn acquire_batch_command(
+/// `fencelock.acquire_packed`.
+pub extern "C" fn acquire_packed_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    handle(ctx, argv, argc, ACQUIRE_STRIDE, acquire::run)
+    handle(ctx, argv, argc, ACQUIRE_FIELDS, acquire::run)
 }
 
-/// `fencelock.release_batch`.
-pub extern "C" fn release_batch_command(
+/// `fencelock.release_packed`.
+pub extern "C" fn release_packed_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> c_int {
-    handle(ctx, argv, argc, RELEASE_STRIDE, release::run)
+    handle(ctx, argv, argc, RELEASE_FIELDS, release::run)
+}
+
+/// `fencelock.extend_packed`.
+pub extern "C" fn extend_packed_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, EXTEND_FIELDS, extend::run)
 }
 
 #[cfg(test)]
@@ -142,38 +194,44 @@ mod tests {
 
     #[test]
     fn items_of_whole_strides() {
-        assert_eq!(items(7, ACQUIRE_STRIDE), Ok(1));
-        assert_eq!(items(14, ACQUIRE_STRIDE), Ok(2));
-        assert_eq!(items(5, RELEASE_STRIDE), Ok(1));
-        assert_eq!(
-            items(MAX_ITEMS * ACQUIRE_STRIDE, ACQUIRE_STRIDE),
-            Ok(MAX_ITEMS)
-        );
-        assert_eq!(
-            items(MAX_ITEMS * RELEASE_STRIDE, RELEASE_STRIDE),
-            Ok(MAX_ITEMS)
-        );
+        assert_eq!(items(2, STRIDE), Ok(1));
+        assert_eq!(items(4, STRIDE), Ok(2));
+        assert_eq!(items(MAX_ITEMS * STRIDE, STRIDE), Ok(MAX_ITEMS));
     }
 
     #[test]
     fn no_item_or_a_partial_item_is_wrong_arity() {
-        assert_eq!(items(0, ACQUIRE_STRIDE), Err(Refusal::Arity));
-        assert_eq!(items(6, ACQUIRE_STRIDE), Err(Refusal::Arity));
-        assert_eq!(items(8, ACQUIRE_STRIDE), Err(Refusal::Arity));
-        assert_eq!(items(4, RELEASE_STRIDE), Err(Refusal::Arity));
-        assert_eq!(items(11, RELEASE_STRIDE), Err(Refusal::Arity));
+        assert_eq!(items(0, STRIDE), Err(Refusal::Arity));
+        assert_eq!(items(1, STRIDE), Err(Refusal::Arity));
+        assert_eq!(items(5, STRIDE), Err(Refusal::Arity));
         assert_eq!(items(5, 0), Err(Refusal::Arity));
     }
 
     #[test]
     fn more_than_the_bound_is_refused() {
         assert_eq!(
-            items((MAX_ITEMS + 1) * ACQUIRE_STRIDE, ACQUIRE_STRIDE),
+            items((MAX_ITEMS + 1) * STRIDE, STRIDE),
             Err(Refusal::TooMany)
         );
-        assert_eq!(
-            items((MAX_ITEMS + 1) * RELEASE_STRIDE, RELEASE_STRIDE),
-            Err(Refusal::TooMany)
-        );
+    }
+
+    #[test]
+    fn fields_unpack_at_single_spaces_empty_ones_kept() {
+        let mut out: [&[u8]; RELEASE_FIELDS] = [&[]; RELEASE_FIELDS];
+        assert_eq!(unpack(b"owner   10000", &mut out), Ok(()));
+        assert_eq!(out, [&b"owner"[..], b"", b"", b"10000"]);
+        let mut out: [&[u8]; ACQUIRE_FIELDS] = [&[]; ACQUIRE_FIELDS];
+        assert_eq!(unpack(b"o 10000 0 clock 0 ", &mut out), Ok(()));
+        assert_eq!(out, [&b"o"[..], b"10000", b"0", b"clock", b"0", b""]);
+    }
+
+    #[test]
+    fn too_few_or_too_many_fields_are_refused() {
+        let mut out: [&[u8]; RELEASE_FIELDS] = [&[]; RELEASE_FIELDS];
+        assert!(unpack(b"owner  10000", &mut out).is_err());
+        assert!(unpack(b"owner    10000", &mut out).is_err());
+        assert!(unpack(b"", &mut out).is_err());
+        let mut out: [&[u8]; ACQUIRE_FIELDS] = [&[]; ACQUIRE_FIELDS];
+        assert!(unpack(b"o w 10000 0 clock 0 10000", &mut out).is_err());
     }
 }

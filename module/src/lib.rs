@@ -1,11 +1,12 @@
-//! fencelock's Redis module (issue 24, first slice): the mutex's hot path as native commands on
-//! key layout 2, `fencelock.acquire` and `fencelock.release`, with exactly the KEYS, ARGV and
-//! replies of the scripts acquire.lua and release.lua (src/script/lua/), so both serve one lock
-//! together. What a command does not serve natively yet it answers with `-FALLBACK <reason>`
-//! before any write, for the client to send through the script.
+//! fencelock's Redis module (issue 24): the mutex's hot path as native commands on key layout
+//! 2, `fencelock.acquire`, `fencelock.release` and `fencelock.extend`, with exactly the KEYS,
+//! ARGV and replies of the scripts acquire.lua, release.lua and extend.lua (src/script/lua/),
+//! so both serve one lock together. What a command does not serve natively yet it answers with
+//! `-FALLBACK <reason>` before any write, for the client to send through the script.
 //!
-//! `fencelock.acquire_batch` and `fencelock.release_batch` (batch.rs) serve the client's per-node
-//! batches as one command, each item exactly as its single command.
+//! `fencelock.acquire_packed`, `fencelock.release_packed` and `fencelock.extend_packed`
+//! (batch.rs) serve the client's per-node batches as one command, each item (its key and its
+//! other arguments packed in one) exactly as its single command.
 //!
 //! Safety inside the server: every argument is validated with an error reply, every call runs
 //! under `catch_unwind` (a panic becomes an error reply, never unwinds into Redis), and the
@@ -15,6 +16,7 @@
 mod acquire;
 mod batch;
 mod epoch;
+mod extend;
 mod release;
 mod rules;
 mod server;
@@ -72,6 +74,14 @@ extern "C" fn acquire_command(
     handle(ctx, argv, argc, acquire::run)
 }
 
+extern "C" fn extend_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, extend::run)
+}
+
 extern "C" fn release_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -90,20 +100,27 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // (name, handler, flags, key step): the batches name every item's key (last key -1).
-    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 4] = [
+    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 6] = [
         (c"fencelock.acquire", acquire_command, c"write deny-oom", 1),
         (c"fencelock.release", release_command, c"write", 1),
+        (c"fencelock.extend", extend_command, c"write", 1),
         (
-            c"fencelock.acquire_batch",
-            batch::acquire_batch_command,
+            c"fencelock.acquire_packed",
+            batch::acquire_packed_command,
             c"write deny-oom",
-            batch::ACQUIRE_STRIDE as c_int,
+            batch::STRIDE as c_int,
         ),
         (
-            c"fencelock.release_batch",
-            batch::release_batch_command,
+            c"fencelock.release_packed",
+            batch::release_packed_command,
             c"write",
-            batch::RELEASE_STRIDE as c_int,
+            batch::STRIDE as c_int,
+        ),
+        (
+            c"fencelock.extend_packed",
+            batch::extend_packed_command,
+            c"write",
+            batch::STRIDE as c_int,
         ),
     ];
     for (name, command, flags, step) in commands {

@@ -21,11 +21,12 @@ pub(crate) struct LuaScript {
 pub(crate) struct ModuleCommand {
     /// `<name> key args..`: one call.
     pub(crate) name: &'static str,
-    /// `<batch> key args.. key args..`: many calls, each `stride` arguments (its key first).
+    /// `<batch> key fields key fields ..`: many calls, each its key and its other arguments
+    /// joined by single spaces (`fields` of them).
     pub(crate) batch: &'static str,
-    /// Arguments per call in the batched form; a call one short has its optional argument
-    /// before the last one absent, sent there as `0`.
-    pub(crate) stride: usize,
+    /// Arguments after the key per call in the batched form; a call one short has its optional
+    /// argument before the last one absent, sent there as `0`.
+    pub(crate) fields: usize,
 }
 
 impl LuaScript {
@@ -144,14 +145,14 @@ impl LuaScript {
 
     /// The same script, served by the module command `command` where a node loads the module:
     /// the command takes the script's KEYS then ARGV and gives its replies, or declines with
-    /// `-FALLBACK` before any write. Its batched form is `command` + `_batch`, `stride`
-    /// arguments per call.
-    pub(super) fn served_by(mut self, command: &'static str, stride: usize) -> Self {
-        let batch: &'static str = Box::leak(format!("{command}_batch").into_boxed_str());
+    /// `-FALLBACK` before any write. Its batched form is `command` + `_packed`, each call's
+    /// key then its `fields` other arguments packed in one.
+    pub(super) fn served_by(mut self, command: &'static str, fields: usize) -> Self {
+        let batch: &'static str = Box::leak(format!("{command}_packed").into_boxed_str());
         self.module = Some(ModuleCommand {
             name: command,
             batch,
-            stride,
+            fields,
         });
         self
     }

@@ -184,8 +184,10 @@ impl ScriptCall {
     }
 
     /// One call of the module's batched command running every call of `calls` (calls of one
-    /// script that [`has_module`](Self::has_module)), in order: `<batch> key args.. key
-    /// args..`, each call padded to the command's stride. `None` when a call does not fit it.
+    /// script that [`has_module`](Self::has_module)), in order: `<batch> key fields key
+    /// fields ..`, each call's arguments after its key joined by single spaces, padded to the
+    /// command's fields. `None` when a call does not fit it (too many or too few arguments, or
+    /// one holding a space).
     pub(crate) fn module_batch_of<'a>(
         calls: impl IntoIterator<Item = &'a ScriptCall> + Clone,
     ) -> Option<Cmd> {
@@ -193,27 +195,34 @@ impl ScriptCall {
         let module = first.script.module()?;
         let (mut args, mut bytes) = (1, module.batch.len());
         for call in calls.clone() {
-            args += module.stride;
-            bytes += call.cmd_bytes() + 1;
+            args += 2;
+            bytes += call.cmd_bytes() + module.fields + 2;
         }
         let mut cmd = Cmd::with_capacity(args, bytes);
         cmd.arg(module.batch);
+        let mut packed = Vec::with_capacity(64);
         for call in calls {
-            let count = call.cmd.args_iter().len() - HEAD;
-            if count == module.stride {
-                for part in call.parts() {
-                    cmd.arg(part);
-                }
-            } else if count + 1 == module.stride {
-                for (i, part) in call.parts().enumerate() {
-                    if i + 1 == count {
-                        cmd.arg("0");
-                    }
-                    cmd.arg(part);
-                }
-            } else {
+            let count = call.cmd.args_iter().len() - HEAD - 1;
+            let padded = count + 1 == module.fields;
+            if count != module.fields && !padded {
                 return None;
             }
+            let mut parts = call.parts();
+            cmd.arg(parts.next()?);
+            packed.clear();
+            for (i, part) in parts.enumerate() {
+                if part.contains(&b' ') {
+                    return None;
+                }
+                if i > 0 {
+                    packed.push(b' ');
+                }
+                if padded && i + 1 == count {
+                    packed.extend_from_slice(b"0 ");
+                }
+                packed.extend_from_slice(part);
+            }
+            cmd.arg(&packed[..]);
         }
         Some(cmd)
     }
@@ -316,4 +325,54 @@ pub(crate) fn ttl_millis(ttl: Duration) -> String {
 /// A duration as the scripts' milliseconds argument (at least 1), as a number.
 pub(crate) fn ttl_ms(ttl: Duration) -> u128 {
     ttl.as_millis().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::catalog::{ACQUIRE, RELEASE};
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a simple argument>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_module_batch_packs_each_call_after_its_key_padding_the_place() {
+        let placed = ScriptCall::new(
+            &ACQUIRE,
+            &["{a}:lock"],
+            &["o1", "500", "0", "clock", "30", "9"],
+        );
+        let plain = ScriptCall::new(&ACQUIRE, &["{b}:lock"], &["o2", "500", "7", "hybrid", ""]);
+        let cmd = ScriptCall::module_batch_of([&placed, &plain]).expect("both fit");
+        assert_eq!(
+            args(&cmd),
+            [
+                "fencelock.acquire_packed",
+                "{a}:lock",
+                "o1 500 0 clock 30 9",
+                "{b}:lock",
+                "o2 500 7 hybrid 0 ",
+            ]
+        );
+        let release = ScriptCall::new(&RELEASE, &["{a}:lock"], &["o1", "", "p", "9"]);
+        let cmd = ScriptCall::module_batch_of([&release]).expect("fits");
+        assert_eq!(
+            args(&cmd),
+            ["fencelock.release_packed", "{a}:lock", "o1  p 9"]
+        );
+    }
+
+    #[test]
+    fn a_call_that_does_not_pack_leaves_the_batch_to_single_commands() {
+        let spaced = ScriptCall::new(&RELEASE, &["{a}:lock"], &["o1", "a b", "p", "9"]);
+        assert!(ScriptCall::module_batch_of([&spaced]).is_none());
+        let short = ScriptCall::new(&RELEASE, &["{a}:lock"], &["o1", "9"]);
+        assert!(ScriptCall::module_batch_of([&short]).is_none());
+    }
 }

@@ -298,7 +298,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
             FENCE_RULE,
         )),
     )
-    .served_by("fencelock.acquire", 7)
+    .served_by("fencelock.acquire", 6)
 });
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
@@ -314,7 +314,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
         &[],
         with_queue(with_clear(include_str!("lua/release.lua"))),
     )
-    .served_by("fencelock.release", 5)
+    .served_by("fencelock.release", 4)
 });
 
 /// Release A's hold and grant B of the same client in one call. No batch twin: it
@@ -323,8 +323,10 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
     LazyLock::new(|| fenced("handoff", with_queue(include_str!("lua/handoff.lua"))));
 
 /// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
-pub(crate) static EXTEND: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("extend", &[KEEP], include_str!("lua/extend.lua")));
+pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable("extend", &[KEEP], include_str!("lua/extend.lua"))
+        .served_by("fencelock.extend", 3)
+});
 
 /// Add a hold to a lock this owner holds, with the same fence. Contract: `script/lua/reenter.lua`.
 pub(crate) static REENTER: LazyLock<LuaScript> =
