@@ -147,7 +147,16 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             return Status::Err;
         }
     }
-    if !epoch::subscribe(ctx.ctx) || !epoch::register_filter(ctx.ctx) {
+    // Only a node in cluster mode has a config epoch to cache (a server without it answers the
+    // epoch read with an error, and cluster mode is fixed at startup): elsewhere no filter
+    // costs every command the server runs.
+    // SAFETY: the load-time context; the flags are set from the configuration read before
+    // modules load.
+    let cluster = unsafe {
+        raw::RedisModule_GetContextFlags
+            .is_none_or(|flags| flags(ctx.ctx) as u32 & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0)
+    };
+    if !epoch::subscribe(ctx.ctx) || (cluster && !epoch::register_filter(ctx.ctx)) {
         ctx.log_warning(
             "fencelock: cannot subscribe to replication role changes or register a command filter",
         );
