@@ -78,11 +78,11 @@ async fn what_the_module_declines_runs_as_the_script() {
     let next = client.try_lock("again", &options).await.unwrap();
     assert!(next.fence() > outer_fence);
     next.release().await.unwrap();
-    // The grant went through the module; the first release it declined went as the script,
-    // and so did every later call for that key's slot for a second (no round trip lost on a
-    // key the module would decline again).
+    // The grant and the re-entry went through the module; the first release it declined (of
+    // a lock with two holds) went as the script, and so did every later call for that key's
+    // slot for a second (no round trip lost on a key the module would decline again).
     let stats = client.stats();
-    assert_eq!(stats.module_calls, 1, "{stats:?}");
+    assert_eq!(stats.module_calls, 2, "{stats:?}");
     assert_eq!(stats.module_fallbacks, 1, "{stats:?}");
 
     // A waiter across clients: busy answers, then a grant once the holder releases.
@@ -268,199 +268,272 @@ async fn the_module_serves_a_cluster_in_every_fence_mode() {
     assert!(cycle(&client, "slot0", 2).await.len() == 2);
 }
 
-/// The key's `until`, its `forced` and its absolute expiry (ms, -1 none, -2 no key).
-fn extend_state(server: &Standalone, key: &str) -> (Option<String>, Option<String>, i64) {
-    let fields: (Option<String>, Option<String>) = server
-        .node
-        .cmd(redis::cmd("HMGET").arg(key).arg("until").arg("forced"));
+/// The key's fields (sorted) and its absolute expiry (ms, -1 none, -2 no key).
+fn key_state(server: &Standalone, key: &str) -> (Vec<(String, String)>, i64) {
+    let mut fields: Vec<(String, String)> = server.node.cmd(redis::cmd("HGETALL").arg(key));
+    fields.sort();
     let expiry: i64 = server.node.cmd(redis::cmd("PEXPIRETIME").arg(key));
-    (fields.0, fields.1, expiry)
+    (fields, expiry)
 }
 
-/// Numbers in `a` and `b` (replies, states) may differ by the milliseconds between the two
-/// calls; everything else must be equal.
+/// Numbers that are times (a lease left in ms, or a time in ms since 1970) may differ in `a`
+/// and `b` (replies, states) by the milliseconds between the two calls; everything else, fences
+/// and codes included, must be equal.
 fn alike(a: &str, b: &str) -> bool {
+    let timelike =
+        |v: i64| (0..=100_000).contains(&v) || (10i64.pow(12)..10i64.pow(13)).contains(&v);
     let (a, b): (Vec<&str>, Vec<&str>) = (a.split(' ').collect(), b.split(' ').collect());
     a.len() == b.len()
         && a.iter()
             .zip(&b)
             .all(|(x, y)| match (x.parse::<i64>(), y.parse::<i64>()) {
-                (Ok(x), Ok(y)) if x.abs() > 100_000 => (x - y).abs() <= 200,
-                (Ok(x), Ok(y)) => (x - y).abs() <= 200 || x == y,
+                (Ok(x), Ok(y)) => x == y || (timelike(x) && timelike(y) && (x - y).abs() <= 200),
                 _ => x == y,
             })
 }
 
-/// An extend case: (name, `until`, `forced`, the key's expiry or -1, owner, TTL, grace).
-type ExtendCase<'a> = (
-    &'a str,
-    String,
-    Option<&'a str>,
-    i64,
-    &'a str,
-    &'a str,
-    &'a str,
-);
+/// One case of a differential check: a key's fields and expiry (-1 none) before the call, and
+/// the call's arguments after the key.
+struct Case {
+    name: &'static str,
+    fields: Vec<(&'static str, String)>,
+    expiry: i64,
+    args: Vec<&'static str>,
+}
 
-#[test]
-fn the_module_extends_as_the_script_does() {
-    let server = Standalone::start_with_module();
+impl Case {
+    fn new(name: &'static str, until: String, expiry: i64, args: &[&'static str]) -> Case {
+        Case {
+            name,
+            fields: if until.is_empty() {
+                Vec::new()
+            } else {
+                vec![("until", until)]
+            },
+            expiry,
+            args: args.to_vec(),
+        }
+    }
+
+    fn with(mut self, field: &'static str, value: &str) -> Case {
+        self.fields.push((field, value.to_owned()));
+        self
+    }
+}
+
+/// The server's clock in ms.
+fn server_ms(server: &Standalone) -> i64 {
+    let t: (i64, i64) = server.node.cmd(&mut redis::cmd("TIME"));
+    t.0 * 1000 + t.1 / 1000
+}
+
+/// Runs every case twice on fresh keys of the same state, once through the module's `command`
+/// and once through the script `script`, and checks that the replies, the keys' fields and
+/// their expiry are alike (numbers within the milliseconds between the calls). No case may be
+/// declined.
+fn differential(server: &Standalone, command: &str, script: &str, cases: Vec<Case>) {
     let script = fencelock::lua_scripts()
-        .find(|s| s.name == "extend")
-        .expect("the extend script");
-    let now: i64 = {
-        let t: (String, String) = server.node.cmd(&mut redis::cmd("TIME"));
-        t.0.parse::<i64>().unwrap() * 1000 + t.1.parse::<i64>().unwrap() / 1000
-    };
-    let epoch_fence = (7_i64 << 32) * 1_000_000 + 5; // far ahead of any clock, as epoch-clock's
-    let cases: Vec<ExtendCase> = vec![
-        (
-            "held",
-            format!("{} 123 me", now + 1000),
-            None,
-            now + 9000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "other",
-            format!("{} 123 you", now + 1000),
-            None,
-            now + 9000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "expired",
-            format!("{} 123 me", now - 10),
-            None,
-            now + 9000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "forced",
-            "0 123 ".to_owned(),
-            Some("me"),
-            now + 9000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "reentered",
-            format!("{} 123 me h3 w*", now + 50_000),
-            None,
-            -1,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "reentered-short",
-            format!("{} 123 me h2", now + 100),
-            None,
-            -1,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "one-hold",
-            format!("{} 123 me h1", now + 50_000),
-            None,
-            -1,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "epoch-later",
-            format!("{} {epoch_fence} me", now + 1000),
-            None,
-            now + 900_000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "epoch-sooner",
-            format!("{} {epoch_fence} me", now + 1000),
-            None,
-            now + 2000,
-            "me",
-            "5000",
-            "60000",
-        ),
-        (
-            "no-grace",
-            format!("{} 123 me wq", now + 1000),
-            None,
-            now + 9000,
-            "me",
-            "5000",
-            "",
-        ),
-        ("no-key", String::new(), None, -1, "me", "5000", "60000"),
-    ];
-    for (name, until, forced, expiry, owner, ttl, grace) in cases {
+        .find(|s| s.name == script)
+        .expect("the script");
+    let count = cases.len();
+    for case in cases {
+        let name = case.name;
         let (m, s) = (format!("{{m-{name}}}:lock"), format!("{{s-{name}}}:lock"));
         for key in [&m, &s] {
-            if !until.is_empty() {
+            for (field, value) in &case.fields {
                 let _: () = server
                     .node
-                    .cmd(redis::cmd("HSET").arg(key).arg("until").arg(&until));
+                    .cmd(redis::cmd("HSET").arg(key).arg(*field).arg(value));
             }
-            if let Some(forced) = forced {
+            if case.expiry > 0 {
                 let _: () = server
                     .node
-                    .cmd(redis::cmd("HSET").arg(key).arg("forced").arg(forced));
-            }
-            if expiry > 0 {
-                let _: () = server
-                    .node
-                    .cmd(redis::cmd("PEXPIREAT").arg(key).arg(expiry));
+                    .cmd(redis::cmd("PEXPIREAT").arg(key).arg(case.expiry));
             }
         }
-        let by_module: Vec<i64> = server.node.cmd(
-            redis::cmd("fencelock.extend")
-                .arg(&m)
-                .arg(owner)
-                .arg(ttl)
-                .arg(grace),
-        );
+        let by_module: Vec<i64> = server.node.cmd(redis::cmd(command).arg(&m).arg(&case.args));
         let by_script: Vec<i64> = server.node.cmd(
             redis::cmd("EVAL")
                 .arg(script.source)
                 .arg(1)
                 .arg(&s)
-                .arg(owner)
-                .arg(ttl)
-                .arg(grace),
+                .arg(&case.args),
         );
-        let (rm, rs) = (format!("{by_module:?}"), format!("{by_script:?}"));
+        let words = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(" ");
+        let (rm, rs) = (words(&by_module), words(&by_script));
         assert!(
-            by_module[0] == by_script[0] && (by_module[1] - by_script[1]).abs() <= 200,
-            "{name}: module {rm}, script {rs}"
+            by_module.first() == by_script.first() && alike(&rm, &rs),
+            "{name}: module {rm:?}, script {rs:?}"
         );
-        let (um, fm, em) = extend_state(&server, &m);
-        let (us, fs, es) = extend_state(&server, &s);
-        let (um, us) = (um.unwrap_or_default(), us.unwrap_or_default());
-        assert!(
-            alike(&um, &us),
-            "{name}: until {um:?} by the module, {us:?} by the script"
+        let (fm, em) = key_state(server, &m);
+        let (fs, es) = key_state(server, &s);
+        assert_eq!(
+            fm.len(),
+            fs.len(),
+            "{name}: fields {fm:?} by the module, {fs:?} by the script"
         );
-        assert_eq!(fm, fs, "{name}: forced");
+        for ((km, vm), (ks, vs)) in fm.iter().zip(&fs) {
+            assert!(
+                km == ks && alike(vm, vs),
+                "{name}: {km} = {vm:?} by the module, {ks} = {vs:?} by the script"
+            );
+        }
         assert!(
             (em < 0 && em == es) || (em > 0 && (em - es).abs() <= 200),
             "{name}: expiry {em} by the module, {es} by the script"
         );
     }
-    // Every case ran through the module: none declined.
-    assert_eq!(server.node.calls("fencelock.extend"), 11);
+    assert_eq!(
+        server.node.calls(command),
+        count as u64,
+        "a case was declined"
+    );
+}
+
+#[test]
+fn the_module_extends_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let epoch_fence = 5_000_000_000_000_005_i64; // below 2^53, far ahead of the clock in µs
+    let args = ["me", "5000", "60000"];
+    let cases = vec![
+        Case::new(
+            "held",
+            format!("{} 123456789 me", now + 1000),
+            now + 9000,
+            &args,
+        ),
+        Case::new(
+            "other",
+            format!("{} 123456789 you", now + 1000),
+            now + 9000,
+            &args,
+        ),
+        Case::new(
+            "expired",
+            format!("{} 123456789 me", now - 10),
+            now + 9000,
+            &args,
+        ),
+        Case::new("forced", "0 123456789 ".to_owned(), now + 9000, &args).with("forced", "me"),
+        Case::new(
+            "reentered",
+            format!("{} 123456789 me h3 w*", now + 50_000),
+            -1,
+            &args,
+        ),
+        Case::new(
+            "reentered-short",
+            format!("{} 123456789 me h2", now + 100),
+            -1,
+            &args,
+        ),
+        Case::new(
+            "one-hold",
+            format!("{} 123456789 me h1", now + 50_000),
+            -1,
+            &args,
+        ),
+        Case::new(
+            "epoch-later",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 900_000,
+            &args,
+        ),
+        Case::new(
+            "epoch-sooner",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 2000,
+            &args,
+        ),
+        Case::new(
+            "no-grace",
+            format!("{} 123456789 me wq", now + 1000),
+            now + 9000,
+            &["me", "5000", ""],
+        ),
+        Case::new("no-key", String::new(), -1, &args),
+    ];
+    differential(&server, "fencelock.extend", "extend", cases);
+}
+
+#[test]
+fn the_module_reenters_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let epoch_fence = 5_000_000_000_000_005_i64; // below 2^53, far ahead of the clock in µs
+    let args = ["me", "a1", "5000", "60000"];
+    let cases = vec![
+        Case::new(
+            "first",
+            format!("{} 123456789 me", now + 1000),
+            now + 9000,
+            &args,
+        ),
+        Case::new(
+            "second",
+            format!("{} 123456789 me h2 w*", now + 1000),
+            now + 9000,
+            &args,
+        )
+        .with("h:", "1")
+        .with("h:b2", "1"),
+        Case::new(
+            "resent",
+            format!("{} 123456789 me h2", now + 1000),
+            now + 9000,
+            &args,
+        )
+        .with("h:", "1")
+        .with("h:a1", "1"),
+        Case::new(
+            "resent-later",
+            format!("{} 123456789 me h2", now + 50_000),
+            now + 90_000,
+            &args,
+        )
+        .with("h:", "1")
+        .with("h:a1", "1"),
+        Case::new(
+            "lease-later",
+            format!("{} 123456789 me", now + 50_000),
+            now + 90_000,
+            &args,
+        ),
+        Case::new(
+            "other",
+            format!("{} 123456789 you", now + 1000),
+            now + 9000,
+            &args,
+        ),
+        Case::new(
+            "expired",
+            format!("{} 123456789 me", now - 10),
+            now + 9000,
+            &args,
+        ),
+        Case::new("forced", "0 123456789 ".to_owned(), now + 9000, &args).with("forced", "me"),
+        Case::new(
+            "epoch-later",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 900_000,
+            &args,
+        ),
+        Case::new(
+            "epoch-sooner",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 2000,
+            &args,
+        ),
+        Case::new(
+            "no-grace",
+            format!("{} 123456789 me wq", now + 1000),
+            now + 9000,
+            &["me", "a1", "5000", ""],
+        ),
+        Case::new("no-key", String::new(), -1, &args),
+    ];
+    differential(&server, "fencelock.reenter", "reenter", cases);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,6 @@
 //! The Redis module (issue 24) under a storm of random and malformed calls: thousands of
-//! `fencelock.acquire` / `fencelock.release` / `fencelock.extend` calls (and their packed
-//! batches) from a seeded generator (wrong arity, empty, huge and binary arguments,
+//! `fencelock.acquire` / `fencelock.release` / `fencelock.extend` / `fencelock.reenter` calls
+//! (and their packed batches) from a seeded generator (wrong arity, empty, huge and binary arguments,
 //! non-numbers, negative and 2^64 numbers, owners with whitespace, keys of other types, layout-1
 //! hashes and corrupt packed states), interleaved with valid ones.
 //! Afterwards the server is the same live process, every key set aside beforehand is byte for
@@ -256,15 +256,17 @@ enum Command {
     Acquire,
     Release,
     Extend,
+    Reenter,
 }
 
 impl Command {
-    /// Acquire about half the time, release and extend a quarter each.
+    /// Acquire about half the time, release a quarter, extend and re-enter an eighth each.
     fn pick(rng: &mut Rng) -> Command {
-        match rng.below(4) {
-            0 | 1 => Command::Acquire,
-            2 => Command::Release,
-            _ => Command::Extend,
+        match rng.below(8) {
+            0..=3 => Command::Acquire,
+            4 | 5 => Command::Release,
+            6 => Command::Extend,
+            _ => Command::Reenter,
         }
     }
 
@@ -273,6 +275,7 @@ impl Command {
             Command::Acquire => b"fencelock.acquire",
             Command::Release => b"fencelock.release",
             Command::Extend => b"fencelock.extend",
+            Command::Reenter => b"fencelock.reenter",
         }
     }
 
@@ -281,6 +284,7 @@ impl Command {
             Command::Acquire => b"fencelock.acquire_packed",
             Command::Release => b"fencelock.release_packed",
             Command::Extend => b"fencelock.extend_packed",
+            Command::Reenter => b"fencelock.reenter_packed",
         }
     }
 }
@@ -294,6 +298,10 @@ fn valid_args(rng: &mut Rng, key: &[u8], command: Command) -> Vec<Vec<u8>> {
         rng.below(5_000).to_string().into_bytes()
     };
     let mut args = vec![key.to_vec(), owner];
+    if command == Command::Reenter {
+        let ids: [&[u8]; 3] = [b"a1", b"b2", b"c3"];
+        args.push(rng.pick(&ids).to_vec());
+    }
     if command != Command::Release {
         args.push((1 + rng.below(3_000)).to_string().into_bytes());
     }
@@ -761,8 +769,17 @@ fn the_commands_declare_their_key_and_flags() {
             "{name}: {got:?}"
         );
     }
-    let packed = flags("fencelock.acquire_packed");
-    assert!(packed.iter().any(|f| f == "denyoom"), "{packed:?}");
+    for name in [
+        "fencelock.acquire_packed",
+        "fencelock.reenter",
+        "fencelock.reenter_packed",
+    ] {
+        let got = flags(name);
+        assert!(
+            got.iter().any(|f| f == "write") && got.iter().any(|f| f == "denyoom"),
+            "{name}: {got:?}"
+        );
+    }
     // A packed batch names every item's key, and only those.
     let keys: Vec<String> = server.node.cmd(
         redis::cmd("COMMAND")

@@ -14,11 +14,12 @@
 //! `fencelock.release` is.
 //!
 //! `fencelock.extend_packed <key> <fields> [<key> <fields> …]`: `<fields>` is
-//! `<owner> <ttl> <grace>`, served as `fencelock.extend` is.
+//! `<owner> <ttl> <grace>`, served as `fencelock.extend` is; `fencelock.reenter_packed`:
+//! `<owner> <hold id> <ttl> <grace>`, served as `fencelock.reenter` is.
 //!
 //! No field holds a space (an owner has no whitespace; the rest are numbers and words), so an
-//! item whose fields are not exactly six (four, three) is refused with its own `-ERR`, nothing
-//! done.
+//! item whose fields are not exactly the single command's number is refused with its own
+//! `-ERR`, nothing done.
 //!
 //! Reply: an array with one element per item, in order: the item's own reply (an integer or an
 //! array of integers, exactly the single command's) or its own error reply (`-FALLBACK <reason>`
@@ -30,8 +31,9 @@
 //! The server's clock is read once per call: every item sees the same time, as in the scripts'
 //! batch (`batch.lua`). Keys: every item's key (key spec first key 1, last key -1, step 2), so
 //! `COMMAND GETKEYS` lists them all and a cluster refuses keys of several slots (`CROSSSLOT`)
-//! like any multi-key command. Flags as the single commands: `acquire_packed` is
-//! `write deny-oom`, `release_packed` and `extend_packed` are `write` (allowed at maxmemory). Replication: each
+//! like any multi-key command. Flags as the single commands: `acquire_packed` and
+//! `reenter_packed` are `write deny-oom`, `release_packed` and `extend_packed` are `write`
+//! (allowed at maxmemory). Replication: each
 //! item's effects as its single command replicates them, in order; the server wraps one call's
 //! in `MULTI`/`EXEC`.
 
@@ -41,7 +43,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
 use crate::server::{self, Reply};
-use crate::{acquire, extend, release, Run};
+use crate::{acquire, extend, reenter, release, Run};
 
 /// The most items one batched call may carry (bounded work per call).
 pub const MAX_ITEMS: usize = 64;
@@ -57,6 +59,9 @@ pub const RELEASE_FIELDS: usize = 4;
 
 /// Fields packed in an item of `fencelock.extend_packed`.
 pub const EXTEND_FIELDS: usize = 3;
+
+/// Fields packed in an item of `fencelock.reenter_packed`.
+pub const REENTER_FIELDS: usize = 4;
 
 /// The most fields an item packs.
 const MOST_FIELDS: usize = ACQUIRE_FIELDS;
@@ -186,6 +191,15 @@ pub extern "C" fn extend_packed_command(
     argc: c_int,
 ) -> c_int {
     handle(ctx, argv, argc, EXTEND_FIELDS, extend::run)
+}
+
+/// `fencelock.reenter_packed`.
+pub extern "C" fn reenter_packed_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, REENTER_FIELDS, reenter::run)
 }
 
 #[cfg(test)]

@@ -1,12 +1,13 @@
 //! fencelock's Redis module (issue 24): the mutex's hot path as native commands on key layout
-//! 2, `fencelock.acquire`, `fencelock.release` and `fencelock.extend`, with exactly the KEYS,
-//! ARGV and replies of the scripts acquire.lua, release.lua and extend.lua (src/script/lua/),
-//! so both serve one lock together. What a command does not serve natively yet it answers with
-//! `-FALLBACK <reason>` before any write, for the client to send through the script.
+//! 2, `fencelock.acquire`, `fencelock.release`, `fencelock.extend` and `fencelock.reenter`,
+//! with exactly the KEYS, ARGV and replies of the scripts acquire.lua, release.lua, extend.lua
+//! and reenter.lua (src/script/lua/), so both serve one lock together. What a command does not
+//! serve natively yet it answers with `-FALLBACK <reason>` before any write, for the client to
+//! send through the script.
 //!
-//! `fencelock.acquire_packed`, `fencelock.release_packed` and `fencelock.extend_packed`
-//! (batch.rs) serve the client's per-node batches as one command, each item (its key and its
-//! other arguments packed in one) exactly as its single command.
+//! `fencelock.acquire_packed`, `fencelock.release_packed`, `fencelock.extend_packed` and
+//! `fencelock.reenter_packed` (batch.rs) serve the client's per-node batches as one command,
+//! each item (its key and its other arguments packed in one) exactly as its single command.
 //!
 //! Safety inside the server: every argument is validated with an error reply, every call runs
 //! under `catch_unwind` (a panic becomes an error reply, never unwinds into Redis), and the
@@ -17,6 +18,7 @@ mod acquire;
 mod batch;
 mod epoch;
 mod extend;
+mod reenter;
 mod release;
 mod rules;
 mod server;
@@ -82,6 +84,14 @@ extern "C" fn extend_command(
     handle(ctx, argv, argc, extend::run)
 }
 
+extern "C" fn reenter_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, reenter::run)
+}
+
 extern "C" fn release_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -100,10 +110,11 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     // (name, handler, flags, key step): the batches name every item's key (last key -1).
-    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 6] = [
+    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 8] = [
         (c"fencelock.acquire", acquire_command, c"write deny-oom", 1),
         (c"fencelock.release", release_command, c"write", 1),
         (c"fencelock.extend", extend_command, c"write", 1),
+        (c"fencelock.reenter", reenter_command, c"write deny-oom", 1),
         (
             c"fencelock.acquire_packed",
             batch::acquire_packed_command,
@@ -120,6 +131,12 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             c"fencelock.extend_packed",
             batch::extend_packed_command,
             c"write",
+            batch::STRIDE as c_int,
+        ),
+        (
+            c"fencelock.reenter_packed",
+            batch::reenter_packed_command,
+            c"write deny-oom",
             batch::STRIDE as c_int,
         ),
     ];

@@ -247,6 +247,52 @@ impl Key {
         }
     }
 
+    /// `HEXISTS key field`, the field given as bytes (the key must be a hash).
+    pub fn hexists_bytes(&self, field: &[u8]) -> bool {
+        let f = Owned::new(self.ctx, field);
+        let mut exists: c_int = 0;
+        // SAFETY: as `hexists`, the field a server string of this call.
+        let rc = unsafe {
+            api!(RedisModule_HashGet)(
+                self.key,
+                raw::REDISMODULE_HASH_EXISTS as c_int,
+                f.ptr,
+                &mut exists as *mut c_int,
+                ptr::null_mut::<c_char>(),
+            )
+        };
+        rc == raw::REDISMODULE_OK as c_int && exists != 0
+    }
+
+    /// `HSET key field value`, replicated as that command (the key is a hash or empty).
+    pub fn hset(&self, field: &[u8], value: &[u8]) {
+        let (f, v) = (Owned::new(self.ctx, field), Owned::new(self.ctx, value));
+        // SAFETY: a key open for writing; the strings live until after the replication call.
+        unsafe {
+            api!(RedisModule_HashSet)(
+                self.key,
+                raw::REDISMODULE_HASH_NONE as c_int,
+                f.ptr,
+                v.ptr,
+                ptr::null_mut::<c_char>(),
+            );
+            api!(RedisModule_Replicate)(
+                self.ctx,
+                c"HSET".as_ptr(),
+                c"sss".as_ptr(),
+                self.name,
+                f.ptr,
+                v.ptr,
+            );
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_HASH as c_int,
+                c"hset".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
     /// `PEXPIRETIME key`: the absolute expiry in ms, -1 for none.
     pub fn expire_time(&self) -> i64 {
         // SAFETY: an open key.

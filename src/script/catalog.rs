@@ -329,8 +329,10 @@ pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
 });
 
 /// Add a hold to a lock this owner holds, with the same fence. Contract: `script/lua/reenter.lua`.
-pub(crate) static REENTER: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::batchable("reenter", &[KEEP], include_str!("lua/reenter.lua")));
+pub(crate) static REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::batchable("reenter", &[KEEP], include_str!("lua/reenter.lua"))
+        .served_by("fencelock.reenter", 4)
+});
 
 /// The watchdog's batch: extend many leases on one node in one call.
 /// Contract: `script/lua/renew.lua`.
