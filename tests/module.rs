@@ -390,32 +390,61 @@ fn differential(server: &Standalone, command: &str, script: &str, cases: Vec<Cas
     );
 }
 
-#[test]
-fn the_module_extends_as_the_script_does() {
-    let server = Standalone::start_with_module();
-    let now = server_ms(&server);
+/// The cases extend and re-entry share: a lock this owner holds, another owner's, an expired
+/// one, one a forced unlock freed from this owner, an epoch-clock fence ahead of the clock with
+/// the key's expiry later or sooner than the new lease's, one without a grace (`no_grace`, the
+/// arguments with an empty last one), and no key.
+fn shared_cases(now: i64, args: &[&'static str], no_grace: &[&'static str]) -> Vec<Case> {
     let epoch_fence = 5_000_000_000_000_005_i64; // below 2^53, far ahead of the clock in µs
-    let args = ["me", "5000", "60000"];
-    let cases = vec![
+    vec![
         Case::new(
             "held",
             format!("{} 123456789 me", now + 1000),
             now + 9000,
-            &args,
+            args,
         ),
         Case::new(
             "other",
             format!("{} 123456789 you", now + 1000),
             now + 9000,
-            &args,
+            args,
         ),
         Case::new(
             "expired",
             format!("{} 123456789 me", now - 10),
             now + 9000,
-            &args,
+            args,
         ),
-        Case::new("forced", "0 123456789 ".to_owned(), now + 9000, &args).with("forced", "me"),
+        Case::new("forced", "0 123456789 ".to_owned(), now + 9000, args).with("forced", "me"),
+        Case::new(
+            "epoch-later",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 900_000,
+            args,
+        ),
+        Case::new(
+            "epoch-sooner",
+            format!("{} {epoch_fence} me", now + 1000),
+            now + 2000,
+            args,
+        ),
+        Case::new(
+            "no-grace",
+            format!("{} 123456789 me wq", now + 1000),
+            now + 9000,
+            no_grace,
+        ),
+        Case::new("no-key", String::new(), -1, args),
+    ]
+}
+
+#[test]
+fn the_module_extends_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let args = ["me", "5000", "60000"];
+    let mut cases = shared_cases(now, &args, &["me", "5000", ""]);
+    cases.extend([
         Case::new(
             "reentered",
             format!("{} 123456789 me h3 w*", now + 50_000),
@@ -434,26 +463,7 @@ fn the_module_extends_as_the_script_does() {
             -1,
             &args,
         ),
-        Case::new(
-            "epoch-later",
-            format!("{} {epoch_fence} me", now + 1000),
-            now + 900_000,
-            &args,
-        ),
-        Case::new(
-            "epoch-sooner",
-            format!("{} {epoch_fence} me", now + 1000),
-            now + 2000,
-            &args,
-        ),
-        Case::new(
-            "no-grace",
-            format!("{} 123456789 me wq", now + 1000),
-            now + 9000,
-            &["me", "5000", ""],
-        ),
-        Case::new("no-key", String::new(), -1, &args),
-    ];
+    ]);
     differential(&server, "fencelock.extend", "extend", cases);
 }
 
@@ -461,15 +471,9 @@ fn the_module_extends_as_the_script_does() {
 fn the_module_reenters_as_the_script_does() {
     let server = Standalone::start_with_module();
     let now = server_ms(&server);
-    let epoch_fence = 5_000_000_000_000_005_i64; // below 2^53, far ahead of the clock in µs
     let args = ["me", "a1", "5000", "60000"];
-    let cases = vec![
-        Case::new(
-            "first",
-            format!("{} 123456789 me", now + 1000),
-            now + 9000,
-            &args,
-        ),
+    let mut cases = shared_cases(now, &args, &["me", "a1", "5000", ""]);
+    cases.extend([
         Case::new(
             "second",
             format!("{} 123456789 me h2 w*", now + 1000),
@@ -500,39 +504,7 @@ fn the_module_reenters_as_the_script_does() {
             now + 90_000,
             &args,
         ),
-        Case::new(
-            "other",
-            format!("{} 123456789 you", now + 1000),
-            now + 9000,
-            &args,
-        ),
-        Case::new(
-            "expired",
-            format!("{} 123456789 me", now - 10),
-            now + 9000,
-            &args,
-        ),
-        Case::new("forced", "0 123456789 ".to_owned(), now + 9000, &args).with("forced", "me"),
-        Case::new(
-            "epoch-later",
-            format!("{} {epoch_fence} me", now + 1000),
-            now + 900_000,
-            &args,
-        ),
-        Case::new(
-            "epoch-sooner",
-            format!("{} {epoch_fence} me", now + 1000),
-            now + 2000,
-            &args,
-        ),
-        Case::new(
-            "no-grace",
-            format!("{} 123456789 me wq", now + 1000),
-            now + 9000,
-            &["me", "a1", "5000", ""],
-        ),
-        Case::new("no-key", String::new(), -1, &args),
-    ];
+    ]);
     differential(&server, "fencelock.reenter", "reenter", cases);
 }
 

@@ -59,12 +59,9 @@ pub fn run(
         holds: None,
         waiters: None,
     };
-    let lock = match &value {
-        Some(v) => match State::parse(v.bytes()) {
-            Some(s) => s,
-            None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
-        },
-        None => free,
+    let lock = match Key::parsed(&value) {
+        Ok(lock) => lock.unwrap_or(free),
+        Err(reply) => return reply,
     };
     let live = lock.live(now_ms);
     let queued = lock.waiters == Some(b"q");
@@ -83,15 +80,10 @@ pub fn run(
                 lock.waiters,
             ));
             // raise.lua: no fence term here (this call ran no fence rule).
-            match grace {
-                None => key.persist(),
-                Some(g) => {
-                    let target = (ends + g) as i64;
-                    if key.expire_time() < target {
-                        key.expire_at(target);
-                    }
-                }
-            }
+            key.apply(match grace {
+                None => Expiry::Persist,
+                Some(g) => Expiry::RaiseTo(ends + g),
+            });
         }
         return Reply::Ints(vec![2, lock.fence as i64, 0]);
     }
@@ -165,15 +157,7 @@ pub fn run(
         value.push(b" w").push(w);
     }
     key.set_until(value.bytes());
-    match rules::grant_expiry(shift, fence, ends, grace) {
-        Expiry::Persist => key.persist(),
-        Expiry::At(ms) => key.expire_at(ms as i64),
-        Expiry::RaiseTo(ms) => {
-            if key.expire_time() < ms as i64 {
-                key.expire_at(ms as i64);
-            }
-        }
-    }
+    key.apply(rules::grant_expiry(shift, fence, ends, grace));
     if behind == 0 {
         Reply::Int(fence as i64)
     } else {

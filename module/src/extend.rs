@@ -6,9 +6,9 @@
 //! (the script converts it). Allowed at maxmemory, as the script: it rewrites one existing
 //! field.
 
-use crate::rules::{self, Expiry};
-use crate::server::{Key, Kind, Reply};
-use crate::state::{self, Buf, State};
+use crate::rules;
+use crate::server::{Key, Reply};
+use crate::state::{self, Buf};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
 pub fn run(
@@ -37,23 +37,13 @@ pub fn run(
         Ok(value) => value,
         Err(reply) => return reply,
     };
-    let lock = match &value {
-        Some(v) => match State::parse(v.bytes()) {
-            Some(s) => Some(s),
-            None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
-        },
-        None => None,
+    let lock = match Key::parsed(&value) {
+        Ok(lock) => lock,
+        Err(reply) => return reply,
     };
     let live = lock.as_ref().is_some_and(|l| l.live(now_ms));
     let Some(lock) = lock.filter(|l| live && l.owner == owner) else {
-        if key.kind() == Kind::Hash {
-            if let Some(forced) = key.hget(c"forced") {
-                if forced.bytes() == owner {
-                    return Reply::Ints(vec![-2, 0]);
-                }
-            }
-        }
-        return Reply::Ints(vec![if live { -1 } else { 0 }, 0]);
+        return Reply::Ints(vec![key.not_held(owner, live), 0]);
     };
     let mut ends = now_ms + ttl;
     // `(lock[4] or 1) + 0 > 1`: digits past u64 are a number above 1 too.
@@ -73,14 +63,6 @@ pub fn run(
         lock.holds,
         lock.waiters,
     ));
-    match rules::grant_expiry(None, lock.fence, ends, grace) {
-        Expiry::Persist => key.persist(),
-        Expiry::At(ms) => key.expire_at(ms as i64),
-        Expiry::RaiseTo(ms) => {
-            if key.expire_time() < ms as i64 {
-                key.expire_at(ms as i64);
-            }
-        }
-    }
+    key.apply(rules::grant_expiry(None, lock.fence, ends, grace));
     Reply::Ints(vec![1, (ends - now_ms) as i64])
 }

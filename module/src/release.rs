@@ -7,8 +7,8 @@
 //! write. Allowed at maxmemory: it writes no more than it frees.
 
 use crate::rules;
-use crate::server::{Key, Kind, Reply};
-use crate::state::{self, Buf, State};
+use crate::server::{Key, Reply};
+use crate::state::{self, Buf};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
 pub fn run(
@@ -33,23 +33,13 @@ pub fn run(
         Ok(value) => value,
         Err(reply) => return reply,
     };
-    let lock = match &value {
-        Some(v) => match State::parse(v.bytes()) {
-            Some(s) => Some(s),
-            None => return Reply::Error("FALLBACK key layout 1 (or an unreadable state)".into()),
-        },
-        None => None,
+    let lock = match Key::parsed(&value) {
+        Ok(lock) => lock,
+        Err(reply) => return reply,
     };
     let live = lock.as_ref().is_some_and(|l| l.live(now_ms));
     let Some(lock) = lock.filter(|l| l.owner == owner) else {
-        if key.kind() == Kind::Hash {
-            if let Some(forced) = key.hget(c"forced") {
-                if forced.bytes() == owner {
-                    return Reply::Int(-2);
-                }
-            }
-        }
-        return Reply::Int(if live { -1 } else { 0 });
+        return Reply::Int(key.not_held(owner, live));
     };
     if live && (lock.holds.is_some() || !hold.is_empty()) {
         return Reply::Error("FALLBACK re-entered lock".into());

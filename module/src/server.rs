@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
+use crate::rules::Expiry;
+use crate::state::State;
+
 /// Calls a module API function; its presence was checked at load (`check_api`).
 macro_rules! api {
     ($name:ident) => {
@@ -168,6 +171,20 @@ impl Key {
         }
     }
 
+    /// The state `read_until` read, parsed; `Err` with `-FALLBACK` for one the module leaves to
+    /// the scripts (layout 1, or numbers past u64).
+    pub fn parsed(value: &Option<Owned>) -> Result<Option<State<'_>>, Reply> {
+        match value {
+            Some(v) => match State::parse(v.bytes()) {
+                Some(s) => Ok(Some(s)),
+                None => Err(Reply::Error(
+                    "FALLBACK key layout 1 (or an unreadable state)".into(),
+                )),
+            },
+            None => Ok(None),
+        }
+    }
+
     /// `HGET key until` (the key must be a hash).
     pub fn hget_until(&self) -> Option<Owned> {
         self.hash_get(raw::REDISMODULE_HASH_NONE, until().cast_const().cast())
@@ -220,31 +237,7 @@ impl Key {
     /// `HSET key until value`, replicated as that command.
     pub fn set_until(&self, value: &[u8]) {
         let v = Owned::new(self.ctx, value);
-        // SAFETY: a key open for writing (a hash or empty, checked by the caller); the value
-        // string lives until after the replication call.
-        unsafe {
-            api!(RedisModule_HashSet)(
-                self.key,
-                raw::REDISMODULE_HASH_NONE as c_int,
-                until(),
-                v.ptr,
-                ptr::null_mut::<c_char>(),
-            );
-            api!(RedisModule_Replicate)(
-                self.ctx,
-                c"HSET".as_ptr(),
-                c"sss".as_ptr(),
-                self.name,
-                until(),
-                v.ptr,
-            );
-            api!(RedisModule_NotifyKeyspaceEvent)(
-                self.ctx,
-                raw::REDISMODULE_NOTIFY_HASH as c_int,
-                c"hset".as_ptr(),
-                self.name,
-            );
-        }
+        self.hash_set(until(), v.ptr);
     }
 
     /// `HEXISTS key field`, the field given as bytes (the key must be a hash).
@@ -267,13 +260,20 @@ impl Key {
     /// `HSET key field value`, replicated as that command (the key is a hash or empty).
     pub fn hset(&self, field: &[u8], value: &[u8]) {
         let (f, v) = (Owned::new(self.ctx, field), Owned::new(self.ctx, value));
-        // SAFETY: a key open for writing; the strings live until after the replication call.
+        self.hash_set(f.ptr, v.ptr);
+    }
+
+    /// `HSET key field value` of server strings, replicated as that command, with its keyspace
+    /// event.
+    fn hash_set(&self, field: *mut RedisModuleString, value: *mut RedisModuleString) {
+        // SAFETY: a key open for writing (a hash or empty, checked by the caller); both strings
+        // live until after the replication call.
         unsafe {
             api!(RedisModule_HashSet)(
                 self.key,
                 raw::REDISMODULE_HASH_NONE as c_int,
-                f.ptr,
-                v.ptr,
+                field,
+                value,
                 ptr::null_mut::<c_char>(),
             );
             api!(RedisModule_Replicate)(
@@ -281,8 +281,8 @@ impl Key {
                 c"HSET".as_ptr(),
                 c"sss".as_ptr(),
                 self.name,
-                f.ptr,
-                v.ptr,
+                field,
+                value,
             );
             api!(RedisModule_NotifyKeyspaceEvent)(
                 self.ctx,
@@ -290,6 +290,37 @@ impl Key {
                 c"hset".as_ptr(),
                 self.name,
             );
+        }
+    }
+
+    /// What a call for `owner` answers on a lock it does not hold: -2 when a forced unlock
+    /// freed this owner's hold (`forced`, force_unlock.lua), else -1 while another owner holds
+    /// it (`live`), 0 when it is free or expired (the scripts' order of checks).
+    pub fn not_held(&self, owner: &[u8], live: bool) -> i64 {
+        if self.kind() == Kind::Hash {
+            if let Some(forced) = self.hget(c"forced") {
+                if forced.bytes() == owner {
+                    return -2;
+                }
+            }
+        }
+        if live {
+            -1
+        } else {
+            0
+        }
+    }
+
+    /// Applies the key-expiry rule's outcome (`rules::grant_expiry`).
+    pub fn apply(&self, expiry: Expiry) {
+        match expiry {
+            Expiry::Persist => self.persist(),
+            Expiry::At(ms) => self.expire_at(ms as i64),
+            Expiry::RaiseTo(ms) => {
+                if self.expire_time() < ms as i64 {
+                    self.expire_at(ms as i64);
+                }
+            }
         }
     }
 
