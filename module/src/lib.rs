@@ -163,6 +163,12 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             ));
             return Status::Err;
         }
+        if !set_write_category(ctx.ctx, name) {
+            ctx.log_warning(&format!(
+                "fencelock: cannot put {} in the ACL category @write",
+                name.to_string_lossy()
+            ));
+        }
     }
     // Only a node in cluster mode has a config epoch to cache (a server without it answers the
     // epoch read with an error, and cluster mode is fixed at startup): elsewhere no filter
@@ -180,6 +186,24 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     Status::Ok
+}
+
+/// Puts the command `name` in the ACL category `@write`, as its `write` flag puts a built-in
+/// command, on a server whose module API can (Redis 7.2 and later); true where it cannot (7.0
+/// and 7.1: a module command is then in no category but `@all`, `docs/module.md`).
+fn set_write_category(ctx: *mut RedisModuleCtx, name: &std::ffi::CStr) -> bool {
+    // SAFETY: the load-time context and a command this module just created; optional API
+    // functions checked before use.
+    unsafe {
+        let (Some(get), Some(set)) = (
+            raw::RedisModule_GetCommand,
+            raw::RedisModule_SetCommandACLCategories,
+        ) else {
+            return true;
+        };
+        let command = get(ctx, name.as_ptr());
+        !command.is_null() && set(command, c"write".as_ptr()) == raw::REDISMODULE_OK as c_int
+    }
 }
 
 /// The server's allocator in the module; the system's in unit tests, which run without a server.
