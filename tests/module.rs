@@ -68,7 +68,7 @@ async fn what_the_module_declines_runs_as_the_script() {
     let server = Standalone::start_with_module();
     let client = Client::connect([server.url()]).await.unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(10));
-    // Re-entry: the module leaves a re-entered lock's release to the script.
+    // Re-entry is the module's too: the grant, the re-entry and both releases.
     let outer = client.lock("again", &options).await.unwrap();
     let inner = outer.reentry().lock().await.unwrap();
     let outer_fence = outer.fence();
@@ -78,11 +78,25 @@ async fn what_the_module_declines_runs_as_the_script() {
     let next = client.try_lock("again", &options).await.unwrap();
     assert!(next.fence() > outer_fence);
     next.release().await.unwrap();
-    // The grant and the re-entry went through the module; the first release it declined (of
-    // a lock with two holds) went as the script, and so did every later call for that key's
-    // slot for a second (no round trip lost on a key the module would decline again).
     let stats = client.stats();
-    assert_eq!(stats.module_calls, 2, "{stats:?}");
+    assert_eq!(stats.module_calls, 6, "{stats:?}");
+    assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+
+    // A key of layout 1 (a lock of fencelock before key layout 2): the module declines it, the
+    // script converts it and grants above its fence, and the calls for that key's slot go as
+    // the script for a second after (no round trip lost on a key the module would decline
+    // again).
+    let _: () = server.node.cmd(
+        redis::cmd("HSET")
+            .arg("fencelock:{old}:lock")
+            .arg("fence")
+            .arg(5),
+    );
+    let old = client.try_lock("old", &options).await.unwrap();
+    assert!(old.fence().get() > 5, "{:?}", old.fence());
+    old.release().await.unwrap();
+    let stats = client.stats();
+    assert_eq!(stats.module_calls, 6, "{stats:?}");
     assert_eq!(stats.module_fallbacks, 1, "{stats:?}");
 
     // A waiter across clients: busy answers, then a grant once the holder releases.
@@ -257,15 +271,27 @@ async fn the_module_serves_a_cluster_in_every_fence_mode() {
         assert_eq!(stats.module_calls, 36, "{mode:?}: {stats:?}");
         assert_eq!(stats.module_fallbacks, 0, "{mode:?}: {stats:?}");
     }
-    // What the module declines on a cluster (a re-entered lock's release) goes as the script.
+    // Re-entry on a cluster goes through the module; what it declines (a key of layout 1) goes
+    // as the script.
     let client = Client::connect(cluster.urls()).await.unwrap();
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let outer = client.lock("slot0", &options).await.unwrap();
     let inner = outer.reentry().lock().await.unwrap();
     inner.release().await.unwrap();
     outer.release().await.unwrap();
+    let stats = client.stats();
+    assert_eq!(
+        (stats.module_calls, stats.module_fallbacks),
+        (4, 0),
+        "{stats:?}"
+    );
+    let key = "fencelock:{old}:lock";
+    let _: () = cluster
+        .master_of_slot(fencelock::slot_of(key.as_bytes()))
+        .cmd(redis::cmd("HSET").arg(key).arg("fence").arg(5));
+    let fences = cycle(&client, "old", 2).await;
+    assert!(fences[0].get() > 5, "{fences:?}");
     assert!(client.stats().module_fallbacks >= 1, "{:?}", client.stats());
-    assert!(cycle(&client, "slot0", 2).await.len() == 2);
 }
 
 /// The key's fields (sorted) and its absolute expiry (ms, -1 none, -2 no key).
@@ -327,6 +353,15 @@ fn server_ms(server: &Standalone) -> i64 {
     t.0 * 1000 + t.1 / 1000
 }
 
+/// A reply of integers (one, or an array of them) as a list.
+fn ints(reply: redis::Value) -> Vec<i64> {
+    match reply {
+        redis::Value::Int(n) => vec![n],
+        redis::Value::Array(items) => items.into_iter().flat_map(ints).collect(),
+        other => panic!("not integers: {other:?}"),
+    }
+}
+
 /// Runs every case twice on fresh keys of the same state, once through the module's `command`
 /// and once through the script `script`, and checks that the replies, the keys' fields and
 /// their expiry are alike (numbers within the milliseconds between the calls). No case may be
@@ -351,13 +386,15 @@ fn differential(server: &Standalone, command: &str, script: &str, cases: Vec<Cas
                     .cmd(redis::cmd("PEXPIREAT").arg(key).arg(case.expiry));
             }
         }
-        let by_module: Vec<i64> = server.node.cmd(redis::cmd(command).arg(&m).arg(&case.args));
-        let by_script: Vec<i64> = server.node.cmd(
-            redis::cmd("EVAL")
-                .arg(script.source)
-                .arg(1)
-                .arg(&s)
-                .arg(&case.args),
+        let by_module = ints(server.node.cmd(redis::cmd(command).arg(&m).arg(&case.args)));
+        let by_script = ints(
+            server.node.cmd(
+                redis::cmd("EVAL")
+                    .arg(script.source)
+                    .arg(1)
+                    .arg(&s)
+                    .arg(&case.args),
+            ),
         );
         let words = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(" ");
         let (rm, rs) = (words(&by_module), words(&by_script));
@@ -549,4 +586,73 @@ async fn a_guard_extends_through_the_module_alone_and_in_batches() {
     let packed = server.node.calls("fencelock.extend_packed");
     let single = server.node.calls("fencelock.extend");
     assert!(packed > 0, "no batch of extends: {single} single calls");
+}
+
+#[test]
+fn the_module_releases_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let lease = format!("{}", now + 5000);
+    let plain = ["me", "", "p", "60000"];
+    let case =
+        |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
+    let cases = vec![
+        case("plain", format!("{lease} 123456789 me"), &plain),
+        case("announced", format!("{lease} 123456789 me w*"), &plain),
+        case("other", format!("{lease} 123456789 you"), &plain),
+        case("expired", format!("{} 123456789 me", now - 10), &plain),
+        case("forced", "0 123456789 ".to_owned(), &plain).with("forced", "me"),
+        case("no-key", String::new(), &plain),
+        case(
+            "one-of-two",
+            format!("{lease} 123456789 me h2"),
+            &["me", "a1", "p", "60000"],
+        )
+        .with("h:", "1")
+        .with("h:a1", "1"),
+        case(
+            "first-of-two",
+            format!("{lease} 123456789 me h2 w*"),
+            &plain,
+        )
+        .with("h:", "1")
+        .with("h:a1", "1"),
+        case(
+            "last",
+            format!("{lease} 123456789 me h1 w*"),
+            &["me", "a1", "p", "60000"],
+        )
+        .with("h:a1", "1")
+        .with("h:b2", "1"),
+        case(
+            "twice",
+            format!("{lease} 123456789 me h2"),
+            &["me", "zz", "p", "60000"],
+        )
+        .with("h:", "1")
+        .with("h:a1", "1"),
+        case(
+            "id-without-holds",
+            format!("{lease} 123456789 me"),
+            &["me", "a1", "p", "60000"],
+        ),
+        case(
+            "expired-reentered",
+            format!("{} 123456789 me h3", now - 10),
+            &plain,
+        )
+        .with("h:", "1")
+        .with("h:a1", "1")
+        .with("h:b2", "1")
+        .with("forced", "other"),
+        case(
+            "queue-left",
+            format!("{lease} 123456789 me h2 wq"),
+            &["me", "a1", "p", "60000"],
+        )
+        .with("h:", "1")
+        .with("h:a1", "1")
+        .with("q:x", "1 1"),
+    ];
+    differential(&server, "fencelock.release", "release", cases);
 }

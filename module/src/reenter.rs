@@ -61,9 +61,12 @@ pub fn run(
             Some(b"2")
         }
         Some(h) if !key.hexists_bytes(field.bytes()) => {
-            // `lock[4] + 1`: the count is digits the state's pattern matched.
-            let Some(n) = state::parse_u64(h).and_then(|n| n.checked_add(1)) else {
-                return Reply::Error("FALLBACK a hold count past u64".into());
+            // `lock[4] + 1`, written by Lua as its digits below 10^14.
+            let Some(n) = state::parse_count(h)
+                .map(|n| n + 1)
+                .filter(|&n| n < state::MAX_COUNT)
+            else {
+                return Reply::Error("FALLBACK a hold count past 10^14".into());
             };
             key.hset(field.bytes(), b"1");
             changed = true;

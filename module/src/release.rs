@@ -1,10 +1,12 @@
 //! `fencelock.release <key> <owner> <hold id> <announce> <grace>`: release.lua's KEYS, ARGV and
-//! replies (see its header), served natively on key layout 2 for a lock without re-entry or a
-//! queue: the last hold freed (the fence kept) and, when an acquire found the lock busy
-//! meanwhile, the announcement (PUBLISH or SPUBLISH on the key's channel); another owner's or an
-//! expired lock answered as the script does. A re-entered lock (a hold id, or holds), a queue to
-//! hand the lock to (`waiters` `q`) and a key of layout 1 answer `-FALLBACK <reason>` before any
-//! write. Allowed at maxmemory: it writes no more than it frees.
+//! replies (see its header), served natively on key layout 2 for a lock without a queue: one
+//! hold of a re-entered lock ended (its `h:<id>` field and the count; a hold released twice, or
+//! never added, answers 1 and changes nothing), the last hold freed (the fence kept, a
+//! re-entered lock's `h:` fields removed) and, when an acquire found the lock busy meanwhile,
+//! the announcement (PUBLISH or SPUBLISH on the key's channel); another owner's or an expired
+//! lock answered as the script does. A release that would free a lock with a queue to hand it
+//! to (`waiters` `q`) and a key of layout 1 answer `-FALLBACK <reason>` before any write.
+//! Allowed at maxmemory: it writes no more than it frees.
 
 use crate::rules;
 use crate::server::{Key, Reply};
@@ -41,19 +43,48 @@ pub fn run(
     let Some(lock) = lock.filter(|l| l.owner == owner) else {
         return Reply::Int(key.not_held(owner, live));
     };
-    if live && (lock.holds.is_some() || !hold.is_empty()) {
-        return Reply::Error("FALLBACK re-entered lock".into());
-    }
-    if lock.holds.is_some() {
-        return Reply::Error("FALLBACK leftover holds of a re-entered lock".into());
+    // One hold of a re-entered lock (or a hold id given): `(lock[4] or 1) - 1` holds are left
+    // once its field goes. Everything is decided before the first write.
+    let mut hold_field = Buf::new();
+    let mut left = 0;
+    let one_of_several = live && (lock.holds.is_some() || !hold.is_empty());
+    if one_of_several {
+        hold_field.push(b"h:").push(hold);
+        if !key.hexists_bytes(hold_field.bytes()) {
+            return Reply::Int(1);
+        }
+        left = match lock.holds.map(state::parse_count) {
+            None => 0,
+            Some(Some(n)) => n.saturating_sub(1),
+            Some(None) => return Reply::Error("FALLBACK a hold count past 10^14".into()),
+        };
     }
     let code = if live { 1 } else { 0 };
     let waiters = lock.waiters;
-    if code == 1 && waiters == Some(b"q") {
+    if left == 0 && code == 1 && waiters == Some(b"q") {
         return Reply::Error("FALLBACK queue".into());
     }
-    if code == 1 && waiters.is_some() && announce == b"s" && !Key::can_spublish() {
+    if left == 0 && code == 1 && waiters.is_some() && announce == b"s" && !Key::can_spublish() {
         return Reply::Error("FALLBACK SPUBLISH not available".into());
+    }
+    if one_of_several {
+        key.hdel(hold_field.bytes());
+        if left > 0 {
+            let mut holds = Buf::new();
+            holds.push_u64(left);
+            key.set_until(state::format(
+                &mut Buf::new(),
+                lock.lease_raw,
+                lock.fence_raw,
+                lock.owner,
+                Some(holds.bytes()),
+                waiters,
+            ));
+            return Reply::Int(1);
+        }
+    }
+    if lock.holds.is_some() {
+        key.clear_holds();
     }
     key.set_until(state::format(
         &mut Buf::new(),

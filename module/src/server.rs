@@ -46,6 +46,9 @@ pub fn check_api() -> bool {
             && { raw::RedisModule_GetContextFlags }.is_some()
             && { raw::RedisModule_PublishMessage }.is_some()
             && { raw::RedisModule_WrongArity }.is_some()
+            && { raw::RedisModule_ScanCursorCreate }.is_some()
+            && { raw::RedisModule_ScanCursorDestroy }.is_some()
+            && { raw::RedisModule_ScanKey }.is_some()
     }
 }
 
@@ -261,6 +264,90 @@ impl Key {
     pub fn hset(&self, field: &[u8], value: &[u8]) {
         let (f, v) = (Owned::new(self.ctx, field), Owned::new(self.ctx, value));
         self.hash_set(f.ptr, v.ptr);
+    }
+
+    /// `HDEL key field`, the field given as bytes, replicated as that command; false (nothing
+    /// written) when the field was not there.
+    pub fn hdel(&self, field: &[u8]) -> bool {
+        let f = Owned::new(self.ctx, field);
+        self.delete_fields(&[f]) == 1
+    }
+
+    /// Removes every `h:<id>` field (a re-entered lock's holds; keep.lua's `clear`), replicated
+    /// as one `HDEL`.
+    pub fn clear_holds(&self) {
+        /// Collects the fields that start with `h:` into the `Vec<Vec<u8>>` at `privdata`.
+        unsafe extern "C" fn collect(
+            _key: *mut RedisModuleKey,
+            field: *mut RedisModuleString,
+            _value: *mut RedisModuleString,
+            privdata: *mut std::ffi::c_void,
+        ) {
+            // SAFETY: `privdata` is the vector `clear_holds` passes, alive for the scan.
+            let fields = unsafe { &mut *privdata.cast::<Vec<Vec<u8>>>() };
+            let name = bytes(field);
+            if name.starts_with(b"h:") {
+                fields.push(name.to_vec());
+            }
+        }
+        let mut fields: Vec<Vec<u8>> = Vec::new();
+        // SAFETY: a hash key open for reading; the cursor is destroyed after the scan, and the
+        // key is not written while it runs.
+        unsafe {
+            let cursor = api!(RedisModule_ScanCursorCreate)();
+            while api!(RedisModule_ScanKey)(
+                self.key,
+                cursor,
+                Some(collect),
+                (&mut fields as *mut Vec<Vec<u8>>).cast(),
+            ) != 0
+            {}
+            api!(RedisModule_ScanCursorDestroy)(cursor);
+        }
+        let owned: Vec<Owned> = fields.iter().map(|f| Owned::new(self.ctx, f)).collect();
+        self.delete_fields(&owned);
+    }
+
+    /// Deletes `fields` from the hash and replicates one `HDEL` of those that were there, with
+    /// its keyspace event; returns how many were.
+    fn delete_fields(&self, fields: &[Owned]) -> usize {
+        let mut deleted: Vec<*mut RedisModuleString> = Vec::with_capacity(fields.len());
+        for f in fields {
+            // SAFETY: a hash key open for writing; the field a live string of this call.
+            let n = unsafe {
+                api!(RedisModule_HashSet)(
+                    self.key,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    f.ptr,
+                    raw::REDISMODULE_HASH_DELETE,
+                    ptr::null_mut::<c_char>(),
+                )
+            };
+            if n > 0 {
+                deleted.push(f.ptr);
+            }
+        }
+        if !deleted.is_empty() {
+            // SAFETY: the strings live until after the call; `v` takes the array and its
+            // length.
+            unsafe {
+                api!(RedisModule_Replicate)(
+                    self.ctx,
+                    c"HDEL".as_ptr(),
+                    c"sv".as_ptr(),
+                    self.name,
+                    deleted.as_mut_ptr(),
+                    deleted.len(),
+                );
+                api!(RedisModule_NotifyKeyspaceEvent)(
+                    self.ctx,
+                    raw::REDISMODULE_NOTIFY_HASH as c_int,
+                    c"hdel".as_ptr(),
+                    self.name,
+                );
+            }
+        }
+        deleted.len()
     }
 
     /// `HSET key field value` of server strings, replicated as that command, with its keyspace

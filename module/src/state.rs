@@ -45,6 +45,16 @@ pub fn parse_u64(digits: &[u8]) -> Option<u64> {
     Some(n)
 }
 
+/// Below this, a hold count is written by the scripts' Lua (`%.14g`) as its plain digits: the
+/// module leaves larger counts to the scripts.
+pub const MAX_COUNT: u64 = 100_000_000_000_000;
+
+/// A re-entered lock's hold count (` h<n>`) as a number the module can count on and write as the
+/// scripts would (below 10^14); None for anything else.
+pub fn parse_count(digits: &[u8]) -> Option<u64> {
+    parse_u64(digits).filter(|&n| n < MAX_COUNT)
+}
+
 /// The number the leading digits of `bytes` spell and how many there are, in one pass: as
 /// `parse_u64` of that run (None when there is none, or past 19 digits or u64).
 fn leading_u64(bytes: &[u8]) -> Option<(u64, usize)> {
