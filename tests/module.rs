@@ -129,8 +129,8 @@ async fn a_server_without_the_module_runs_the_scripts_or_fails_when_it_is_requir
     let stats = auto.stats();
     assert_eq!(stats.module_calls, 0, "{stats:?}");
     assert_eq!(
-        stats.module_fallbacks, 1,
-        "one call finds the module missing: {stats:?}"
+        stats.module_fallbacks, 2,
+        "one call of each command (acquire, release) finds it missing: {stats:?}"
     );
 
     let refused = Client::builder([server.url()])
@@ -185,7 +185,8 @@ async fn a_node_that_unloads_the_module_makes_calls_fall_back_not_fail() {
     assert!(strictly_increasing(&fences), "{fences:?}");
     let stats = client.stats();
     assert_eq!(stats.module_calls, 7, "{stats:?}");
-    assert_eq!(stats.module_fallbacks, 1, "{stats:?}");
+    // One acquire and one release found the command missing (each command is asked anew).
+    assert_eq!(stats.module_fallbacks, 2, "{stats:?}");
 }
 
 /// 32 tasks, a lock each: `count` grants and releases through the module.
@@ -243,6 +244,38 @@ async fn a_user_without_the_batched_commands_gets_one_command_each() {
     assert_eq!(stats.module_calls, 640, "{stats:?}");
     assert_eq!(stats.batches, 0, "{stats:?}");
     assert_eq!(server.node.calls("fencelock.acquire"), 320);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_the_node_lacks_goes_as_the_script_and_the_others_stay_with_the_module() {
+    // As an older module without `fencelock.extend` would: the user may not run it.
+    let server = Standalone::start_with_module();
+    let _: () = server.node.cmd(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("noextend")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-fencelock.extend"),
+    );
+    let url = format!("redis://noextend:pw@{}", server.node.addr());
+    let client = Client::connect([url]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(5));
+    for _ in 0..3 {
+        let mut guard = client.lock("partial", &options).await.unwrap();
+        guard.extend(Duration::from_secs(10)).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let stats = client.stats();
+    assert_eq!(stats.module_calls, 6, "acquires and releases: {stats:?}");
+    assert_eq!(
+        stats.module_fallbacks, 1,
+        "the first extend only: {stats:?}"
+    );
+    assert_eq!(server.node.calls("fencelock.acquire"), 3);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -472,6 +505,14 @@ fn shared_cases(now: i64, args: &[&'static str], no_grace: &[&'static str]) -> V
             no_grace,
         ),
         Case::new("no-key", String::new(), -1, args),
+        // A clock fence and a key that expires later than the new lease + grace: keep.lua sets
+        // the expiry (lowering it), where an epoch-clock fence only raises it.
+        Case::new(
+            "expiry-later",
+            format!("{} 123456789 me", now + 1000),
+            now + 900_000,
+            args,
+        ),
     ]
 }
 
@@ -586,6 +627,212 @@ async fn a_guard_extends_through_the_module_alone_and_in_batches() {
     let packed = server.node.calls("fencelock.extend_packed");
     let single = server.node.calls("fencelock.extend");
     assert!(packed > 0, "no batch of extends: {single} single calls");
+}
+
+/// A lock of a renewal call: (name, `until`, other fields, expiry or -1, owner, TTL).
+type RenewedLock<'a> = (
+    &'a str,
+    String,
+    Vec<(&'a str, &'a str)>,
+    i64,
+    &'a str,
+    &'a str,
+);
+
+#[test]
+fn the_module_renews_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let epoch_fence = 5_000_000_000_000_005_i64;
+    // One renewal call for them all.
+    let locks: Vec<RenewedLock> = vec![
+        (
+            "held",
+            format!("{} 123456789 me", now + 1000),
+            vec![],
+            now + 9000,
+            "me",
+            "5000",
+        ),
+        (
+            "held-no-expiry",
+            format!("{} 123456789 me", now + 1000),
+            vec![],
+            -1,
+            "me",
+            "5000",
+        ),
+        (
+            "expiry-later",
+            format!("{} 123456789 me w*", now + 1000),
+            vec![],
+            now + 900_000,
+            "me",
+            "5000",
+        ),
+        (
+            "other",
+            format!("{} 123456789 you", now + 1000),
+            vec![],
+            now + 9000,
+            "me",
+            "5000",
+        ),
+        (
+            "expired",
+            format!("{} 123456789 me", now - 10),
+            vec![],
+            now + 9000,
+            "me",
+            "5000",
+        ),
+        (
+            "forced",
+            "0 123456789 ".to_owned(),
+            vec![("forced", "me")],
+            now + 9000,
+            "me",
+            "5000",
+        ),
+        (
+            "reentered",
+            format!("{} 123456789 me h3 wq", now + 50_000),
+            vec![("h:", "1")],
+            now + 90_000,
+            "me",
+            "5000",
+        ),
+        (
+            "epoch",
+            format!("{} {epoch_fence} me", now + 1000),
+            vec![],
+            now + 2000,
+            "me",
+            "5000",
+        ),
+        (
+            "layout-1",
+            String::new(),
+            vec![("fence", "7"), ("owner", "me")],
+            now + 9000,
+            "me",
+            "5000",
+        ),
+        ("no-key", String::new(), vec![], -1, "me", "5000"),
+    ];
+    let script = fencelock::lua_scripts()
+        .find(|s| s.name == "renew")
+        .expect("the renew script");
+    for grace in ["60000", ""] {
+        let key = |side: &str, name: &str| format!("{{r}}:{side}-{name}-{}:lock", grace.len());
+        for side in ["m", "s"] {
+            for (name, until, fields, expiry, _, _) in &locks {
+                let k = key(side, name);
+                if !until.is_empty() {
+                    let _: () = server
+                        .node
+                        .cmd(redis::cmd("HSET").arg(&k).arg("until").arg(until));
+                }
+                for (field, value) in fields {
+                    let _: () = server
+                        .node
+                        .cmd(redis::cmd("HSET").arg(&k).arg(*field).arg(*value));
+                }
+                if *expiry > 0 {
+                    let _: () = server
+                        .node
+                        .cmd(redis::cmd("PEXPIREAT").arg(&k).arg(*expiry));
+                }
+            }
+        }
+        let triples = |side: &str| -> Vec<String> {
+            locks
+                .iter()
+                .flat_map(|(name, _, _, _, owner, ttl)| {
+                    [key(side, name), (*owner).to_owned(), (*ttl).to_owned()]
+                })
+                .collect()
+        };
+        let by_module = ints(
+            server.node.cmd(
+                redis::cmd("fencelock.renew")
+                    .arg(key("m", locks[0].0))
+                    .arg(triples("m"))
+                    .arg(grace),
+            ),
+        );
+        let by_script = ints(
+            server.node.cmd(
+                redis::cmd("EVAL")
+                    .arg(script.source)
+                    .arg(1)
+                    .arg(key("s", locks[0].0))
+                    .arg(triples("s"))
+                    .arg(grace),
+            ),
+        );
+        assert_eq!(by_module, by_script, "grace {grace:?}: the codes");
+        for (name, ..) in &locks {
+            let (fm, em) = key_state(&server, &key("m", name));
+            let (fs, es) = key_state(&server, &key("s", name));
+            assert_eq!(
+                fm.len(),
+                fs.len(),
+                "{name}: {fm:?} by the module, {fs:?} by the script"
+            );
+            for ((km, vm), (ks, vs)) in fm.iter().zip(&fs) {
+                assert!(
+                    km == ks && alike(vm, vs),
+                    "{name}: {km} = {vm:?}, {ks} = {vs:?}"
+                );
+            }
+            assert!(
+                (em < 0 && em == es) || (em > 0 && (em - es).abs() <= 200),
+                "{name}, grace {grace:?}: expiry {em} by the module, {es} by the script"
+            );
+        }
+    }
+    assert_eq!(server.node.calls("fencelock.renew"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_watchdog_renews_and_reentries_go_through_the_module() {
+    let server = Standalone::start_with_module();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new()
+        .ttl(Duration::from_millis(600))
+        .watchdog(true);
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let client = client.clone();
+            let options = options.clone();
+            tokio::spawn(async move {
+                let guard = client
+                    .lock(&format!("watched-{i}"), &options)
+                    .await
+                    .unwrap();
+                let inner = guard.reentry().lock().await.unwrap();
+                // Three renewal periods (TTL / 3) pass while both holds live.
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                // Each release checks that its hold was intact all along.
+                inner.release().await.unwrap();
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = client.stats();
+    assert!(stats.renewals >= 16, "{stats:?}");
+    assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+    assert!(
+        server.node.calls("fencelock.renew") >= 1,
+        "renewals went as scripts"
+    );
+    let reentries =
+        server.node.calls("fencelock.reenter") + server.node.calls("fencelock.reenter_packed");
+    assert!(reentries >= 1, "re-entries went as scripts");
 }
 
 #[test]

@@ -318,7 +318,13 @@ fn valid_args(rng: &mut Rng, key: &[u8], command: Command) -> Vec<Vec<u8>> {
             args.push(rng.below(3_000).to_string().into_bytes());
         }
     } else if command == Command::Release {
-        let hold: &[u8] = if rng.chance(10) { b"h1" } else { b"" };
+        // The hold ids the storm's re-entries add (a1, b2, c3), and one never added.
+        let holds: [&[u8]; 4] = [b"a1", b"b2", b"c3", b"h1"];
+        let hold: &[u8] = if rng.chance(25) {
+            holds[rng.below(holds.len())]
+        } else {
+            b""
+        };
         args.push(hold.to_vec());
         let announces: [&[u8]; 3] = [b"", b"s", b"p"];
         args.push(rng.pick(&announces).to_vec());
@@ -780,6 +786,26 @@ fn the_commands_declare_their_key_and_flags() {
             "{name}: {got:?}"
         );
     }
+    let renew = flags("fencelock.renew");
+    assert!(
+        renew.iter().any(|f| f == "write") && !renew.iter().any(|f| f == "denyoom"),
+        "{renew:?}"
+    );
+    // The renewal names every lock key (the routing key is the first of them).
+    let keys: Vec<String> = server.node.cmd(
+        redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg("fencelock.renew")
+            .arg("k1")
+            .arg("k1")
+            .arg("a")
+            .arg("10")
+            .arg("k2")
+            .arg("b")
+            .arg("10")
+            .arg("5000"),
+    );
+    assert_eq!(keys, ["k1", "k2"]);
     // A packed batch names every item's key, and only those.
     let keys: Vec<String> = server.node.cmd(
         redis::cmd("COMMAND")

@@ -58,6 +58,7 @@ pub fn run(
         owner: b"",
         holds: None,
         waiters: None,
+        marks: b"",
     };
     let lock = match Key::parsed(&value) {
         Ok(lock) => lock.unwrap_or(free),

@@ -20,6 +20,7 @@ mod epoch;
 mod extend;
 mod reenter;
 mod release;
+mod renew;
 mod rules;
 mod server;
 mod state;
@@ -92,6 +93,34 @@ extern "C" fn reenter_command(
     handle(ctx, argv, argc, reenter::run)
 }
 
+/// `fencelock.renew`: any number of arguments up to [`renew::MAX_LOCKS`] triples.
+extern "C" fn renew_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    let reply = catch_unwind(AssertUnwindSafe(|| {
+        let n = usize::try_from(argc).unwrap_or(0);
+        if n < 2 || argv.is_null() {
+            return Reply::WrongArity;
+        }
+        if n - 1 > 2 + 3 * renew::MAX_LOCKS {
+            return Reply::Error(format!(
+                "ERR fencelock: at most {} locks per renewal call",
+                renew::MAX_LOCKS
+            ));
+        }
+        // SAFETY: the server passes `argc` live argument strings.
+        let argv = unsafe { std::slice::from_raw_parts(argv, n) };
+        let args: Vec<&[u8]> = argv[1..].iter().map(|&a| server::bytes(a)).collect();
+        renew::run(ctx, &argv[1..], &args, now_us())
+    }))
+    .unwrap_or_else(|_| {
+        Reply::Error("ERR fencelock module: internal error (the call was refused)".into())
+    });
+    server::send(ctx, reply)
+}
+
 extern "C" fn release_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -109,38 +138,70 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
     }
-    // (name, handler, flags, key step): the batches name every item's key (last key -1).
-    let commands: [(&std::ffi::CStr, Command, &std::ffi::CStr, c_int); 8] = [
-        (c"fencelock.acquire", acquire_command, c"write deny-oom", 1),
-        (c"fencelock.release", release_command, c"write", 1),
-        (c"fencelock.extend", extend_command, c"write", 1),
-        (c"fencelock.reenter", reenter_command, c"write deny-oom", 1),
+    // (name, handler, flags, first key, last key, key step): the batches name every item's key
+    // (last key -1), the renewal every lock key (the routing key is the first of them).
+    let packed = batch::STRIDE as c_int;
+    let commands: [(
+        &std::ffi::CStr,
+        Command,
+        &std::ffi::CStr,
+        c_int,
+        c_int,
+        c_int,
+    ); 9] = [
+        (
+            c"fencelock.acquire",
+            acquire_command,
+            c"write deny-oom",
+            1,
+            1,
+            1,
+        ),
+        (c"fencelock.release", release_command, c"write", 1, 1, 1),
+        (c"fencelock.extend", extend_command, c"write", 1, 1, 1),
+        (
+            c"fencelock.reenter",
+            reenter_command,
+            c"write deny-oom",
+            1,
+            1,
+            1,
+        ),
+        (c"fencelock.renew", renew_command, c"write", 2, -2, 3),
         (
             c"fencelock.acquire_packed",
             batch::acquire_packed_command,
             c"write deny-oom",
-            batch::STRIDE as c_int,
+            1,
+            -1,
+            packed,
         ),
         (
             c"fencelock.release_packed",
             batch::release_packed_command,
             c"write",
-            batch::STRIDE as c_int,
+            1,
+            -1,
+            packed,
         ),
         (
             c"fencelock.extend_packed",
             batch::extend_packed_command,
             c"write",
-            batch::STRIDE as c_int,
+            1,
+            -1,
+            packed,
         ),
         (
             c"fencelock.reenter_packed",
             batch::reenter_packed_command,
             c"write deny-oom",
-            batch::STRIDE as c_int,
+            1,
+            -1,
+            packed,
         ),
     ];
-    for (name, command, flags, step) in commands {
+    for (name, command, flags, first, last, step) in commands {
         // SAFETY: the load-time context; static C strings.
         let rc = unsafe {
             match raw::RedisModule_CreateCommand {
@@ -149,8 +210,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
                     name.as_ptr(),
                     Some(command),
                     flags.as_ptr(),
-                    1,
-                    if step == 1 { 1 } else { -1 },
+                    first,
+                    last,
                     step,
                 ),
                 None => raw::REDISMODULE_ERR as c_int,

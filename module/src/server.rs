@@ -174,6 +174,19 @@ impl Key {
         }
     }
 
+    /// `HGET key until` as renew.lua reads it: `Ok(None)` for an empty key or a hash without
+    /// the field (a key of layout 1 included: it reads as expired), `Err(WRONGTYPE)` for a key
+    /// of another type.
+    pub fn read_until_any(&self) -> Result<Option<Owned>, Reply> {
+        match self.kind() {
+            Kind::Empty => Ok(None),
+            Kind::Hash => Ok(self.hget_until()),
+            Kind::Other => Err(Reply::Error(
+                "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
+            )),
+        }
+    }
+
     /// The state `read_until` read, parsed; `Err` with `-FALLBACK` for one the module leaves to
     /// the scripts (layout 1, or numbers past u64).
     pub fn parsed(value: &Option<Owned>) -> Result<Option<State<'_>>, Reply> {

@@ -23,6 +23,8 @@ pub struct State<'a> {
     pub holds: Option<&'a [u8]>,
     /// The waiters mark (` w<x>`): a client tag, `*`, `q` (a queue) or `y<tag>` (a yield).
     pub waiters: Option<&'a [u8]>,
+    /// Everything after the owner token, verbatim (the marks: ` h<holds>`, ` w<waiters>`).
+    pub marks: &'a [u8],
 }
 
 /// Lua's `%s` class: the bytes `%S` does not match.
@@ -116,7 +118,21 @@ impl<'a> State<'a> {
             owner,
             holds,
             waiters,
+            marks,
         })
+    }
+
+    /// Whether Lua's pattern `^(%d+) (%d+) (%S*)(.*)$` matches `value` (digits, a space,
+    /// digits, a space): true also where [`parse`](Self::parse) is not, for numbers past u64.
+    pub fn lua_matches(value: &[u8]) -> bool {
+        let digits = |b: &[u8]| b.iter().take_while(|c| c.is_ascii_digit()).count();
+        let d1 = digits(value);
+        if d1 == 0 || value.get(d1) != Some(&b' ') {
+            return false;
+        }
+        let rest = &value[d1 + 1..];
+        let d2 = digits(rest);
+        d2 > 0 && rest.get(d2) == Some(&b' ')
     }
 
     /// The prologue's `live`: an owner holds an unexpired lease.

@@ -2,9 +2,12 @@
 //!
 //! One task per client renews every watched lock: it wakes when the earliest renewal is due,
 //! takes every lock due within half a renewal period, groups them by the node serving their
-//! slot and by the renew script of their primitive (the mutex's is
-//! [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
-//! [`BATCH`] locks per call, by weight: a semaphore hold weighs more).
+//! slot, by their batching lane on that node (so a renewal keeps its order with each lock's
+//! other calls, `transport/batch.rs`) and by the renew script of their primitive (the mutex's
+//! is [`RENEW`](crate::script::RENEW)), and renews each group with one script call (up to
+//! [`BATCH`] locks per call, by weight: a semaphore hold weighs more). Where a standalone server
+//! loads fencelock's module the mutex's renewals are its `fencelock.renew`; on a cluster they
+//! stay the script, which reaches keys of several slots through its arguments.
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
 //! sees at most two or three calls per period for every [`BATCH`] locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
@@ -416,11 +419,14 @@ async fn run(watchdog: Arc<Watchdog>) {
             if watchdog.transport.topology() == Topology::Cluster && nodes.read().await.is_empty() {
                 nodes.write().await.refresh(&watchdog.transport).await;
             }
-            let mut groups: HashMap<(usize, &str), Vec<Due>> = HashMap::new();
+            // By node and lane: a renewal is queued on its first lock's lane, and must keep its
+            // order with every call of each lock it renews (an extend queued after it).
+            let mut groups: HashMap<(usize, usize, &str), Vec<Due>> = HashMap::new();
             {
                 let map = nodes.read().await;
                 for lock in due {
-                    let group = (map.node_of(lock.slot), lock.renew.name());
+                    let lane = watchdog.transport.lane(lock.slot);
+                    let group = (map.node_of(lock.slot), lane, lock.renew.name());
                     groups.entry(group).or_default().push(lock);
                 }
             }
@@ -520,13 +526,15 @@ async fn renew_group(watchdog: &Watchdog, due: &[Due]) -> Result<(), Error> {
         kind_of(&first.lock_key),
         1,
     );
+    let mut call = ScriptCall::new(first.renew, &[&first.lock_key], &args);
+    if watchdog.transport.topology() == Topology::Cluster {
+        // The module's renewal declares every lock key: a group of one node's slots would be
+        // refused (CROSSSLOT). The script reaches them through ARGV.
+        call = call.script_only();
+    }
     let reply = watchdog
         .transport
-        .run(
-            &ScriptCall::new(first.renew, &[&first.lock_key], &args),
-            &first.lock_key,
-            Operation::Renew,
-        )
+        .run(&call, &first.lock_key, Operation::Renew)
         .await
         .and_then(|reply| parse_reply::<Vec<i64>>(&first.lock_key, Operation::Renew, reply));
     match reply {

@@ -22,11 +22,13 @@ pub(crate) struct ModuleCommand {
     /// `<name> key args..`: one call.
     pub(crate) name: &'static str,
     /// `<batch> key fields key fields ..`: many calls, each its key and its other arguments
-    /// joined by single spaces (`fields` of them).
-    pub(crate) batch: &'static str,
-    /// Arguments after the key per call in the batched form; a call one short has its optional
-    /// argument before the last one absent, sent there as `0`.
+    /// joined by single spaces (`fields` of them); none for a command sent alone.
+    pub(crate) batch: Option<&'static str>,
+    /// Arguments after the key per call in the batched form.
     pub(crate) fields: usize,
+    /// Whether the argument before the last is optional: a call one short has it absent,
+    /// sent in the batched form as `0` (the acquire's place lease).
+    pub(crate) optional: bool,
 }
 
 impl LuaScript {
@@ -146,13 +148,32 @@ impl LuaScript {
     /// The same script, served by the module command `command` where a node loads the module:
     /// the command takes the script's KEYS then ARGV and gives its replies, or declines with
     /// `-FALLBACK` before any write. Its batched form is `command` + `_packed`, each call's
-    /// key then its `fields` other arguments packed in one.
-    pub(super) fn served_by(mut self, command: &'static str, fields: usize) -> Self {
+    /// key then its `fields` other arguments packed in one; with `optional`, the argument
+    /// before the last may be absent (sent as `0` in the batched form).
+    pub(super) fn served_by(
+        mut self,
+        command: &'static str,
+        fields: usize,
+        optional: bool,
+    ) -> Self {
         let batch: &'static str = Box::leak(format!("{command}_packed").into_boxed_str());
         self.module = Some(ModuleCommand {
             name: command,
-            batch,
+            batch: Some(batch),
             fields,
+            optional,
+        });
+        self
+    }
+
+    /// The same script, served by the module command `command` (the script's KEYS then ARGV,
+    /// its replies), which has no batched form: each call goes alone.
+    pub(super) fn served_alone_by(mut self, command: &'static str) -> Self {
+        self.module = Some(ModuleCommand {
+            name: command,
+            batch: None,
+            fields: 0,
+            optional: false,
         });
         self
     }

@@ -159,6 +159,16 @@ impl ScriptCall {
         self
     }
 
+    /// The module command that serves the call's script, if any.
+    pub(crate) fn module_name(&self) -> Option<&'static str> {
+        self.script.module().map(|module| module.name)
+    }
+
+    /// The batched form of the call's module command, if any.
+    pub(crate) fn module_batch_name(&self) -> Option<&'static str> {
+        self.script.module().and_then(|module| module.batch)
+    }
+
     /// Whether the call may run as a module command (see [`module_cmd`](Self::module_cmd)).
     pub(crate) fn has_module(&self) -> bool {
         self.module && self.keys == 1 && self.script.module().is_some()
@@ -193,17 +203,18 @@ impl ScriptCall {
     ) -> Option<Cmd> {
         let first = calls.clone().into_iter().next()?;
         let module = first.script.module()?;
-        let (mut args, mut bytes) = (1, module.batch.len());
+        let batch = module.batch?;
+        let (mut args, mut bytes) = (1, batch.len());
         for call in calls.clone() {
             args += 2;
             bytes += call.cmd_bytes() + module.fields + 2;
         }
         let mut cmd = Cmd::with_capacity(args, bytes);
-        cmd.arg(module.batch);
+        cmd.arg(batch);
         let mut packed = Vec::with_capacity(64);
         for call in calls {
             let count = call.cmd.args_iter().len() - HEAD - 1;
-            let padded = count + 1 == module.fields;
+            let padded = module.optional && count + 1 == module.fields;
             if count != module.fields && !padded {
                 return None;
             }
@@ -374,5 +385,8 @@ mod tests {
         assert!(ScriptCall::module_batch_of([&spaced]).is_none());
         let short = ScriptCall::new(&RELEASE, &["{a}:lock"], &["o1", "9"]);
         assert!(ScriptCall::module_batch_of([&short]).is_none());
+        // Only the acquire's place is optional: a release one short is not padded.
+        let one_short = ScriptCall::new(&RELEASE, &["{a}:lock"], &["o1", "", "9"]);
+        assert!(ScriptCall::module_batch_of([&one_short]).is_none());
     }
 }

@@ -298,7 +298,7 @@ pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
             FENCE_RULE,
         )),
     )
-    .served_by("fencelock.acquire", 6)
+    .served_by("fencelock.acquire", 6, true)
 });
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
@@ -314,7 +314,7 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
         &[],
         with_queue(with_clear(include_str!("lua/release.lua"))),
     )
-    .served_by("fencelock.release", 4)
+    .served_by("fencelock.release", 4, false)
 });
 
 /// Release A's hold and grant B of the same client in one call. No batch twin: it
@@ -324,20 +324,27 @@ pub(crate) static HANDOFF: LazyLock<LuaScript> =
 
 /// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::batchable("extend", &[KEEP], include_str!("lua/extend.lua"))
-        .served_by("fencelock.extend", 3)
+    LuaScript::batchable("extend", &[KEEP], include_str!("lua/extend.lua")).served_by(
+        "fencelock.extend",
+        3,
+        false,
+    )
 });
 
 /// Add a hold to a lock this owner holds, with the same fence. Contract: `script/lua/reenter.lua`.
 pub(crate) static REENTER: LazyLock<LuaScript> = LazyLock::new(|| {
-    LuaScript::batchable("reenter", &[KEEP], include_str!("lua/reenter.lua"))
-        .served_by("fencelock.reenter", 4)
+    LuaScript::batchable("reenter", &[KEEP], include_str!("lua/reenter.lua")).served_by(
+        "fencelock.reenter",
+        4,
+        false,
+    )
 });
 
 /// The watchdog's batch: extend many leases on one node in one call.
 /// Contract: `script/lua/renew.lua`.
-pub(crate) static RENEW: LazyLock<LuaScript> =
-    LazyLock::new(|| renew_script("renew", include_str!("lua/renew.lua")));
+pub(crate) static RENEW: LazyLock<LuaScript> = LazyLock::new(|| {
+    renew_script("renew", include_str!("lua/renew.lua")).served_alone_by("fencelock.renew")
+});
 
 // Storage kept in Redis.
 

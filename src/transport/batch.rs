@@ -154,8 +154,7 @@ impl Batcher {
         node: usize,
         entry: Entry,
     ) -> std::result::Result<(), Entry> {
-        let lane = usize::from(slot_of(entry.call.first_key().as_bytes())) % self.lanes;
-        let node = node * self.lanes + lane;
+        let node = node * self.lanes + self.lane(slot_of(entry.call.first_key().as_bytes()));
         let queued = {
             let drivers = self.drivers.read().unwrap_or_else(PoisonError::into_inner);
             match drivers.get(node).and_then(Option::as_ref) {
@@ -181,6 +180,11 @@ impl Batcher {
             }
         };
         driver.send(entry).map_err(|e| e.0)
+    }
+
+    /// The lane of a key of slot `slot`: which of its node's drivers sends its calls.
+    pub(super) fn lane(&self, slot: u16) -> usize {
+        usize::from(slot) % self.lanes
     }
 
     /// Counts a batch call that carried `calls` calls.
@@ -407,7 +411,10 @@ fn module_chunks(topology: Topology, entries: Vec<Entry>) -> Vec<Vec<Entry>> {
 /// the command (no module, or an older one) sends them all as scripts.
 async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
     let node = transport.batcher.node_index(&transport, &entries[0].call);
-    let batch = if entries.len() > 1 && transport.modules.batches(node) {
+    let batch_name = entries[0].call.module_batch_name();
+    let batch = if entries.len() > 1
+        && batch_name.is_some_and(|name| transport.modules.batches(node, name))
+    {
         ScriptCall::module_batch_of(entries.iter().map(|entry| &entry.call))
     } else {
         None
@@ -475,7 +482,8 @@ async fn whole_refused(
     error: RedisError,
     node: Option<usize>,
 ) {
-    if transport.modules.batch_unknown(&error, node) {
+    let batch = entries[0].call.module_batch_name().unwrap_or_default();
+    if transport.modules.batch_unknown(&error, node, batch) {
         // A module without the batched commands: one command each (no module at all: the
         // first of them finds that out, and the rest go as scripts).
         for entry in entries {

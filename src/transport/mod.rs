@@ -246,8 +246,16 @@ impl Transport {
         }
     }
 
+    /// The batching lane of a key of slot `slot` (`batch.rs`): a call of several locks keeps
+    /// its order with the calls of each of them only when they share the first key's lane, so
+    /// the watchdog groups its renewals by node and lane.
+    pub(crate) fn lane(&self, slot: u16) -> usize {
+        self.batcher.lane(slot)
+    }
+
     /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
-    /// then it is sent after every call queued before it for that node, and the reply arrives
+    /// then it is sent after every call queued before it for that node's lane of its first key
+    /// (the lane of every key of one lock), and the reply arrives
     /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
     /// its own (with [`run`](Self::run)).
     pub(crate) fn queue<'c>(

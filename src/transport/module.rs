@@ -61,11 +61,10 @@ const DECLINE_BUCKETS: usize = 1024;
 /// The module path of one client.
 pub(super) struct Modules {
     setting: ModuleUse,
-    /// The nodes found without the module.
+    /// The nodes found without a command of the module, by command: without the module at
+    /// all, or with an older one that lacks a command (its calls go as the script), or lacks
+    /// the batched form (its calls go to the module one command each).
     absent: Absent,
-    /// The nodes found with a module that lacks the batched commands (an older one): their
-    /// calls go to the module one command each.
-    no_batch: Absent,
     /// Calls the module answered (its own replies, errors included).
     pub(super) served: AtomicU64,
     /// Calls the module declined (`-FALLBACK`) or whose node lacked it, run as scripts.
@@ -91,7 +90,6 @@ impl Modules {
         Self {
             setting,
             absent: Absent::default(),
-            no_batch: Absent::default(),
             served: AtomicU64::new(0),
             declined: AtomicU64::new(0),
             declined_at: (0..DECLINE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
@@ -116,7 +114,9 @@ impl Modules {
         let on = match self.setting {
             ModuleUse::Off => false,
             ModuleUse::Required => true,
-            ModuleUse::Auto => !self.absent.lacks(node),
+            ModuleUse::Auto => call
+                .module_name()
+                .is_some_and(|name| !self.absent.lacks(node, name)),
         };
         on && call.has_module() && !self.declined_lately(call)
     }
@@ -138,19 +138,24 @@ impl Modules {
         at != 0 && self.now_ms().saturating_sub(at) < after
     }
 
-    /// Whether calls to node `node` may go as the module's batched commands (the module was
-    /// not found without them lately).
-    pub(super) fn batches(&self, node: Option<usize>) -> bool {
-        !self.no_batch.lacks(node)
+    /// Whether calls to node `node` may go as the batched command `batch` (the module was
+    /// not found without it lately).
+    pub(super) fn batches(&self, node: Option<usize>, batch: &str) -> bool {
+        !self.absent.lacks(node, batch)
     }
 
-    /// Whether `error`, the answer to a batched module command on node `node`, says the node
-    /// does not know that command: it is then noted (its calls go one command each), and the
-    /// calls are to be sent again one by one.
-    pub(super) fn batch_unknown(&self, error: &RedisError, node: Option<usize>) -> bool {
+    /// Whether `error`, the answer to the batched module command `batch` on node `node`, says
+    /// the node does not know that command: it is then noted (its calls go one command each),
+    /// and the calls are to be sent again one by one.
+    pub(super) fn batch_unknown(
+        &self,
+        error: &RedisError,
+        node: Option<usize>,
+        batch: &'static str,
+    ) -> bool {
         let unknown = unknown_command(error);
         if unknown {
-            self.no_batch.mark(node);
+            self.absent.mark(node, batch);
         }
         unknown
     }
@@ -170,7 +175,9 @@ impl Modules {
             }
             Err(err) if unknown_command(&err) => {
                 self.declined.fetch_add(1, Ordering::Relaxed);
-                self.absent.mark(node);
+                if let Some(name) = call.module_name() {
+                    self.absent.mark(node, name);
+                }
                 if self.setting == ModuleUse::Required {
                     Verdict::Missing
                 } else {
@@ -194,35 +201,30 @@ impl Modules {
     /// come and go).
     pub(super) fn forget(&self) {
         self.absent.clear();
-        self.no_batch.clear();
     }
 }
 
-/// Nodes found without something, by index (as the slot map numbers them; 0 on a standalone
-/// server), with when that was found.
+/// Nodes found without a module command, by index (as the slot map numbers them; 0 on a
+/// standalone server) and command, with when that was found.
 #[derive(Default)]
-struct Absent(RwLock<Vec<Option<Instant>>>);
+struct Absent(RwLock<Vec<(usize, &'static str, Instant)>>);
 
 impl Absent {
-    /// Whether `node` was found without it less than [`RETRY_ABSENT`] ago.
-    fn lacks(&self, node: Option<usize>) -> bool {
+    /// Whether `node` was found without the command `name` less than [`RETRY_ABSENT`] ago.
+    fn lacks(&self, node: Option<usize>, name: &str) -> bool {
         let Some(node) = node else { return false };
         let absent = self.0.read().unwrap_or_else(PoisonError::into_inner);
         absent
-            .get(node)
-            .copied()
-            .flatten()
-            .is_some_and(|since| since.elapsed() < RETRY_ABSENT)
+            .iter()
+            .any(|&(n, c, since)| n == node && c == name && since.elapsed() < RETRY_ABSENT)
     }
 
-    /// `node` (if known) was found without it now.
-    fn mark(&self, node: Option<usize>) {
+    /// `node` (if known) was found without the command `name` now.
+    fn mark(&self, node: Option<usize>, name: &'static str) {
         let Some(node) = node else { return };
         let mut absent = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        if absent.len() <= node {
-            absent.resize(node + 1, None);
-        }
-        absent[node] = Some(Instant::now());
+        absent.retain(|&(n, c, since)| !(n == node && c == name) && since.elapsed() < RETRY_ABSENT);
+        absent.push((node, name, Instant::now()));
     }
 
     fn clear(&self) {
