@@ -9,7 +9,7 @@
 //! loads fencelock's module the mutex's renewals are its `fencelock.renew`; on a cluster they
 //! stay the script, which reaches keys of several slots through its arguments.
 //! A lock is thus renewed between half a period and a period after its last renewal, and a node
-//! sees at most two or three calls per period for every [`BATCH`] locks it holds. When a group call
+//! sees at most two or three calls per period and lane for every [`BATCH`] locks it holds. When a group call
 //! fails (a slot moved, a failover, one lock's key overwritten), the slot map is read again and
 //! that group's locks are renewed one by one through the routed connection, which follows
 //! `MOVED` and `ASK`.
