@@ -46,10 +46,6 @@ pub fn run(
     };
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
-    let value = match key.read_until() {
-        Ok(value) => value,
-        Err(reply) => return reply,
-    };
     let free = State {
         lease_raw: b"0",
         lease: 0,
@@ -60,7 +56,8 @@ pub fn run(
         waiters: None,
         marks: b"",
     };
-    let lock = match Key::parsed(&value) {
+    let mut value = None;
+    let lock = match key.read_state(&mut value) {
         Ok(lock) => lock.unwrap_or(free),
         Err(reply) => return reply,
     };

@@ -37,11 +37,8 @@ pub fn run(
     };
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
-    let value = match key.read_until() {
-        Ok(value) => value,
-        Err(reply) => return reply,
-    };
-    let lock = match Key::parsed(&value) {
+    let mut value = None;
+    let lock = match key.read_state(&mut value) {
         Ok(lock) => lock,
         Err(reply) => return reply,
     };

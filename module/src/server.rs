@@ -160,7 +160,7 @@ impl Key {
     /// empty key or a hash without it; `Err` with the reply to send for a key of another type
     /// (`WRONGTYPE`) or of layout 1 (`-FALLBACK`: its `fence` field stands where `until` is
     /// missing).
-    pub fn read_until(&self) -> Result<Option<Owned>, Reply> {
+    fn read_until(&self) -> Result<Option<Owned>, Reply> {
         match self.kind() {
             Kind::Empty => Ok(None),
             Kind::Hash => match self.hget_until() {
@@ -187,9 +187,19 @@ impl Key {
         }
     }
 
+    /// The lock's state, read into `value` (which the state borrows) and parsed: `Ok(None)` for
+    /// an empty key or a hash without it, `Err` with the reply to send for a key of another
+    /// type (`WRONGTYPE`) or one the module leaves to the scripts (`-FALLBACK`: layout 1, or
+    /// numbers past u64).
+    pub fn read_state<'v>(&self, value: &'v mut Option<Owned>) -> Result<Option<State<'v>>, Reply> {
+        *value = self.read_until()?;
+        let value: &'v Option<Owned> = value;
+        Key::parsed(value)
+    }
+
     /// The state `read_until` read, parsed; `Err` with `-FALLBACK` for one the module leaves to
     /// the scripts (layout 1, or numbers past u64).
-    pub fn parsed(value: &Option<Owned>) -> Result<Option<State<'_>>, Reply> {
+    fn parsed(value: &Option<Owned>) -> Result<Option<State<'_>>, Reply> {
         match value {
             Some(v) => match State::parse(v.bytes()) {
                 Some(s) => Ok(Some(s)),
