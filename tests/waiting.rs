@@ -265,6 +265,9 @@ async fn resubscription_lands_on_the_new_master_when_gossip_lags() {
         .filter(|h| !pair.contains(h))
         .collect();
     net.partition(&pair, &others);
+    // TAKEOVER does not wait for the replica: on a loaded machine it could lose the lock's
+    // grant and the waiters' places (a fault other tests cover), so wait for it here.
+    cluster.wait_caught_up(old_master, replica);
     // TAKEOVER: no votes needed from the masters that cannot hear the replica.
     cluster
         .node(replica)

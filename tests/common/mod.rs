@@ -830,6 +830,24 @@ impl Cluster {
         });
     }
 
+    /// Waits until the replica on `replica` has applied every write its master on `master`
+    /// had taken when this was called (its replication offset caught up): a `TAKEOVER` after
+    /// this loses nothing, however far a loaded machine let replication lag.
+    pub fn wait_caught_up(&self, master: u16, replica: u16) {
+        let offset = |port: u16, field: &str| -> Option<u64> {
+            let info = self.node(port).info("replication");
+            info.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        let target = offset(master, "master_repl_offset:").expect("the master reports its offset");
+        wait_until(
+            "the replica to catch up with its master",
+            Duration::from_secs(10),
+            || offset(replica, "slave_repl_offset:").is_some_and(|o| o >= target),
+        );
+    }
+
     /// Waits until the node on `port` has rejoined as a replica with its link up.
     pub fn wait_replica(&self, port: u16) {
         let node = self.node(port);
