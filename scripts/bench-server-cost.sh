@@ -10,7 +10,8 @@
 # latch's count-down (latches of count 8; a "pair" is one count-down), sent as the client sends
 # them on a standalone server (announce `p`). Issue 25: mutex-handoff-Q-queued, a hot lock's
 # server work per grant with Q waiters queued (a release that grants the head, and the
-# releaser's acquire that queues it again); fair-lock, the fair lock's uncontended pair. Issue 22
+# releaser's acquire that queues it again); fair-lock, the fair lock's uncontended pair, and
+# fair-handoff-Q-queued, its handoff as mutex-handoff-Q-queued. Issue 22
 # item 3: the default fence mode
 # (epoch-clock, `hybrid` in the scripts) reads `CLUSTER INFO` only on a cluster, so the last
 # lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
@@ -302,6 +303,23 @@ for q in 8 32; do
   done >"$dir/hot$q"
 done
 
+# The fair lock's handoff under the same load: Q waiters queued, each "pair" one fair_release
+# that grants the head on the server and announces it, and one fair_acquire by the releaser that
+# queues it again (the queue's cap 128).
+for q in 8 32; do
+  {
+    resp EVALSHA "$fair_acquire" 1 "fencelock:{fhot$q}:fair" "$(hot_owner 0)" "$ttl" 0 clock 0 128 "$grace"
+    for ((k = 1; k <= q; k++)); do
+      resp EVALSHA "$fair_acquire" 1 "fencelock:{fhot$q}:fair" "$(hot_owner "$k")" "$ttl" 0 clock 600000 128 "$grace"
+    done
+  } >"$dir/fhot${q}_setup"
+  for ((i = 0; i < n; i++)); do
+    o=$(hot_owner $((i % (q + 1))))
+    resp EVALSHA "$fair_release" 1 "fencelock:{fhot$q}:fair" "$o" "" p "$grace"
+    resp EVALSHA "$fair_acquire" 1 "fencelock:{fhot$q}:fair" "$o" "$ttl" 0 clock 600000 128 "$grace"
+  done >"$dir/fhot$q"
+done
+
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), callgrind, $n pairs per line"
 measure rslock "$dir/rslock"
 measure fencelock-single "$dir/single"
@@ -318,6 +336,8 @@ measure latch-count-down "$dir/latch" "$dir/latch_setup"
 measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
 measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"
 measure fair-lock "$dir/fair"
+measure fair-handoff-8-queued "$dir/fhot8" "$dir/fhot8_setup"
+measure fair-handoff-32-queued "$dir/fhot32" "$dir/fhot32_setup"
 measure fencelock-fcall-single "$dir/fcall_single"
 measure fencelock-fcall-batched-16 "$dir/fcall_batched"
 measure entry-evalsha "$dir/entry_evalsha"

@@ -127,7 +127,8 @@ async fn a_crashed_waiter_drops_out_after_its_place_lease_and_does_not_stall_the
         .try_fair_lock(name, &LockOptions::new())
         .await
         .unwrap();
-    // A waiter that crashed: a place nobody renews, first in the queue, lease 800 ms.
+    // A waiter that crashed: a place nobody renews, first in the queue (with its arrival index
+    // entry, as a client writes it), lease 800 ms.
     let now_ms = {
         let time: (u64, u64) = server.node.cmd(&mut redis::cmd("TIME"));
         time.0 * 1000 + time.1 / 1000
@@ -140,7 +141,9 @@ async fn a_crashed_waiter_drops_out_after_its_place_lease_and_does_not_stall_the
         redis::cmd("HSET")
             .arg(fair_key(name))
             .arg("q:crashed")
-            .arg(format!("{seq} {dead_until}")),
+            .arg(format!("{seq} {dead_until}"))
+            .arg(format!("s:{seq}"))
+            .arg("crashed"),
     );
     let waiter = connect(&server.url()).await;
     let task = tokio::spawn(async move {

@@ -203,12 +203,6 @@ fn with_queue(file: &'static str) -> &'static str {
     )
 }
 
-/// A fair lock script whose `--@queue` line (the block for a lock whose state marks a queue)
-/// is replaced by the fence rule, keep.lua's helpers, [`RAISE`] and the [`FAIR`] queue: a call
-/// on a lock without a queue creates no function (`assemble::inline_at_queue`).
-fn with_fair_queue(file: &'static str) -> &'static str {
-    inline_at_queue(file, &[FENCE_RULE, KEEP, RAISE, FAIR])
-}
 
 /// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).
 /// Contract: `script/lua/semaphore.lua`.
@@ -451,7 +445,7 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "fair_acquire",
         &[],
-        with_fair_queue(inline_fence(
+        with_queue(inline_fence(
             with_expiry(include_str!("lua/fair_acquire.lua")),
             FENCE_RULE,
         )),
@@ -463,7 +457,7 @@ pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "fair_release",
         &[],
-        with_fair_queue(include_str!("lua/fair_release.lua")),
+        with_queue(include_str!("lua/fair_release.lua")),
     )
 });
 

@@ -1,6 +1,10 @@
 -- The fair lock's queue snippet (inserted after the prologue and the fence snippet). The fair
 -- lock is one hash: the mutex's state (`until`, prologue.lua), plus `qseq` (the arrival counter)
--- and one field `q:<owner>` = "<seq> <place lease end ms>" per waiting place.
+-- and one field `q:<owner>` = "<seq> <place lease end ms>" per waiting place, with the arrival
+-- index of mutex_queue.lua (`s:<seq>`, `qh`). The hot paths (fair_acquire, fair_release, and
+-- the mutex's acquire and release) find the head through that index (mutex_queue.lua's `head`
+-- and `hand_head`, built on `handed` below); the rare ones (fair_withdraw, the forced unlocks,
+-- inspect) read every place with `scan` and hand the lock on with `hand`.
 --
 -- `scan(me)` reads every place, deletes the dead ones (lease ended) and returns a table:
 -- `head` (owner of the live place with the lowest seq, or nil), `head_end` (its lease end),

@@ -1,30 +1,38 @@
 -- fair_acquire: grant the fair lock in arrival order, or keep the caller's place in the queue
--- (lock prologue, fence snippet and fair snippet first).
+-- (lock prologue and the fence rule first; a call that meets a queue runs keep.lua, raise.lua,
+-- fair.lua and mutex_queue.lua, inlined at its `--@queue` line).
 --
 -- KEYS[1] the fair lock key (hash). ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor
 -- (decimal, 0 for none), ARGV[4] fence mode (as acquire), ARGV[5] place
--- lease in ms (0: do not queue, a one-shot try), ARGV[6] the most live places the queue may
+-- lease in ms (0: do not queue, a one-shot try), ARGV[6] the most places the queue may
 -- hold (`MAX_FAIR_WAITERS`), ARGV[7] expiry grace.
 --
--- Granted when the lock is free and no live place is queued, or the caller's place is the head (its
--- place is removed; the fence by acquire's rule). While a live place may be queued the state's
--- waiters mark is `q` (prologue.lua): set when a place is taken, kept by a grant that leaves
--- places behind; a free lock without it is granted at once, without reading the queue (the
--- fence rule and the queue's helpers are inlined at the `--@queue` line, for the calls that
--- meet a queue). A plain grant answers its fence alone, an integer, as acquire.lua's does. A queued caller's place carries its grant
--- arguments (`g:<owner>`, see fair.lua), so that a release may grant it the lock on the server
--- and announce the grant on its channel (`hand`); such a caller that polls instead gets {2, ...}. Dead places are deleted when seen. Otherwise the
--- caller is queued if it was not (seq = ++qseq: the arrival moment) and its place's lease is moved
--- to now + ARGV[5]. A caller without a place finding ARGV[6] live places gets none (the queue's
--- size bounds every call that reads it): it is told to try again within a third of ARGV[5].
+-- Granted when the lock is free and no live place is queued, or the caller's place is the head
+-- (its place is removed; the fence by acquire's rule). While a live place may be queued the
+-- state's waiters mark is `q` (prologue.lua): set when a place is taken, kept by a grant that
+-- leaves places behind; a free lock without it is granted at once, without reading the queue.
+-- The queue is the mutex's (acquire.lua): places `q:<owner>` = "<seq> <place lease end ms>"
+-- with their grant arguments `g:<owner>` (fair.lua), and the arrival index `s:<seq>` / `qh`, so
+-- the head is found without reading the whole queue (mutex_queue.lua's `head`, which deletes
+-- the dead places it walks over; at most 64 index entries a call: a free lock whose first 64
+-- entries are all gone is granted to the caller). A queued caller's place carries its grant
+-- arguments, so that a release may grant it the lock on the server and announce the grant on
+-- its channel (`hand_head`); such a caller that polls instead gets {2, ...}. Otherwise the
+-- caller is queued if it was not (seq = ++qseq, its arrival, and its index entry) and its
+-- place's lease is moved to now + ARGV[5]. The queue's length is read from the index, from the
+-- head to `qseq` (withdrawn places count until a walk passes them): a caller without a place
+-- finding ARGV[6] there gets none (the queue's size bounds the calls that read it) and is told
+-- to try again within a third of ARGV[5].
 --
--- Replies: {1, fence, behind, 0} granted; {2, fence, 0, 0} this owner holds it already (a
--- resent script, or a grant a release handed it on the server): its lease end moves to now +
--- ARGV[2], so the caller measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy: wait ms is when the
--- answer may change without an announcement (the holder's lease end, or the head place's
--- lease end while that place is not the caller's, whichever is first), queued 1 when this
--- call created the caller's place, -1 when the queue was full (no place; places ahead is then
--- the queue's length); an error reply (no write) as acquire's. Not allow-oom.
+-- Replies: {1, fence, behind, 0} granted (a plain grant answers its fence alone, an integer, as
+-- acquire.lua's does); {2, fence, 0, 0} this owner holds it already (a resent script, or a grant
+-- a release handed it on the server): its lease end moves to now + ARGV[2], so the caller
+-- measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy:
+-- wait ms is when the answer may change without an announcement (the holder's lease end, or the
+-- head place's lease end while that place is not the caller's, whichever is first), places
+-- ahead by the index (the queue's length for a caller without a place), queued 1 when this call
+-- created the caller's place, -1 when the queue was full (no place); an error reply (no write)
+-- as acquire's. Not allow-oom.
 #!lua
 if not live and lock[5] ~= 'q' then
   -- No place queued (the state's waiters mark is `q` while one may be): a free lock is
@@ -50,44 +58,57 @@ if live and owner == ARGV[1] then
   end
   return {2, tonumber(lock[3]), 0, 0}
 end
-local fence, behind
-if not live then
-  fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
-  if not fence then return behind end
-end
 local me = ARGV[1]
-local q = scan(me)
-if not live and (not q.head or q.head == me) then
-  if q.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
+local q, pending, last, walked = head()
+if not live and (not q or q.head == me) then
+  -- The head (this caller), or no live place is queued: granted.
+  local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+  if not fence then return behind end
   local ends = now_ms + tonumber(ARGV[2])
-  local others = q.count - (q.mine and 1 or 0)
-  store(KEYS[1], {me, ends, fence, nil, others > 0 and 'q' or nil})
-  local latest = q.latest
-  if ends > latest then latest = ends end
-  keep(KEYS[1], fence, latest)
+  local granted = {me, ends, fence}
+  if q then
+    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
+    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
+  else
+    -- A place of this owner the walk did not reach (past its 64 entries) goes with the grant.
+    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me)
+  end
+  if (q and q.seq < last) or (not q and pending) then
+    granted[5] = 'q'
+    store(KEYS[1], granted)
+    raise(fence, ends)
+  else
+    store(KEYS[1], granted)
+    keep(KEYS[1], fence, ends)
+  end
   return {1, fence, behind, 0}
 end
-local wait = 0
-if live then wait = expires - now_ms end
-if q.head and q.head ~= me and (wait == 0 or q.head_end - now_ms < wait) then
+-- Busy. The places from the head on, by the arrival index (withdrawn ones it still lists count).
+local first = q and q.seq or walked
+local count = last - first + 1
+if count < 0 then count = 0 end
+local wait, latest = 0, 0
+if live then wait, latest = expires - now_ms, expires end
+if q and q.head ~= me and (wait == 0 or q.head_end - now_ms < wait) then
   wait = q.head_end - now_ms
 end
 local place = tonumber(ARGV[5])
+local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
+local seq = mine and tonumber(string.match(mine, '^(%d+) '))
 if place <= 0 then
-  if q.mine then return {0, wait, q.ahead, 0} end
-  return {0, wait, q.count, 0}
+  if seq then return {0, wait, math.max(0, seq - first), 0} end
+  return {0, wait, count, 0}
 end
 local queued = 0
-local seq = q.mine
 if not seq then
-  if q.count >= tonumber(ARGV[6]) then
+  if count >= tonumber(ARGV[6]) then
     local poll = math.max(1, math.floor(place / 3))
     if wait > poll then wait = poll end
-    return {0, wait, q.count, -1}
+    return {0, wait, count, -1}
   end
   seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
+  redis.call('HSET', KEYS[1], 's:' .. seq, me)
   queued = 1
-  q.ahead = q.count
 end
 local ends = now_ms + place
 redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %d', seq, ends),
@@ -96,8 +117,6 @@ if lock[5] ~= 'q' then
   lock[5] = 'q'
   store(KEYS[1], lock)
 end
-local latest = q.latest
 if ends > latest then latest = ends end
-if live and expires > latest then latest = expires end
-keep(KEYS[1], lock[3], latest)
-return {0, wait, q.ahead, queued}
+raise(lock[3], latest)
+return {0, wait, math.max(0, seq - first), queued}

@@ -1,15 +1,16 @@
--- fair_release: free the fair lock held by this owner and wake only the head of the queue
--- (lock prologue, fence snippet and fair snippet first).
+-- fair_release: free the fair lock held by this owner and hand it to the head of the queue
+-- (lock prologue first; a call that meets a queue runs keep.lua, raise.lua, fair.lua and
+-- mutex_queue.lua, inlined at its `--@queue` line).
 --
 -- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] hold id (always empty: no re-entry),
 -- ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none, ARGV[4] expiry grace.
 --
 -- Without the state's waiters mark `q` no place is queued (fair_acquire.lua): the state keeps
 -- the fence only and the key its expiry, nothing is read or announced, and no function is
--- created (the queue's helpers are inlined at the `--@queue` line). Otherwise dead places are
--- deleted; the live place with the lowest seq (the head) is granted the lock
--- here and told so on its client's channel `<key>:w:<client>` (`hand`, fair.lua), or, when its place
--- does not qualify, only woken there; no other waiter hears of the release.
+-- created. Otherwise the head, found through the arrival index (mutex_queue.lua's `head`, as
+-- the mutex's release finds it), is granted the lock here and told so on its client's channel
+-- `<key>:w:<client>` (`hand_head`), or, when its place does not qualify, only woken there; no
+-- other waiter hears of the release.
 --
 -- Replies: 1 released; 0 no live lease (expired; this owner's leftovers are cleared and the
 -- head is woken all the same); -1 held by another owner (left alone); -2 this owner's hold was
@@ -29,10 +30,6 @@ if lock[5] ~= 'q' then
 end
 --@queue
 clear(KEYS[1], lock)
-local q = scan(ARGV[1])
-local latest = q.latest
-if q.mine_end and q.mine_end > latest then latest = q.mine_end end
-if now_ms > latest then latest = now_ms end
-hand(q, ARGV[3], lock[3], latest)
+hand_head(ARGV[3], lock[3])
 if live then return 1 end
 return 0

@@ -5,7 +5,8 @@
 -- KEYS[1] fair lock key. ARGV[1] owner token, ARGV[2] announce (`s`, `p` or empty, as
 -- fair_release), ARGV[3] expiry grace.
 --
--- Deletes `q:<owner>`; if this owner holds the lock (a grant whose reply was never read), frees
+-- Deletes `q:<owner>` (with its grant arguments and its arrival index entry, mutex_queue.lua);
+-- if this owner holds the lock (a grant whose reply was never read), frees
 -- it too. When that freed the lock or removed the head's place, the lock goes to the new head
 -- as a release hands it (`hand`, fair.lua: granted on the server, or woken).
 --
@@ -15,7 +16,7 @@
 local me = ARGV[1]
 local before = scan(me)
 local was_head = before.mine and before.ahead == 0
-if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me) end
+if before.mine then redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. before.mine) end
 local freed = owner == me
 if freed then clear(KEYS[1], lock) end
 if not before.mine and not freed then return 0 end

@@ -9,7 +9,8 @@
 -- (granted, withdrawn) are deleted on the way, and so are places whose lease ended. At most 64
 -- entries a call (the call's work stays bounded; the queued waiters re-check within 250 ms and
 -- their acquires go on from where it stopped). Returns the head as {head, head_end, seq} or
--- nil, whether entries remain at or after the head (or after the 64), and `qseq`.
+-- nil, whether entries remain at or after the head (or after the 64), `qseq`, and the seq the
+-- walk stopped at (the head's, or the first not walked).
 -- `hand_head(how, stored)`: the release's handoff, on a lock just freed (its state holds only
 -- the fence `stored`): the head is granted the lock on the server and told so on its client's
 -- channel (`handed`, fair.lua), its index entry goes and `qh` moves past it, and the key's
@@ -41,7 +42,7 @@ local function head()
   end
   if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
   if h ~= start then redis.call('HSET', KEYS[1], 'qh', h) end
-  return found, h <= last, last
+  return found, h <= last, last, h
 end
 local function hand_head(how, stored)
   local q, pending, last = head()
