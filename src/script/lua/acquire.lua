@@ -66,20 +66,7 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
       local fence, behind = next_fence(tonumber(lock[3]) or 0, tonumber(ARGV[3]), ARGV[4])
       if not fence then return behind end
       if lock[4] then clear(KEYS[1], lock) end
-      local ends = now_ms + tonumber(ARGV[2])
-      local granted = {me, ends, fence}
-      if q then
-        redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
-        redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
-      end
-      if (q and q.seq < last) or (not q and pending) then
-        granted[5] = 'q'
-        store(KEYS[1], granted)
-        raise(fence, ends)
-      else
-        store(KEYS[1], granted)
-        keep(KEYS[1], fence, ends)
-      end
+      take(q, pending, last, me, fence, tonumber(ARGV[2]))
       return {1, fence, behind}
     end
   end

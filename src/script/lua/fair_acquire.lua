@@ -64,23 +64,7 @@ if not live and (not q or q.head == me) then
   -- The head (this caller), or no live place is queued: granted.
   local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
   if not fence then return behind end
-  local ends = now_ms + tonumber(ARGV[2])
-  local granted = {me, ends, fence}
-  if q then
-    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
-    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
-  else
-    -- A place of this owner the walk did not reach (past its 64 entries) goes with the grant.
-    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me)
-  end
-  if (q and q.seq < last) or (not q and pending) then
-    granted[5] = 'q'
-    store(KEYS[1], granted)
-    raise(fence, ends)
-  else
-    store(KEYS[1], granted)
-    keep(KEYS[1], fence, ends)
-  end
+  take(q, pending, last, me, fence, tonumber(ARGV[2]))
   return {1, fence, behind, 0}
 end
 -- Busy. The places from the head on, by the arrival index (withdrawn ones it still lists count).

@@ -17,6 +17,12 @@
 -- expiry is raised to cover the grant (never shortened: other places' leases need it); a stale
 -- head is only woken. The state's waiters mark is `q` while entries remain. True when a head
 -- was found.
+-- `take(q, pending, last, me, fence, ttl)`: an acquire's grant of the free lock to its caller
+-- `me`, the head `q` of a `head()` taken by this call (or, with no live place found, whoever
+-- asks): `me`'s place, grant arguments and index entry go (a place of `me` the walk did not
+-- reach, past its 64 entries, goes too: it must not be handed the lock later), `qh` moves past
+-- the head, the state holds `me` with a lease of `ttl` ms and `fence`, marked `q` while entries
+-- remain, and the key's expiry covers the grant (raised only while places remain).
 local function head()
   local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq')
   local h, last = tonumber(at[1]) or 1, tonumber(at[2]) or 0
@@ -59,4 +65,22 @@ local function hand_head(how, stored)
     store(KEYS[1], {nil, nil, stored, nil, 'q'})
   end
   return true
+end
+local function take(q, pending, last, me, fence, ttl)
+  local ends = now_ms + ttl
+  local granted = {me, ends, fence}
+  if q then
+    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
+    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
+  else
+    redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me)
+  end
+  if (q and q.seq < last) or (not q and pending) then
+    granted[5] = 'q'
+    store(KEYS[1], granted)
+    raise(fence, ends)
+  else
+    store(KEYS[1], granted)
+    keep(KEYS[1], fence, ends)
+  end
 end
