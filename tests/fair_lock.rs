@@ -627,4 +627,60 @@ async fn a_caller_that_finds_the_queue_full_gets_no_place_and_those_queued_keep_
         "room again: queued behind b"
     );
     assert_eq!(sorted(), ["b", "c"]);
+    // A place withdrawn behind the head stops counting at once (the head, b, still waits).
+    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &key, &["c", "", "10000"]);
+    assert_eq!(withdrawn, 1);
+    let queued = acquire("d");
+    assert_eq!(
+        (queued[0], queued[3]),
+        (0, 1),
+        "room again behind the head: {queued:?}"
+    );
+    assert_eq!(sorted(), ["b", "d"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_keeps_the_lock_marked_queued_for_a_place_without_an_index_entry() {
+    let server = Standalone::start();
+    let key = fair_key("unindexed");
+    let acquire = |owner: &str, place: &str| -> Vec<i64> {
+        common::grant_values(run_script(
+            &server.node,
+            "fair_acquire",
+            &key,
+            &[owner, "30000", "0", "clock", place, "128", "10000"],
+        ))
+    };
+    assert_eq!(acquire("holder", "0")[0], 1, "free: granted");
+    assert_eq!(acquire("w", "30000")[3], 1, "queued, the lock marked");
+    let withdrawn: i64 = run_script(&server.node, "fair_withdraw", &key, &["w", "", "10000"]);
+    assert_eq!(withdrawn, 1);
+    // A place as a client before the arrival index wrote it: no `s:` entry.
+    let now_ms = {
+        let time: (u64, u64) = server.node.cmd(&mut redis::cmd("TIME"));
+        time.0 * 1000 + time.1 / 1000
+    };
+    let seq: i64 = server
+        .node
+        .cmd(redis::cmd("HINCRBY").arg(&key).arg("qseq").arg(1));
+    server.node.cmd::<()>(
+        redis::cmd("HSET")
+            .arg(&key)
+            .arg("q:old")
+            .arg(format!("{seq} {}", now_ms + 30_000))
+            .arg("g:old")
+            .arg("30000 30000 0 clock"),
+    );
+    let released: i64 = run_script(
+        &server.node,
+        "fair_release",
+        &key,
+        &["holder", "", "", "10000"],
+    );
+    assert_eq!(released, 1);
+    let state: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("until"));
+    assert!(
+        state.starts_with("0 ") && state.ends_with(" wq"),
+        "free and still marked queued for the unindexed place: {state:?}"
+    );
 }

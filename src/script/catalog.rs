@@ -203,7 +203,6 @@ fn with_queue(file: &'static str) -> &'static str {
     )
 }
 
-
 /// The semaphore's layout and the helpers every semaphore script calls (`sem_mine`, ...).
 /// Contract: `script/lua/semaphore.lua`.
 const SEMAPHORE: &str = include_str!("lua/semaphore.lua");

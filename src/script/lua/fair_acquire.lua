@@ -15,14 +15,15 @@
 -- with their grant arguments `g:<owner>` (fair.lua), and the arrival index `s:<seq>` / `qh`, so
 -- the head is found without reading the whole queue (mutex_queue.lua's `head`, which deletes
 -- the dead places it walks over; at most 64 index entries a call: a free lock whose first 64
--- entries are all gone is granted to the caller). A queued caller's place carries its grant
+-- entries are all gone is not granted: the caller is told to try again in 1 ms, and that call
+-- walks on). A queued caller's place carries its grant
 -- arguments, so that a release may grant it the lock on the server and announce the grant on
 -- its channel (`hand_head`); such a caller that polls instead gets {2, ...}. Otherwise the
 -- caller is queued if it was not (seq = ++qseq, its arrival, and its index entry) and its
--- place's lease is moved to now + ARGV[5]. The queue's length is read from the index, from the
--- head to `qseq` (withdrawn places count until a walk passes them): a caller without a place
--- finding ARGV[6] there gets none (the queue's size bounds the calls that read it) and is told
--- to try again within a third of ARGV[5].
+-- place's lease is moved to now + ARGV[5]. The queue's length is read from the hash's field
+-- count (three fields a place; a place whose lease ended counts until a walk or a scan deletes
+-- it): a caller without a place finding ARGV[6] places gets none (the queue's size bounds the
+-- calls that read it) and is told to try again within a third of ARGV[5].
 --
 -- Replies: {1, fence, behind, 0} granted (a plain grant answers its fence alone, an integer, as
 -- acquire.lua's does); {2, fence, 0, 0} this owner holds it already (a resent script, or a grant
@@ -30,9 +31,10 @@
 -- measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy:
 -- wait ms is when the answer may change without an announcement (the holder's lease end, or the
 -- head place's lease end while that place is not the caller's, whichever is first), places
--- ahead by the index (the queue's length for a caller without a place), queued 1 when this call
--- created the caller's place, -1 when the queue was full (no place); an error reply (no write)
--- as acquire's. Not allow-oom.
+-- ahead by the index (arrivals from the head's to the caller's, withdrawn ones included; the
+-- queue's length for a caller without a place), queued 1 when this call created the caller's
+-- place, -1 when the queue was full (no place); an error reply as acquire's (its only writes
+-- before it are the walk's deletions of places that are gone). Not allow-oom.
 #!lua
 if not live and lock[5] ~= 'q' then
   -- No place queued (the state's waiters mark is `q` while one may be): a free lock is
@@ -60,31 +62,35 @@ if live and owner == ARGV[1] then
 end
 local me = ARGV[1]
 local q, pending, last, walked = head()
-if not live and (not q or q.head == me) then
-  -- The head (this caller), or no live place is queued: granted.
+if not live and ((q and q.head == me) or (not q and not pending)) then
+  -- The head (this caller), or no place is queued: granted.
   local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
   if not fence then return behind end
   take(q, pending, last, me, fence, tonumber(ARGV[2]))
   return {1, fence, behind, 0}
 end
--- Busy. The places from the head on, by the arrival index (withdrawn ones it still lists count).
+-- Busy. Places ahead by the arrival index, from the head on; the queue's length by the fields
+-- (each place has three: `q:`, `g:` and `s:`; `until`, `qseq`, `qh` and `forced` round away),
+-- so that a withdrawn place stops counting at once.
 local first = q and q.seq or walked
-local count = last - first + 1
-if count < 0 then count = 0 end
 local wait, latest = 0, 0
 if live then wait, latest = expires - now_ms, expires end
 if q and q.head ~= me and (wait == 0 or q.head_end - now_ms < wait) then
   wait = q.head_end - now_ms
+elseif not live and not q then
+  -- The walk stopped after 64 entries of places gone: the next call goes on from there.
+  wait = 1
 end
 local place = tonumber(ARGV[5])
 local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
 local seq = mine and tonumber(string.match(mine, '^(%d+) '))
 if place <= 0 then
   if seq then return {0, wait, math.max(0, seq - first), 0} end
-  return {0, wait, count, 0}
+  return {0, wait, math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3)), 0}
 end
 local queued = 0
 if not seq then
+  local count = math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3))
   if count >= tonumber(ARGV[6]) then
     local poll = math.max(1, math.floor(place / 3))
     if wait > poll then wait = poll end

@@ -15,8 +15,10 @@
 -- the fence `stored`): the head is granted the lock on the server and told so on its client's
 -- channel (`handed`, fair.lua), its index entry goes and `qh` moves past it, and the key's
 -- expiry is raised to cover the grant (never shortened: other places' leases need it); a stale
--- head is only woken. The state's waiters mark is `q` while entries remain. True when a head
--- was found.
+-- head is only woken. The state's waiters mark is `q` while entries remain, or, with no head
+-- found, while the hash holds more fields than the queue's bookkeeping (places an older client
+-- took without an index entry: they find the lock at their next look, by their own scripts).
+-- True when a head was found.
 -- `take(q, pending, last, me, fence, ttl)`: an acquire's grant of the free lock to its caller
 -- `me`, the head `q` of a `head()` taken by this call (or, with no live place found, whoever
 -- asks): `me`'s place, grant arguments and index entry go (a place of `me` the walk did not
@@ -53,7 +55,11 @@ end
 local function hand_head(how, stored)
   local q, pending, last = head()
   if not q then
-    if pending then store(KEYS[1], {nil, nil, stored, nil, 'q'}) end
+    -- More than `until`, `qseq` and `qh` left: places the index does not list may wait (an older
+    -- client's, without an `s:` entry), so the lock stays marked queued for their next look.
+    if pending or redis.call('HLEN', KEYS[1]) > 3 then
+      store(KEYS[1], {nil, nil, stored, nil, 'q'})
+    end
     return false
   end
   local ends, fence = handed(q, how, stored, q.seq < last and 'q' or nil)
