@@ -77,12 +77,17 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
   elseif redis.call('HLEN', KEYS[1]) >= 400 then
     return {0, wait, 0, -1}
   else
-    seq, queued = redis.call('HINCRBY', KEYS[1], 'qseq', 1), 1
-    redis.call('HSET', KEYS[1], 's:' .. seq, me)
+    seq, queued = string.format('%d', redis.call('HINCRBY', KEYS[1], 'qseq', 1)), 1
   end
   local ends = now_ms + place
-  redis.call('HSET', KEYS[1], 'q:' .. me, seq .. ' ' .. string.format('%d', ends),
-    'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+  local place_value = seq .. ' ' .. string.format('%d', ends)
+  local args = ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
+  if queued == 1 then
+    -- A new place and its arrival index entry, in one write.
+    redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args, 's:' .. seq, me)
+  else
+    redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args)
+  end
   if lock[5] ~= 'q' then
     lock[5] = 'q'
     store(KEYS[1], lock)

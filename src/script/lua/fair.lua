@@ -74,7 +74,7 @@ local function wake(who, how, message)
   if how == 's' then redis.call('SPUBLISH', channel, message)
   elseif how == 'p' then redis.call('PUBLISH', channel, message) end
 end
-local function handed(q, how, stored, mark)
+local function handed(q, how, stored, mark, seq)
   if not q.head then return nil end
   local head = q.head
   local args = redis.call('HGET', KEYS[1], 'g:' .. head)
@@ -92,8 +92,15 @@ local function handed(q, how, stored, mark)
     return nil
   end
   local ends = now_ms + ttl
-  redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head)
-  store(KEYS[1], {head, ends, fence, nil, mark})
+  if seq then
+    -- The head came from the arrival index (mutex_queue.lua): its entry goes and `qh` moves past
+    -- it in the same calls.
+    redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head, 's:' .. seq)
+    store(KEYS[1], {head, ends, fence, nil, mark}, 'qh', string.format('%d', seq + 1))
+  else
+    redis.call('HDEL', KEYS[1], 'q:' .. head, 'g:' .. head)
+    store(KEYS[1], {head, ends, fence, nil, mark})
+  end
   wake(head, how, string.format('%d %d %d', fence, behind, ttl))
   return ends, fence
 end

@@ -97,12 +97,18 @@ if not seq then
     return {0, wait, count, -1}
   end
   seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
-  redis.call('HSET', KEYS[1], 's:' .. seq, me)
   queued = 1
 end
 local ends = now_ms + place
-redis.call('HSET', KEYS[1], 'q:' .. me, string.format('%d %d', seq, ends),
-  'g:' .. me, ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4])
+local place_value = string.format('%d %d', seq, ends)
+local args = ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
+if queued == 1 then
+  -- A new place and its arrival index entry, in one write.
+  redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args,
+    's:' .. string.format('%d', seq), me)
+else
+  redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args)
+end
 if lock[5] ~= 'q' then
   lock[5] = 'q'
   store(KEYS[1], lock)

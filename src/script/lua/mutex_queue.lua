@@ -62,10 +62,8 @@ local function hand_head(how, stored)
     end
     return false
   end
-  local ends, fence = handed(q, how, stored, q.seq < last and 'q' or nil)
+  local ends, fence = handed(q, how, stored, q.seq < last and 'q' or nil, q.seq)
   if ends then
-    redis.call('HDEL', KEYS[1], 's:' .. q.seq)
-    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
     raise(fence, ends)
   else
     store(KEYS[1], {nil, nil, stored, nil, 'q'})
@@ -75,18 +73,13 @@ end
 local function take(q, pending, last, me, fence, ttl)
   local ends = now_ms + ttl
   local granted = {me, ends, fence}
+  if (q and q.seq < last) or (not q and pending) then granted[5] = 'q' end
   if q then
     redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me, 's:' .. q.seq)
-    redis.call('HSET', KEYS[1], 'qh', q.seq + 1)
+    store(KEYS[1], granted, 'qh', string.format('%d', q.seq + 1))
   else
     redis.call('HDEL', KEYS[1], 'q:' .. me, 'g:' .. me)
-  end
-  if (q and q.seq < last) or (not q and pending) then
-    granted[5] = 'q'
     store(KEYS[1], granted)
-    raise(fence, ends)
-  else
-    store(KEYS[1], granted)
-    keep(KEYS[1], fence, ends)
   end
+  if granted[5] then raise(fence, ends) else keep(KEYS[1], fence, ends) end
 end
