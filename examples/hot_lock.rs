@@ -7,13 +7,16 @@
 //! One line per library:
 //!
 //! `hot target=.. lib=.. procs=N hold_ms=H seconds=S grants=G grants/s=.. slowest/s=.. mean/s=..
-//! slowest/mean=.. sent/grant=.. server_us/grant=.. mix=..`
+//! slowest/mean=.. sent/grant=.. server_us/grant=.. client_us/grant=.. mix=..`
 //!
 //! - `grants/s` summed over the processes; `slowest/s` and `mean/s` per process (a starved
 //!   process shows as a low `slowest/mean`);
 //! - `sent/grant`: the calls clients sent (`INFO commandstats` of every master: `evalsha`,
 //!   `eval`, `fcall`, `set`, ... deltas over the measured interval) divided by the grants; `mix`
-//!   every command's calls per grant, those run inside scripts included.
+//!   every command's calls per grant, those run inside scripts included;
+//! - `client_us/grant`: the CPU time the client processes ran over the measured interval (each
+//!   child sums its threads' `/proc/self/task/*/schedstat`; 0 where that is not readable),
+//!   divided by the grants.
 //!
 //! rslock 0.10 runs with its defaults (`acquire`: loops over `lock`, 3 tries up to 200 ms apart,
 //! until granted). Servers: `scripts/bench-hot-lock.sh` starts its own.
@@ -193,6 +196,7 @@ async fn child(args: &Args, name: &str) {
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).expect("start line");
     let hold_for = Duration::from_millis(args.hold_ms);
+    let cpu_start = cpu_ns();
     let until = Instant::now() + Duration::from_secs(args.seconds);
     let mut grants = 0u64;
     while Instant::now() < until {
@@ -203,7 +207,24 @@ async fn child(args: &Args, name: &str) {
         job.release(hold).await;
         grants += 1;
     }
-    println!("grants {grants}");
+    println!(
+        "grants {grants} cpu_ns {}",
+        cpu_ns().saturating_sub(cpu_start)
+    );
+}
+
+/// The CPU time this process's threads have run, in ns (the first field of each thread's
+/// `/proc/self/task/<tid>/schedstat`); 0 where that is not readable.
+fn cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+            stat.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
 }
 
 /// The parent: per library, N children on one fresh lock, summed.
@@ -260,16 +281,22 @@ async fn parent(args: &Args) {
             stdin.write_all(b"go\n").expect("start a child");
             stdin.flush().expect("start a child");
         }
-        let mut per = Vec::new();
+        let (mut per, mut cpu_ns) = (Vec::new(), 0u64);
         for out in &mut outputs {
             let mut line = String::new();
             out.read_line(&mut line).expect("child grants");
-            let grants: u64 = line
-                .trim()
-                .strip_prefix("grants ")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("child said {line:?}"));
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let (grants, cpu): (u64, u64) = match words[..] {
+                ["grants", grants, "cpu_ns", cpu] => (
+                    grants
+                        .parse()
+                        .unwrap_or_else(|_| panic!("child said {line:?}")),
+                    cpu.parse().unwrap_or(0),
+                ),
+                _ => panic!("child said {line:?}"),
+            };
             per.push(grants);
+            cpu_ns += cpu;
         }
         let seconds = started.elapsed().as_secs_f64();
         for child in &mut children {
@@ -277,19 +304,29 @@ async fn parent(args: &Args) {
             assert!(status.success(), "a child failed: {status}");
         }
         let after = probe.sample().await;
-        report(args, target, lib, &per, seconds, &before, &after);
+        let run = Run {
+            per,
+            cpu_ns,
+            seconds,
+        };
+        report(args, target, lib, &run, &before, &after);
     }
 }
 
-fn report(
-    args: &Args,
-    target: &str,
-    lib: Lib,
-    per: &[u64],
+/// What the children of one library reported: grants per process, their CPU time summed, and
+/// the measured interval's length.
+struct Run {
+    per: Vec<u64>,
+    cpu_ns: u64,
     seconds: f64,
-    before: &Sample,
-    after: &Sample,
-) {
+}
+
+fn report(args: &Args, target: &str, lib: Lib, run: &Run, before: &Sample, after: &Sample) {
+    let Run {
+        per,
+        cpu_ns,
+        seconds,
+    } = run;
     let grants: u64 = per.iter().sum();
     let each = args.seconds as f64;
     let slowest = per.iter().copied().min().unwrap_or(0) as f64 / each;
@@ -310,7 +347,7 @@ fn report(
     println!(
         "hot target={target} lib={} procs={} hold_ms={} seconds={seconds:.2} grants={grants} \
          grants/s={:.0} slowest/s={slowest:.0} mean/s={mean:.0} slowest/mean={:.2} \
-         sent/grant={:.2} server_us/grant={:.1} mix={mix}",
+         sent/grant={:.2} server_us/grant={:.1} client_us/grant={:.1} mix={mix}",
         lib.label(),
         per.len(),
         args.hold_ms,
@@ -318,6 +355,7 @@ fn report(
         if mean > 0.0 { slowest / mean } else { 0.0 },
         sent as f64 / g,
         (after.cpu_s - before.cpu_s) * 1e6 / g,
+        *cpu_ns as f64 / 1e3 / g,
     );
 }
 
