@@ -79,21 +79,7 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
   else
     seq, queued = string.format('%d', redis.call('HINCRBY', KEYS[1], 'qseq', 1)), 1
   end
-  local ends = now_ms + place
-  local place_value = seq .. ' ' .. string.format('%d', ends)
-  local args = ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
-  if queued == 1 then
-    -- A new place and its arrival index entry, in one write.
-    redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args, 's:' .. seq, me)
-  else
-    redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args)
-  end
-  if lock[5] ~= 'q' then
-    lock[5] = 'q'
-    store(KEYS[1], lock)
-  end
-  if ends > latest then latest = ends end
-  raise(lock[3], latest)
+  hold_place(me, seq, queued == 1, now_ms + place, latest)
   return {0, wait, 0, queued}
 end
 local w = lock[5]

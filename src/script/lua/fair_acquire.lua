@@ -84,13 +84,14 @@ end
 local place = tonumber(ARGV[5])
 local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
 local seq = mine and tonumber(string.match(mine, '^(%d+) '))
+local count
+if not seq then count = math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3)) end
 if place <= 0 then
   if seq then return {0, wait, math.max(0, seq - first), 0} end
-  return {0, wait, math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3)), 0}
+  return {0, wait, count, 0}
 end
 local queued = 0
 if not seq then
-  local count = math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3))
   if count >= tonumber(ARGV[6]) then
     local poll = math.max(1, math.floor(place / 3))
     if wait > poll then wait = poll end
@@ -99,20 +100,5 @@ if not seq then
   seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
   queued = 1
 end
-local ends = now_ms + place
-local place_value = string.format('%d %d', seq, ends)
-local args = ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
-if queued == 1 then
-  -- A new place and its arrival index entry, in one write.
-  redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args,
-    's:' .. string.format('%d', seq), me)
-else
-  redis.call('HSET', KEYS[1], 'q:' .. me, place_value, 'g:' .. me, args)
-end
-if lock[5] ~= 'q' then
-  lock[5] = 'q'
-  store(KEYS[1], lock)
-end
-if ends > latest then latest = ends end
-raise(lock[3], latest)
+hold_place(me, string.format('%d', seq), queued == 1, now_ms + place, latest)
 return {0, wait, math.max(0, seq - first), queued}

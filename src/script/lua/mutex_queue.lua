@@ -25,6 +25,11 @@
 -- reach, past its 64 entries, goes too: it must not be handed the lock later), `qh` moves past
 -- the head, the state holds `me` with a lease of `ttl` ms and `fence`, marked `q` while entries
 -- remain, and the key's expiry covers the grant (raised only while places remain).
+-- `hold_place(me, seq, new, ends, latest)`: an acquire's busy caller `me` keeps its place:
+-- arrival `seq` (a decimal string), lease end `ends`, and its grant arguments from the
+-- acquire's ARGV (TTL, place lease, floor, mode: ARGV[2], [5], [3], [4], as both acquires take
+-- them), with its index entry when the place is `new`, in one write; the state is marked `q`,
+-- and the key's expiry raised to cover the place and `latest`.
 local function head()
   local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq')
   local h, last = tonumber(at[1]) or 1, tonumber(at[2]) or 0
@@ -82,4 +87,19 @@ local function take(q, pending, last, me, fence, ttl)
     store(KEYS[1], granted)
   end
   if granted[5] then raise(fence, ends) else keep(KEYS[1], fence, ends) end
+end
+local function hold_place(me, seq, new, ends, latest)
+  local value = seq .. ' ' .. string.format('%d', ends)
+  local args = ARGV[2] .. ' ' .. ARGV[5] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]
+  if new then
+    redis.call('HSET', KEYS[1], 'q:' .. me, value, 'g:' .. me, args, 's:' .. seq, me)
+  else
+    redis.call('HSET', KEYS[1], 'q:' .. me, value, 'g:' .. me, args)
+  end
+  if lock[5] ~= 'q' then
+    lock[5] = 'q'
+    store(KEYS[1], lock)
+  end
+  if ends > latest then latest = ends end
+  raise(lock[3], latest)
 end
