@@ -32,11 +32,14 @@ fn current_epoch(cluster: &Cluster) -> u64 {
 /// Raises the config epochs with `rounds` `CLUSTER FAILOVER TAKEOVER`s between the master of
 /// `slot` and its replica, back and forth.
 fn raise_epochs(cluster: &Cluster, slot: u16, rounds: usize) {
+    // The pair is read once and swapped after each round: a node's slot map read right after a
+    // takeover may still name the old master, which has no replica of its own then.
+    let mut master = cluster.master_of_slot(slot).port;
+    let mut replica = cluster.replica_of(master).port;
     for _ in 0..rounds {
-        let master = cluster.master_of_slot(slot).port;
-        let replica = cluster.replica_of(master).port;
         cluster.promote(replica, "TAKEOVER", slot, &[]);
         cluster.wait_replica(master);
+        std::mem::swap(&mut master, &mut replica);
     }
     cluster.wait_healthy();
 }
