@@ -18,6 +18,9 @@
 //!   child sums its threads' `/proc/self/task/*/schedstat`; 0 where that is not readable),
 //!   divided by the grants.
 //!
+//! `--spawned` runs each child's loop as a spawned task (everything on the runtime's one worker
+//! thread) instead of on the main thread.
+//!
 //! rslock 0.10 runs with its defaults (`acquire`: loops over `lock`, 3 tries up to 200 ms apart,
 //! until granted). Servers: `scripts/bench-hot-lock.sh` starts its own.
 //!
@@ -55,6 +58,11 @@ struct Args {
     /// How long each grant is held before its release, in ms (0: released at once).
     #[arg(long, default_value_t = 0)]
     hold_ms: u64,
+    /// Run each child's loop as a spawned task on the runtime's one worker thread, as a
+    /// service's handlers run, rather than on the main thread (`block_on`, the default): every
+    /// wake-up then stays on one thread, for both libraries.
+    #[arg(long)]
+    spawned: bool,
     /// Which libraries to measure, in this order.
     #[arg(long, value_delimiter = ',', default_value = "fencelock,fair,rslock")]
     libs: Vec<Lib>,
@@ -107,6 +115,14 @@ fn main() {
         .build()
         .expect("cannot start the Tokio runtime");
     match &args.child {
+        Some(Child::Child { name }) if args.spawned => {
+            let name = name.clone();
+            runtime.block_on(async move {
+                tokio::spawn(async move { child(&args, &name).await })
+                    .await
+                    .expect("child task")
+            });
+        }
         Some(Child::Child { name }) => runtime.block_on(child(&args, name)),
         None => runtime.block_on(parent(&args)),
     }
@@ -259,6 +275,7 @@ async fn parent(args: &Args) {
                 .arg(args.hold_ms.to_string())
                 .arg("--libs")
                 .arg(lib.label())
+                .args(args.spawned.then_some("--spawned"))
                 .arg("child")
                 .arg("--name")
                 .arg(&name)

@@ -3,7 +3,9 @@
 # each (N = 2, 8, 32), for the fencelock mutex, the fencelock fair lock and rslock side by side
 # in one run (examples/hot_lock.rs). Starts its own standalone server on a free port from
 # BASE_PORT (default 7400) and stops it (by pid) on exit.
-#   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] [TARGET=cluster] scripts/bench-hot-lock.sh
+#   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] [TARGET=cluster] [SPAWNED=1] scripts/bench-hot-lock.sh
+# SPAWNED=1 runs each client's loop as a spawned task (hot_lock --spawned) instead of on the
+# process's main thread.
 # TARGET=cluster runs against a 3-master/3-replica cluster on BASE_PORT+1..+6 instead
 # (scripts/cluster.sh; the lock's slot on one master, as every single lock is).
 # Results: docs/benchmarks.md, "A hot lock across processes (issue 25)".
@@ -19,6 +21,8 @@ done
 seconds=${SECONDS_PER_RUN:-10}
 hold=${HOLD_MS:-0}
 procs=${PROCS:-2 8 32}
+spawned=()
+[ -n "${SPAWNED:-}" ] && spawned=(--spawned)
 dir=$(mktemp -d)
 
 target=${TARGET:-standalone}
@@ -55,7 +59,7 @@ fi
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
   "port $port, target $target, hold ${hold} ms, ${seconds}s per measurement"
 for n in $procs; do
-  "$hot" --url "$url" --target "$target" --seconds "$seconds" --hold-ms "$hold" --procs "$n" \
+  "$hot" --url "$url" --target "$target" --seconds "$seconds" --hold-ms "$hold" --procs "$n" "${spawned[@]}" \
     --libs fencelock,fair,rslock
 done | tee "$dir/lines"
 

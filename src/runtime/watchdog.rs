@@ -37,8 +37,10 @@
 //!   a script error, an unexpected reply) ends that hold: [`Ended::Failed`], reported by
 //!   `lost()` as [`Error::RenewalFailed`] and counted as lost. Other holds are not affected.
 //!
-//! The task starts with the first watched guard and ends when the last one is released or
-//! dropped, so no task outlives its guards.
+//! The task starts with the first watched guard and ends [`LINGER`] after the last one is
+//! released or dropped, so no task outlives its guards by more than that. It lingers so that a
+//! client taking and releasing locks in a loop keeps one sleeping task instead of starting one,
+//! and waking it twice, per grant.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -62,6 +64,9 @@ const FIRST_RETRY: Duration = Duration::from_millis(100);
 
 /// Transient failures in a row after which the one-by-one fallback takes the node to be down.
 const NODE_DOWN_AFTER: usize = 2;
+
+/// How long the task stays after its last hold ends, for the next one.
+const LINGER: Duration = Duration::from_millis(500);
 
 /// When to try again a renewal that failed for the `failures`-th time in a row at `now`:
 /// [`FIRST_RETRY`] doubled per earlier failure, at most a quarter of the renewal period `every`
@@ -213,12 +218,17 @@ impl Watchdog {
         Some((id, receiver))
     }
 
-    /// Stops renewing a hold; the task ends with the last one.
+    /// Stops renewing a hold; the task ends [`LINGER`] after the last one.
     pub(crate) fn unwatch(&self, id: u64) {
         let mut state = self.schedule.state();
         state.holds.remove(&id);
         if state.holds.is_empty() {
-            self.schedule.wake.notify_one();
+            // The task wakes within LINGER to end: woken now only when it sleeps longer.
+            let soon = Instant::now() + LINGER;
+            if state.next_wake.is_none_or(|wake| wake > soon) {
+                state.next_wake = Some(soon);
+                self.schedule.wake.notify_one();
+            }
         }
     }
 
@@ -257,7 +267,7 @@ impl Schedule {
         match earliest {
             Some(at) if at <= now => {}
             other => {
-                state.next_wake = other;
+                state.next_wake = Some(other.unwrap_or(now + LINGER));
                 return (Vec::new(), other);
             }
         }
@@ -410,11 +420,15 @@ impl Schedule {
 async fn run(watchdog: Arc<Watchdog>) {
     let nodes = Arc::new(tokio::sync::RwLock::new(SlotMap::default()));
     let mut calls = tokio::task::JoinSet::new();
+    // Slept (or is about to) with nothing to renew: ends at the next wake if still so.
+    let mut idle = false;
     loop {
-        if calls.is_empty() && watchdog.schedule.retire_if_idle() {
+        if idle && calls.is_empty() && watchdog.schedule.retire_if_idle() {
             return;
         }
-        let (due, next) = watchdog.schedule.take_due(Instant::now());
+        let now = Instant::now();
+        let (due, next) = watchdog.schedule.take_due(now);
+        idle = next.is_none() && due.is_empty();
         if !due.is_empty() {
             if watchdog.transport.topology() == Topology::Cluster && nodes.read().await.is_empty() {
                 nodes.write().await.refresh(&watchdog.transport).await;
@@ -446,7 +460,7 @@ async fn run(watchdog: Arc<Watchdog>) {
             }
             continue;
         }
-        let sleep_until = next.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        let sleep_until = next.unwrap_or(now + LINGER);
         tokio::select! {
             () = tokio::time::sleep_until(sleep_until) => {}
             () = watchdog.schedule.wake.notified() => {}
