@@ -12,8 +12,9 @@
 //! - `grants/s` summed over the processes; `slowest/s` and `mean/s` per process (a starved
 //!   process shows as a low `slowest/mean`);
 //! - `sent/grant`: the calls clients sent (`INFO commandstats` of every master: `evalsha`,
-//!   `eval`, `fcall`, `set`, ... deltas over the measured interval) divided by the grants; `mix`
-//!   every command's calls per grant, those run inside scripts included;
+//!   `eval`, `fcall`, `set`, the module's `fencelock.*`, ... deltas over the measured interval)
+//!   divided by the grants; `mix` every command's calls per grant, those run inside scripts
+//!   included;
 //! - `client_us/grant`: the CPU time the client processes ran over the measured interval (each
 //!   child sums its threads' `/proc/self/task/*/schedstat`; 0 where that is not readable),
 //!   divided by the grants.
@@ -382,6 +383,7 @@ fn sent_by_clients(cmd: &str) -> bool {
         cmd,
         "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "fcall" | "set" | "wait" | "ping"
     ) || cmd.starts_with("script|")
+        || cmd.starts_with("fencelock.")
 }
 
 /// The masters' `INFO cpu commandstats` at one moment.

@@ -5,7 +5,8 @@
 # BASE_PORT (default 7400) and stops it (by pid) on exit.
 #   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] [TARGET=cluster] [SPAWNED=1] scripts/bench-hot-lock.sh
 # SPAWNED=1 runs each client's loop as a spawned task (hot_lock --spawned) instead of on the
-# process's main thread.
+# process's main thread. MODULE=/path/to/libfencelock_module.so loads fencelock's module into
+# the server(s) (scripts/build-module.sh builds it): the fencelock clients then use it.
 # TARGET=cluster runs against a 3-master/3-replica cluster on BASE_PORT+1..+6 instead
 # (scripts/cluster.sh; the lock's slot on one master, as every single lock is).
 # Results: docs/benchmarks.md, "A hot lock across processes (issue 25)".
@@ -47,17 +48,21 @@ if [ -z "$hot" ]; then
   hot=${CARGO_TARGET_DIR:-target}/release/examples/hot_lock
 fi
 
+load_module=()
+if [ -n "${MODULE:-}" ]; then
+  load_module=(--loadmodule "$(cd "$(dirname "$MODULE")" && pwd)/$(basename "$MODULE")")
+fi
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log"
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${load_module[@]}"
 until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
 url="redis://127.0.0.1:$port"
 if [ "$target" = cluster ]; then
-  scripts/cluster.sh up --base-port $((port + 1)) >/dev/null
+  REDIS_ARGS="${load_module[*]}" scripts/cluster.sh up --base-port $((port + 1)) >/dev/null
   url="redis://127.0.0.1:$((port + 1)),redis://127.0.0.1:$((port + 2)),redis://127.0.0.1:$((port + 3))"
 fi
 
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
-  "port $port, target $target, hold ${hold} ms, ${seconds}s per measurement"
+  "port $port, target $target, hold ${hold} ms, ${seconds}s per measurement${MODULE:+, module loaded}"
 for n in $procs; do
   "$hot" --url "$url" --target "$target" --seconds "$seconds" --hold-ms "$hold" --procs "$n" "${spawned[@]}" \
     --libs fencelock,fair,rslock

@@ -30,7 +30,8 @@
 #   FENCELOCK=/path/to/an/older/fencelock scripts/bench-server-cost.sh   (that build's scripts)
 #   MODULE=/path/to/libfencelock_module.so scripts/bench-server-cost.sh   (issue 24: the module
 #     loaded, and the lines fencelock-module and fencelock-module-batched-16: the pairs of
-#     fencelock-single and fencelock-batched-16 sent as the module's commands)
+#     fencelock-single and fencelock-batched-16 sent as the module's commands, and
+#     module-handoff-Q-queued: mutex-handoff-Q-queued as the module's commands)
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -303,6 +304,24 @@ for q in 8 32; do
   done >"$dir/hot$q"
 done
 
+# The same handoff through the module's commands (MODULE set): the release that grants the head
+# is fencelock.release, the acquire that queues the releaser again fencelock.acquire.
+if [ -n "$module" ]; then
+  for q in 8 32; do
+    {
+      resp fencelock.acquire "fencelock:{mhot$q}:lock" "$(hot_owner 0)" "$ttl" 0 clock "$grace"
+      for ((k = 1; k <= q; k++)); do
+        resp fencelock.acquire "fencelock:{mhot$q}:lock" "$(hot_owner "$k")" "$ttl" 0 clock 600000 "$grace"
+      done
+    } >"$dir/mhot${q}_setup"
+    for ((i = 0; i < n; i++)); do
+      o=$(hot_owner $((i % (q + 1))))
+      resp fencelock.release "fencelock:{mhot$q}:lock" "$o" "" p "$grace"
+      resp fencelock.acquire "fencelock:{mhot$q}:lock" "$o" "$ttl" 0 clock 600000 "$grace"
+    done >"$dir/mhot$q"
+  done
+fi
+
 # The fair lock's handoff under the same load: Q waiters queued, each "pair" one fair_release
 # that grants the head on the server and announces it, and one fair_acquire by the releaser that
 # queues it again (the queue's cap 128).
@@ -346,6 +365,8 @@ measure entry-fcall "$dir/entry_fcall"
 if [ -n "$module" ]; then
   measure fencelock-module "$dir/module_single"
   measure fencelock-module-batched-16 "$dir/module_batched"
+  measure module-handoff-8-queued "$dir/mhot8" "$dir/mhot8_setup"
+  measure module-handoff-32-queued "$dir/mhot32" "$dir/mhot32_setup"
 fi
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.

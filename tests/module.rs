@@ -903,3 +903,214 @@ fn the_module_releases_as_the_script_does() {
     ];
     differential(&server, "fencelock.release", "release", cases);
 }
+
+/// A field name made at run time, for a case's fields.
+fn named(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
+#[test]
+fn the_module_keeps_a_busy_callers_queue_place_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let held = format!("{} 123456789 you", now + 5000);
+    let args = ["me", "30000", "0", "clock", "600000", "60000"];
+    let case =
+        |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
+    let mut full = case("full", held.clone(), &args);
+    for i in 0..399 {
+        full = full.with(named(format!("x:{i}")), "1");
+    }
+    let cases = vec![
+        case("new-place", held.clone(), &args),
+        case("behind-others", format!("{held} wq"), &args)
+            .with("qseq", "7")
+            .with("qh", "7")
+            .with("q:x", &format!("7 {}", now + 500_000))
+            .with("g:x", "30000 600000 0 clock")
+            .with("s:7", "x"),
+        case("kept-place", format!("{held} wq"), &args)
+            .with("qseq", "3")
+            .with("q:me", &format!("3 {}", now + 100))
+            .with("g:me", "1 2 3 clock")
+            .with("s:3", "me"),
+        case("reentered-holder", format!("{held} h2"), &args)
+            .with("h:", "1")
+            .with("h:a1", "1"),
+        case(
+            "no-grace",
+            held.clone(),
+            &["me", "30000", "0", "clock", "600000", ""],
+        ),
+        Case::new("expiry-later", held.clone(), now + 900_000, &args),
+        full,
+    ];
+    differential(&server, "fencelock.acquire", "acquire", cases);
+}
+
+#[test]
+fn the_module_hands_a_released_lock_to_the_queue_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let lease = now + 5000;
+    let mine = format!("{lease} 123456789 me wq");
+    let plain = ["me", "", "p", "60000"];
+    let fresh = |seq: u64| format!("{seq} {}", now + 590_000);
+    let case =
+        |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
+    // One place queued at seq 1 (owner `a`, counter fences: deterministic), and a second one.
+    let one = |name, until: String, grant: &str, args: &[&'static str]| {
+        case(name, until, args)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &fresh(1))
+            .with("g:a", grant)
+    };
+    let two = |name, until: String, args: &[&'static str]| {
+        one(name, until, "30000 600000 0 counter", args)
+            .with("qseq", "2")
+            .with("s:2", "b")
+            .with("q:b", &fresh(2))
+            .with("g:b", "30000 600000 0 counter")
+    };
+    let mut long_walk = case("long-walk", mine.clone(), &plain).with("qseq", "70");
+    for i in 1..=70 {
+        long_walk = long_walk.with(named(format!("s:{i}")), "gone");
+    }
+    let cases = vec![
+        two("head-of-two", mine.clone(), &plain),
+        one("last-one", mine.clone(), "30000 600000 0 counter", &plain),
+        one(
+            "clock-fence-ahead",
+            format!("{lease} 5000000000000005 me wq"),
+            "30000 600000 0 clock",
+            &plain,
+        ),
+        one(
+            "floor",
+            mine.clone(),
+            "30000 600000 999999999 counter",
+            &plain,
+        ),
+        one("unknown-mode", mine.clone(), "30000 600000 0 weird", &plain),
+        one(
+            "epoch-on-standalone",
+            mine.clone(),
+            "30000 600000 0 hybrid",
+            &plain,
+        ),
+        one(
+            "no-announcement",
+            mine.clone(),
+            "30000 600000 0 counter",
+            &["me", "", "", "60000"],
+        ),
+        one(
+            "no-grace",
+            mine.clone(),
+            "30000 600000 0 counter",
+            &["me", "", "p", ""],
+        ),
+        one(
+            "bad-arguments",
+            mine.clone(),
+            "30000 600000 x counter",
+            &plain,
+        ),
+        case("stale-head", mine.clone(), &plain)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now + 1000))
+            .with("g:a", "30000 600000 0 counter"),
+        case("no-arguments", mine.clone(), &plain)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &fresh(1)),
+        case("dead-then-live", mine.clone(), &plain)
+            .with("qseq", "3")
+            .with("qh", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10))
+            .with("g:a", "30000 600000 0 counter")
+            .with("s:3", "c")
+            .with("q:c", &fresh(3))
+            .with("g:c", "30000 600000 0 counter"),
+        case("moved-entry", mine.clone(), &plain)
+            .with("qseq", "2")
+            .with("s:1", "a")
+            .with("q:a", &fresh(5))
+            .with("g:a", "30000 600000 0 counter"),
+        case("no-head", mine.clone(), &plain)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10)),
+        case("no-index", mine.clone(), &plain)
+            .with("qseq", "4")
+            .with("qh", "5")
+            .with("q:old", &fresh(2)),
+        long_walk,
+        two(
+            "reentered-last",
+            format!("{lease} 123456789 me h1 wq"),
+            &["me", "a1", "p", "60000"],
+        )
+        .with("h:a1", "1"),
+    ];
+    differential(&server, "fencelock.release", "release", cases);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_module_hands_a_queued_lock_from_client_to_client_in_arrival_order() {
+    let server = Standalone::start_with_module();
+    let key = "fencelock:{hot}:lock";
+    let places = |node: &common::Node| {
+        let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+        fields.iter().filter(|f| f.starts_with("q:")).count()
+    };
+    let holder = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = holder.lock("hot", &options).await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 1..=4 {
+        let client = Client::connect([server.url()]).await.unwrap();
+        let task = {
+            let (client, options) = (
+                client.clone(),
+                options.clone().timeout(Duration::from_secs(20)),
+            );
+            tokio::spawn(async move {
+                let guard = client.lock("hot", &options).await?;
+                let fence = guard.fence();
+                guard.release().await?;
+                Ok::<_, Error>(fence)
+            })
+        };
+        common::eventually("the waiter to queue", Duration::from_secs(5), || {
+            places(&server.node) == queued
+        })
+        .await;
+        waiters.push((client, task));
+    }
+    let scripts = server.node.script_calls();
+    let mut fences = vec![guard.fence()];
+    guard.release().await.unwrap();
+    let mut renewals = holder.stats().renewal_calls;
+    for (client, task) in waiters {
+        fences.push(task.await.unwrap().expect("handed in turn"));
+        let stats = client.stats();
+        assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+        renewals += stats.renewal_calls;
+    }
+    assert!(strictly_increasing(&fences), "arrival order: {fences:?}");
+    assert_eq!(places(&server.node), 0);
+    assert_eq!(holder.stats().module_fallbacks, 0);
+    // The handoffs ran in the module: scripts only renewed places, if anything.
+    assert!(
+        server.node.script_calls() - scripts <= renewals,
+        "{} script calls",
+        server.node.script_calls() - scripts
+    );
+    let free = holder.try_lock("hot", &options).await.unwrap();
+    assert!(free.fence() > *fences.last().unwrap());
+    free.release().await.unwrap();
+}

@@ -2,12 +2,14 @@
 //! KEYS, ARGV and replies (see its header), served natively on key layout 2 for the paths a lock
 //! without a queue takes: a grant of a free or expired lock (the fence rule in every mode, the
 //! config epoch of modes `epoch` and `hybrid` from the cache in epoch.rs; the key-expiry rule),
-//! the resend of a live holder (lease moved forward), and busy (setting the waiters mark as the
-//! script does). The rest answers `-FALLBACK <reason>` before any write, for the client to send
-//! through the script: a queue (`waiters` `q`, or a caller with a place lease finding the lock
-//! held), a re-entered lock's leftover holds and a key of layout 1.
+//! the resend of a live holder (lease moved forward), busy (setting the waiters mark as the
+//! script does), and busy for a caller with a place lease, which keeps its place in the lock's
+//! queue (queue.rs, `hold_place`). The rest answers `-FALLBACK <reason>` before any write, for
+//! the client to send through the script: a free lock with a queue (`waiters` `q`: its head is
+//! granted by the script), a re-entered lock's leftover holds and a key of layout 1.
 
 use crate::epoch;
+use crate::queue;
 use crate::rules::{self, Expiry};
 use crate::server::{Key, Reply};
 use crate::state::{self, Buf, State};
@@ -85,7 +87,10 @@ pub fn run(
         }
         return Reply::Ints(vec![2, lock.fence as i64, 0]);
     }
-    if (live && place > 0) || (!live && queued) {
+    if live && place > 0 {
+        return queue::hold_place(&key, &lock, args, now_ms, place, grace);
+    }
+    if !live && queued {
         return Reply::Error("FALLBACK queue".into());
     }
     let tag = &owner[..owner.len().min(8)];

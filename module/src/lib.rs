@@ -18,6 +18,7 @@ mod acquire;
 mod batch;
 mod epoch;
 mod extend;
+mod queue;
 mod reenter;
 mod release;
 mod renew;

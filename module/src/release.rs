@@ -3,11 +3,14 @@
 //! hold of a re-entered lock ended (its `h:<id>` field and the count; a hold released twice, or
 //! never added, answers 1 and changes nothing), the last hold freed (the fence kept, a
 //! re-entered lock's `h:` fields removed) and, when an acquire found the lock busy meanwhile,
-//! the announcement (PUBLISH or SPUBLISH on the key's channel); another owner's or an expired
-//! lock answered as the script does. A release that would free a lock with a queue to hand it
-//! to (`waiters` `q`) and a key of layout 1 answer `-FALLBACK <reason>` before any write.
+//! the announcement (PUBLISH or SPUBLISH on the key's channel), or, for a lock with a queue
+//! (`waiters` `q`), the grant to the queue's head announced on its client's channel (queue.rs,
+//! the handoff of issue 25); another owner's or an expired lock answered as the script does. A
+//! key of layout 1, and a queue whose fields the scripts would read otherwise, answer
+//! `-FALLBACK <reason>` before any write.
 //! Allowed at maxmemory: it writes no more than it frees.
 
+use crate::queue;
 use crate::rules;
 use crate::server::{Key, Reply};
 use crate::state::{self, Buf};
@@ -23,9 +26,10 @@ pub fn run(
         return Reply::WrongArity;
     }
     let (owner, hold, announce) = (args[1], args[2], args[3]);
-    if let Err(e) = rules::check_owner(owner).and_then(|()| rules::parse_grace(args[4])) {
-        return Reply::Error(e);
-    }
+    let grace = match rules::check_owner(owner).and_then(|()| rules::parse_grace(args[4])) {
+        Ok(grace) => grace,
+        Err(e) => return Reply::Error(e),
+    };
     if !matches!(announce, b"" | b"s" | b"p") {
         return Reply::Error("ERR fencelock: announce must be s, p or empty".into());
     }
@@ -58,12 +62,18 @@ pub fn run(
     }
     let code = if live { 1 } else { 0 };
     let waiters = lock.waiters;
-    if left == 0 && code == 1 && waiters == Some(b"q") {
-        return Reply::Error("FALLBACK queue".into());
-    }
     if left == 0 && code == 1 && waiters.is_some() && announce == b"s" && !Key::can_spublish() {
         return Reply::Error("FALLBACK SPUBLISH not available".into());
     }
+    // A queue: its head is found and its grant decided before the first write.
+    let handoff = if left == 0 && code == 1 && waiters == Some(b"q") {
+        match queue::plan_handoff(&key, ctx, lock.fence, now_ms, now_us) {
+            Ok(handoff) => Some(handoff),
+            Err(reply) => return reply,
+        }
+    } else {
+        None
+    };
     if one_of_several {
         key.hdel(hold_field.bytes());
         if left > 0 {
@@ -91,6 +101,11 @@ pub fn run(
         None,
         None,
     ));
+    if let Some(handoff) = handoff {
+        if handoff.apply(&key, lock.fence_raw, announce, grace) {
+            return Reply::Int(1);
+        }
+    }
     if code == 1 && waiters.is_some() && !announce.is_empty() {
         key.announce(announce == b"s");
     }

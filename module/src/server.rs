@@ -140,6 +140,11 @@ impl Key {
         Key { ctx, key, name }
     }
 
+    /// The key's name.
+    pub fn name_bytes(&self) -> &[u8] {
+        bytes(self.name)
+    }
+
     /// What the key holds.
     pub fn kind(&self) -> Kind {
         if self.key.is_null() {
@@ -264,6 +269,65 @@ impl Key {
     pub fn set_until(&self, value: &[u8]) {
         let v = Owned::new(self.ctx, value);
         self.hash_set(until(), v.ptr);
+    }
+
+    /// `HGET key field`, the field given as bytes (the key must be a hash).
+    pub fn hget_field(&self, field: &[u8]) -> Option<Owned> {
+        let f = Owned::new(self.ctx, field);
+        self.hash_get(raw::REDISMODULE_HASH_NONE, f.ptr.cast_const().cast())
+    }
+
+    /// `HLEN key` (0 for an empty key).
+    pub fn len(&self) -> u64 {
+        if self.key.is_null() {
+            return 0;
+        }
+        // SAFETY: an open key.
+        unsafe { api!(RedisModule_ValueLength)(self.key) as u64 }
+    }
+
+    /// `HSET key field value [field value …]`, replicated as one such command, with its
+    /// keyspace event (the key is a hash or empty).
+    pub fn hset_fields(&self, pairs: &[(&[u8], &[u8])]) {
+        let owned: Vec<Owned> = pairs
+            .iter()
+            .flat_map(|(f, v)| [Owned::new(self.ctx, f), Owned::new(self.ctx, v)])
+            .collect();
+        let mut args: Vec<*mut RedisModuleString> = owned.iter().map(|o| o.ptr).collect();
+        // SAFETY: a key open for writing; the strings live until after the replication call;
+        // `v` takes the array and its length.
+        unsafe {
+            for pair in args.chunks(2) {
+                api!(RedisModule_HashSet)(
+                    self.key,
+                    raw::REDISMODULE_HASH_NONE as c_int,
+                    pair[0],
+                    pair[1],
+                    ptr::null_mut::<c_char>(),
+                );
+            }
+            api!(RedisModule_Replicate)(
+                self.ctx,
+                c"HSET".as_ptr(),
+                c"sv".as_ptr(),
+                self.name,
+                args.as_mut_ptr(),
+                args.len(),
+            );
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_HASH as c_int,
+                c"hset".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// `HDEL key field …` of the fields given as bytes, replicated as one `HDEL` of those that
+    /// were there; returns how many were.
+    pub fn hdel_fields(&self, fields: &[Vec<u8>]) -> usize {
+        let owned: Vec<Owned> = fields.iter().map(|f| Owned::new(self.ctx, f)).collect();
+        self.delete_fields(&owned)
     }
 
     /// `HEXISTS key field`, the field given as bytes (the key must be a hash).
@@ -495,19 +559,30 @@ impl Key {
     /// replicated so subscribers of the replicas hear it too. False when `SPUBLISH` is not
     /// available (a server before 7.0): nothing was sent.
     pub fn announce(&self, shard: bool) -> bool {
-        let empty = Owned::new(self.ctx, b"");
-        // SAFETY: the key name and a string of this module; the optional API is checked here.
+        self.publish(self.name, b"", shard)
+    }
+
+    /// `PUBLISH channel message` (`shard` false) or `SPUBLISH`, as a script's call (see
+    /// `announce`); `channel` given as bytes.
+    pub fn publish_to(&self, channel: &[u8], message: &[u8], shard: bool) -> bool {
+        let channel = Owned::new(self.ctx, channel);
+        self.publish(channel.ptr, message, shard)
+    }
+
+    fn publish(&self, channel: *mut RedisModuleString, message: &[u8], shard: bool) -> bool {
+        let message = Owned::new(self.ctx, message);
+        // SAFETY: the channel and message are live strings; the optional API is checked here.
         unsafe {
             let cluster = api!(RedisModule_GetContextFlags)(self.ctx) as u32
                 & raw::REDISMODULE_CTX_FLAGS_CLUSTER
                 != 0;
             if shard {
                 match raw::RedisModule_PublishMessageShard {
-                    Some(f) => f(self.ctx, self.name, empty.ptr),
+                    Some(f) => f(self.ctx, channel, message.ptr),
                     None => return false,
                 };
             } else {
-                api!(RedisModule_PublishMessage)(self.ctx, self.name, empty.ptr);
+                api!(RedisModule_PublishMessage)(self.ctx, channel, message.ptr);
             }
             if !cluster {
                 let cmd = if shard { c"SPUBLISH" } else { c"PUBLISH" };
@@ -515,8 +590,8 @@ impl Key {
                     self.ctx,
                     cmd.as_ptr(),
                     c"ss".as_ptr(),
-                    self.name,
-                    empty.ptr,
+                    channel,
+                    message.ptr,
                 );
             }
         }

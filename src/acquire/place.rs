@@ -138,12 +138,6 @@ impl Place {
         }
     }
 
-    /// Whether an attempt of this call answered busy: its next attempts meet a held lock or a
-    /// queue (which the module leaves to the script).
-    pub(crate) fn answered_busy(&self) -> bool {
-        self.lock_busy_sent().is_some()
-    }
-
     /// Whether a grant to this call's place has been announced and not yet taken.
     pub(crate) fn handed_pending(&self) -> bool {
         self.core.wakeups.has_message(&self.channel, &self.owner)

@@ -142,11 +142,6 @@ impl Request for Acquire<'_> {
             .arg(mode);
         if let Some(place) = &self.place {
             call = call.arg(place.lease_arg()).weighted(place.weight());
-            if place.answered_busy() {
-                // It meets a held lock or a queue, which the module leaves to the script:
-                // sent as the script at once.
-                call = call.script_only();
-            }
             place.sending();
         }
         let call = call.arg(expiry);

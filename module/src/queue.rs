@@ -1,0 +1,436 @@
+//! The mutex's queue (issue 25), natively: a busy caller's place (`hold_place`, acquire.lua's
+//! busy path with mutex_queue.lua's `hold_place`) and a release's handoff to the head
+//! (`plan_handoff` then `Handoff::apply`, release.lua with mutex_queue.lua's `head` and
+//! `hand_head` and fair.lua's `handed` and `wake`), with the scripts' fields (`q:<owner>`,
+//! `g:<owner>`, `s:<seq>`, `qseq`, `qh`), replies, key expiry and announcements, so a queue
+//! some of whose calls the scripts serve and some the module works as one.
+//!
+//! A field the scripts would read differently (a number of more than 15 digits, which Lua reads
+//! as an inexact double; a counter `HINCRBY` refuses; a place or index value that is not the
+//! scripts' own) makes the call answer `-FALLBACK` before any write, for the script to serve.
+
+use crate::epoch;
+use crate::rules::{self, Expiry, Mode};
+use crate::server::{Key, Reply};
+use crate::state::{self, Buf, State};
+
+/// The hash's field count from which a busy caller gets no place (acquire.lua).
+const FULL: u64 = 400;
+
+/// Index entries one walk reads at most (mutex_queue.lua's `head`).
+const WALK: u64 = 64;
+
+/// Sequence numbers from this on are written by the scripts' Lua in exponent form: left to them.
+const MAX_SEQ: u64 = 100_000_000_000_000;
+
+fn fallback(why: &str) -> Reply {
+    Reply::Error(format!("FALLBACK {why}"))
+}
+
+/// A `(%d+)` capture as the scripts' `tonumber` reads it: `Err` for more than 15 digits (not
+/// exact as a double: left to the scripts).
+fn number(digits: &[u8]) -> Result<u64, Reply> {
+    if digits.len() > 15 {
+        return Err(fallback("a queue number of more than 15 digits"));
+    }
+    state::parse_u64(digits).ok_or_else(|| fallback("an unreadable queue number"))
+}
+
+/// A field the scripts read with `tonumber(v) or default`: absent is `default`; anything but
+/// plain digits (up to 15) is left to the scripts.
+fn counter(key: &Key, field: &std::ffi::CStr, default: u64) -> Result<u64, Reply> {
+    match key.hget(field) {
+        None => Ok(default),
+        Some(v) if !v.bytes().is_empty() && v.bytes().iter().all(u8::is_ascii_digit) => {
+            number(v.bytes())
+        }
+        Some(_) => Err(fallback("an unreadable queue counter")),
+    }
+}
+
+/// Splits `v` at single spaces into exactly `N` words (`None` otherwise).
+fn words<const N: usize>(v: &[u8]) -> Option<[&[u8]; N]> {
+    let mut out = [&v[..0]; N];
+    let mut parts = v.split(|&b| b == b' ');
+    for slot in &mut out {
+        *slot = parts.next()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+fn digits(w: &[u8]) -> bool {
+    !w.is_empty() && w.iter().all(u8::is_ascii_digit)
+}
+
+/// A place's value as the scripts match it, `^(%d+) (%d+)$`: its seq and lease end, `Ok(None)`
+/// when it does not match.
+fn place_of(v: &[u8]) -> Result<Option<(u64, u64)>, Reply> {
+    match words::<2>(v) {
+        Some([seq, ends]) if digits(seq) && digits(ends) => Ok(Some((number(seq)?, number(ends)?))),
+        _ => Ok(None),
+    }
+}
+
+fn field(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(prefix.len() + name.len());
+    f.extend_from_slice(prefix);
+    f.extend_from_slice(name);
+    f
+}
+
+fn seq_field(seq: u64) -> Vec<u8> {
+    let mut b = Buf::new();
+    b.push(b"s:").push_u64(seq);
+    b.bytes().to_vec()
+}
+
+/// acquire.lua's caller with a place lease (`args`: key, owner, TTL, floor, mode, place lease,
+/// grace) on a lock another owner holds (`lock`, live): keeps the caller's place, its grant
+/// arguments and, for a new place, its index entry (`hold_place`), marks the lock queued and
+/// raises the key's expiry to cover the place and the lease; answers `{0, wait, 0, queued}`
+/// (queued: 1 new place, 0 kept, -1 the hash is full: no place, nothing written).
+pub fn hold_place(
+    key: &Key,
+    lock: &State,
+    args: &[&[u8]],
+    now_ms: u64,
+    place: u64,
+    grace: Option<u64>,
+) -> Reply {
+    let me = args[1];
+    let wait = lock.lease.saturating_sub(now_ms) as i64;
+    let place_field = field(b"q:", me);
+    let mut seq = Buf::new();
+    let new = match key.hget_field(&place_field) {
+        Some(mine) => {
+            // string.match(mine, '^(%d+) '): the seq kept verbatim.
+            let v = mine.bytes();
+            let n = v.iter().take_while(|b| b.is_ascii_digit()).count();
+            if n == 0 || v.get(n) != Some(&b' ') {
+                return fallback("an unreadable queue place");
+            }
+            seq.push(&v[..n]);
+            false
+        }
+        None => {
+            if key.len() >= FULL {
+                return Reply::Ints(vec![0, wait, 0, -1]);
+            }
+            // HINCRBY qseq 1: a value it refuses (not a canonical integer) goes to the script.
+            let next = match key.hget(c"qseq") {
+                None => 1,
+                Some(v) => {
+                    let v = v.bytes();
+                    let canonical = digits(v) && (v.len() == 1 || v[0] != b'0');
+                    match state::parse_u64(v) {
+                        Some(n) if canonical && n + 1 < MAX_SEQ => n + 1,
+                        _ => return fallback("an unreadable queue counter"),
+                    }
+                }
+            };
+            seq.push_u64(next);
+            true
+        }
+    };
+    let ends = now_ms + place;
+    let mut value = Buf::new();
+    value.push(seq.bytes()).push(b" ").push_u64(ends);
+    let mut grant_args = Buf::new();
+    grant_args
+        .push(args[2])
+        .push(b" ")
+        .push(args[5])
+        .push(b" ")
+        .push(args[3])
+        .push(b" ")
+        .push(args[4]);
+    let grant_field = field(b"g:", me);
+    if new {
+        let index = field(b"s:", seq.bytes());
+        key.hset_fields(&[
+            (b"qseq", seq.bytes()),
+            (&place_field, value.bytes()),
+            (&grant_field, grant_args.bytes()),
+            (&index, me),
+        ]);
+    } else {
+        key.hset_fields(&[
+            (&place_field, value.bytes()),
+            (&grant_field, grant_args.bytes()),
+        ]);
+    }
+    if lock.waiters != Some(b"q") {
+        key.set_until(state::format(
+            &mut Buf::new(),
+            lock.lease_raw,
+            lock.fence_raw,
+            lock.owner,
+            lock.holds,
+            Some(b"q"),
+        ));
+    }
+    key.apply(match grace {
+        None => Expiry::Persist,
+        Some(g) => Expiry::RaiseTo(lock.lease.max(ends) + g),
+    });
+    Reply::Ints(vec![0, wait, 0, i64::from(new)])
+}
+
+/// What a release's handoff will do, decided by reads only (so that a case left to the script
+/// is declined before the release writes anything).
+pub struct Handoff {
+    /// Where the walk of the arrival index started and stopped, and `qseq`.
+    start: u64,
+    stop: u64,
+    last: u64,
+    /// Index entries (and places) the walk found gone.
+    dead: Vec<Vec<u8>>,
+    head: Head,
+}
+
+enum Head {
+    /// No live place found in the walk.
+    None,
+    /// A head that is only woken (a stale place, no grant arguments, no fence).
+    Wake(Vec<u8>),
+    /// A grant to the head, announced with its fence.
+    Grant {
+        who: Vec<u8>,
+        seq: u64,
+        ends: u64,
+        fence: u64,
+        behind: u64,
+        ttl: u64,
+        shift: Option<u64>,
+    },
+}
+
+/// Reads what `hand_head` (mutex_queue.lua) reads on a lock freed with fence `stored`: the
+/// walk of the arrival index from `qh` (at most [`WALK`] entries) to the first live place, the
+/// head's grant arguments and the next fence by them (fair.lua's `handed`).
+pub fn plan_handoff(
+    key: &Key,
+    ctx: *mut redis_module::raw::RedisModuleCtx,
+    stored: u64,
+    now_ms: u64,
+    now_us: u64,
+) -> Result<Handoff, Reply> {
+    let start = counter(key, c"qh", 1)?;
+    let last = counter(key, c"qseq", 0)?;
+    if last >= MAX_SEQ || start >= MAX_SEQ {
+        return Err(fallback("a queue sequence past 10^14"));
+    }
+    let (mut h, mut dead, mut found) = (start, Vec::new(), None);
+    while h <= last && h < start + WALK {
+        let entry = seq_field(h);
+        if let Some(who) = key.hget_field(&entry) {
+            let who = who.bytes().to_vec();
+            let place = match key.hget_field(&field(b"q:", &who)) {
+                Some(p) => place_of(p.bytes())?,
+                None => None,
+            };
+            match place {
+                Some((seq, ends)) if seq == h && ends > now_ms => {
+                    found = Some((who, ends));
+                    break;
+                }
+                Some((seq, _)) if seq == h => {
+                    dead.push(entry);
+                    dead.push(field(b"q:", &who));
+                    dead.push(field(b"g:", &who));
+                }
+                _ => dead.push(entry),
+            }
+        }
+        h += 1;
+    }
+    let head = match found {
+        None => Head::None,
+        Some((who, head_end)) => grant_to(key, ctx, who, h, head_end, stored, now_ms, now_us)?,
+    };
+    Ok(Handoff {
+        start,
+        stop: h,
+        last,
+        dead,
+        head,
+    })
+}
+
+/// fair.lua's `handed` up to its writes: a grant when the head's arguments are there and its
+/// place is fresh (at least two thirds of its lease left) and the fence rule gives a fence;
+/// else the head is only woken.
+#[allow(clippy::too_many_arguments)]
+fn grant_to(
+    key: &Key,
+    ctx: *mut redis_module::raw::RedisModuleCtx,
+    who: Vec<u8>,
+    seq: u64,
+    head_end: u64,
+    stored: u64,
+    now_ms: u64,
+    now_us: u64,
+) -> Result<Head, Reply> {
+    let Some(args) = key.hget_field(&field(b"g:", &who)) else {
+        return Ok(Head::Wake(who));
+    };
+    // '^(%d+) (%d+) (%d+) (%S+)$'
+    let Some([ttl, place, floor, mode]) = words::<4>(args.bytes()) else {
+        return Ok(Head::Wake(who));
+    };
+    if !(digits(ttl) && digits(place) && digits(floor))
+        || mode.is_empty()
+        || mode
+            .iter()
+            .any(|&b| matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
+    {
+        return Ok(Head::Wake(who));
+    }
+    let (ttl, place, floor) = (number(ttl)?, number(place)?, number(floor)?);
+    if ttl == 0 || place == 0 || (head_end - now_ms).saturating_mul(3) < place.saturating_mul(2) {
+        return Ok(Head::Wake(who));
+    }
+    // fence.lua: a mode it does not name counts on (as `counter`).
+    let mode = rules::parse_mode(mode).unwrap_or(Mode::Counter);
+    let epoch = if mode.reads_epoch() {
+        match epoch::my_epoch(ctx) {
+            Some(e) => e,
+            None => return Ok(Head::Wake(who)),
+        }
+    } else {
+        0
+    };
+    match rules::next_fence(stored, floor, mode, now_us, epoch) {
+        Ok(f) => Ok(Head::Grant {
+            who,
+            seq,
+            ends: now_ms + ttl,
+            fence: f.fence,
+            behind: f.behind,
+            ttl,
+            shift: f.shift,
+        }),
+        Err(_) => Ok(Head::Wake(who)),
+    }
+}
+
+impl Handoff {
+    /// `hand_head`'s writes, after the release freed the lock (its state `0 <fence> `): the
+    /// walk's deletions and `qh`, then the grant to the head (its place, arguments and index
+    /// entry gone, the state its, marked `q` while entries remain, announced on its client's
+    /// channel `<key>:w:<first 8 bytes of its owner>` as "<owner> <fence> <behind> <TTL>", the
+    /// key's expiry raised to cover it), or the head woken (an empty message) and the free lock
+    /// marked `q`, or, with no head, the mark kept while entries or unindexed places may wait.
+    /// `announce` is the release's (`s`, `p` or empty: none). True when a head was found (the
+    /// release then answers without its own announcement).
+    pub fn apply(self, key: &Key, fence_raw: &[u8], announce: &[u8], grace: Option<u64>) -> bool {
+        if !self.dead.is_empty() {
+            key.hdel_fields(&self.dead);
+        }
+        if self.stop != self.start {
+            let mut qh = Buf::new();
+            qh.push_u64(self.stop);
+            key.hset_fields(&[(b"qh", qh.bytes())]);
+        }
+        let queued =
+            || state::format(&mut Buf::new(), b"0", fence_raw, b"", None, Some(b"q")).to_vec();
+        match self.head {
+            Head::None => {
+                if self.stop <= self.last || key.len() > 3 {
+                    key.set_until(&queued());
+                }
+                false
+            }
+            Head::Wake(who) => {
+                wake(key, &who, announce, None);
+                key.set_until(&queued());
+                true
+            }
+            Head::Grant {
+                who,
+                seq,
+                ends,
+                fence,
+                behind,
+                ttl,
+                shift,
+            } => {
+                key.hdel_fields(&[field(b"q:", &who), field(b"g:", &who), seq_field(seq)]);
+                let mark: Option<&[u8]> = (seq < self.last).then_some(b"q");
+                let (mut e, mut f) = (Buf::new(), Buf::new());
+                e.push_u64(ends);
+                f.push_u64(fence);
+                let mut value = Buf::new();
+                state::format(&mut value, e.bytes(), f.bytes(), &who, None, mark);
+                let mut qh = Buf::new();
+                qh.push_u64(seq + 1);
+                key.hset_fields(&[(b"until", value.bytes()), (b"qh", qh.bytes())]);
+                let mut message = Buf::new();
+                message
+                    .push_u64(fence)
+                    .push(b" ")
+                    .push_u64(behind)
+                    .push(b" ")
+                    .push_u64(ttl);
+                wake(key, &who, announce, Some(message.bytes()));
+                // raise.lua after a grant: the fence read as server ms counts (clock modes).
+                let fence_ms = shift.map_or(0, |s| fence.saturating_sub(s).div_ceil(1000));
+                key.apply(match grace {
+                    None => Expiry::Persist,
+                    Some(g) => Expiry::RaiseTo(ends.max(fence_ms) + g),
+                });
+                true
+            }
+        }
+    }
+}
+
+/// fair.lua's `wake`: announces on `who`'s client's channel, `<key>:w:<who's first 8 bytes>`,
+/// an empty message or "<who> <message>"; `announce` `s` SPUBLISH, `p` PUBLISH, else nothing.
+fn wake(key: &Key, who: &[u8], announce: &[u8], message: Option<&[u8]>) {
+    let shard = match announce {
+        b"s" => true,
+        b"p" => false,
+        _ => return,
+    };
+    let mut channel = Buf::new();
+    channel
+        .push(key.name_bytes())
+        .push(b":w:")
+        .push(&who[..who.len().min(8)]);
+    let mut text = Buf::new();
+    if let Some(m) = message {
+        text.push(who).push(b" ").push(m);
+    }
+    key.publish_to(channel.bytes(), text.bytes(), shard);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_split_at_single_spaces() {
+        assert_eq!(words::<2>(b"12 34"), Some([&b"12"[..], b"34"]));
+        assert_eq!(words::<2>(b"12 34 5"), None);
+        assert_eq!(words::<2>(b"12"), None);
+        assert_eq!(words::<2>(b"12  34"), None);
+        assert_eq!(
+            words::<4>(b"30000 600000 0 clock"),
+            Some([&b"30000"[..], b"600000", b"0", b"clock"])
+        );
+    }
+
+    #[test]
+    fn places_match_as_the_scripts_do() {
+        assert!(matches!(
+            place_of(b"7 1764000000000"),
+            Ok(Some((7, 1_764_000_000_000)))
+        ));
+        assert!(matches!(place_of(b"7 x"), Ok(None)));
+        assert!(matches!(place_of(b"7"), Ok(None)));
+        assert!(matches!(place_of(b"7 1764000000000 1"), Ok(None)));
+        // 16 digits: Lua reads a double that may not be exact; left to the script.
+        assert!(place_of(b"7 1234567890123456").is_err());
+    }
+}
