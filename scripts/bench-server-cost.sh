@@ -31,7 +31,8 @@
 #   MODULE=/path/to/libfencelock_module.so scripts/bench-server-cost.sh   (issue 24: the module
 #     loaded, and the lines fencelock-module and fencelock-module-batched-16: the pairs of
 #     fencelock-single and fencelock-batched-16 sent as the module's commands, and
-#     module-handoff-Q-queued: mutex-handoff-Q-queued as the module's commands)
+#     module-handoff-Q-queued and module-fair-handoff-Q-queued: mutex-handoff-Q-queued and
+#     fair-handoff-Q-queued as the module's commands)
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -320,6 +321,20 @@ if [ -n "$module" ]; then
       resp fencelock.acquire "fencelock:{mhot$q}:lock" "$o" "$ttl" 0 clock 600000 "$grace"
     done >"$dir/mhot$q"
   done
+  # The fair lock's handoff through the module: fencelock.fair_release and fencelock.fair_acquire.
+  for q in 8 32; do
+    {
+      resp fencelock.fair_acquire "fencelock:{mfhot$q}:fair" "$(hot_owner 0)" "$ttl" 0 clock 0 128 "$grace"
+      for ((k = 1; k <= q; k++)); do
+        resp fencelock.fair_acquire "fencelock:{mfhot$q}:fair" "$(hot_owner "$k")" "$ttl" 0 clock 600000 128 "$grace"
+      done
+    } >"$dir/mfhot${q}_setup"
+    for ((i = 0; i < n; i++)); do
+      o=$(hot_owner $((i % (q + 1))))
+      resp fencelock.fair_release "fencelock:{mfhot$q}:fair" "$o" "" p "$grace"
+      resp fencelock.fair_acquire "fencelock:{mfhot$q}:fair" "$o" "$ttl" 0 clock 600000 128 "$grace"
+    done >"$dir/mfhot$q"
+  done
 fi
 
 # The fair lock's handoff under the same load: Q waiters queued, each "pair" one fair_release
@@ -367,6 +382,8 @@ if [ -n "$module" ]; then
   measure fencelock-module-batched-16 "$dir/module_batched"
   measure module-handoff-8-queued "$dir/mhot8" "$dir/mhot8_setup"
   measure module-handoff-32-queued "$dir/mhot32" "$dir/mhot32_setup"
+  measure module-fair-handoff-8-queued "$dir/mfhot8" "$dir/mfhot8_setup"
+  measure module-fair-handoff-32-queued "$dir/mfhot32" "$dir/mfhot32_setup"
 fi
 
 # The default fence mode where it reads the epoch: a cluster-mode node serving every slot.

@@ -173,6 +173,36 @@ impl Primitive for Fair {
     }
 }
 
+/// The fair lock on a server that loads fencelock's Redis module: its acquire and release go
+/// to the module's `fencelock.fair_acquire` and `fencelock.fair_release`.
+struct ModuleFair;
+impl Primitive for ModuleFair {
+    type Guard = FairLockGuard;
+    const KIND: &'static str = "fair";
+    const ACQUIRE: &'static str = "fair_acquire";
+    async fn try_take(client: &Client, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        Fair::try_take(client, name, options).await
+    }
+    async fn take(client: &Client, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
+        Fair::take(client, name, options).await
+    }
+    fn fence(guard: &FairLockGuard) -> FenceToken {
+        Fair::fence(guard)
+    }
+    async fn release(guard: FairLockGuard) -> Result<()> {
+        Fair::release(guard).await
+    }
+    async fn lost(guard: &FairLockGuard) -> Error {
+        Fair::lost(guard).await
+    }
+    fn acquire_by_hand(key: &str, owner: &str) -> redis::Cmd {
+        Fair::acquire_by_hand(key, owner)
+    }
+    fn server() -> Standalone {
+        Standalone::start_with_module()
+    }
+}
+
 struct Permit;
 impl Primitive for Permit {
     type Guard = PermitGuard;
@@ -417,6 +447,7 @@ contract!(
     mutex_module => ModuleMutex,
     write => Write,
     fair => Fair,
+    fair_module => ModuleFair,
     permit => Permit,
 );
 

@@ -1114,3 +1114,184 @@ async fn the_module_hands_a_queued_lock_from_client_to_client_in_arrival_order()
     assert!(free.fence() > *fences.last().unwrap());
     free.release().await.unwrap();
 }
+
+#[test]
+fn the_module_serves_the_fair_lock_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let lease = now + 5000;
+    let fresh = |seq: u64| format!("{seq} {}", now + 590_000);
+    let grant = "30000 600000 0 counter";
+    let wait = ["me", "30000", "0", "counter", "600000", "128", "60000"];
+    let once = ["me", "30000", "0", "counter", "0", "128", "60000"];
+    let case =
+        |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
+    let held = format!("{lease} 123456789 you");
+    let queued_free = "0 123456789  wq".to_owned();
+    // `a` queued at seq 1 and `b` at 2.
+    let two = |name, until: String, args: &[&'static str]| {
+        case(name, until, args)
+            .with("qseq", "2")
+            .with("s:1", "a")
+            .with("q:a", &fresh(1))
+            .with("g:a", grant)
+            .with("s:2", "b")
+            .with("q:b", &fresh(2))
+            .with("g:b", grant)
+    };
+    let mut long_walk = case("long-walk", queued_free.clone(), &wait).with("qseq", "70");
+    for i in 1..=70 {
+        long_walk = long_walk.with(named(format!("s:{i}")), "gone");
+    }
+    let acquires = vec![
+        case("no-key", String::new(), &wait),
+        case("free", "0 123456789 ".to_owned(), &wait),
+        case(
+            "expired-other",
+            format!("{} 123456789 you", now - 10),
+            &wait,
+        ),
+        case(
+            "floor",
+            "0 123456789 ".to_owned(),
+            &[
+                "me",
+                "30000",
+                "999999999",
+                "counter",
+                "600000",
+                "128",
+                "60000",
+            ],
+        ),
+        case("resend", format!("{lease} 123456789 me wq"), &wait),
+        case("busy-new", held.clone(), &wait),
+        two("busy-behind", format!("{held} wq"), &wait),
+        two("busy-kept", format!("{held} wq"), &wait)
+            .with("qseq", "3")
+            .with("s:3", "me")
+            .with("q:me", &fresh(3))
+            .with("g:me", grant),
+        two("one-shot-busy", format!("{held} wq"), &once),
+        two("one-shot-placed", format!("{held} wq"), &once)
+            .with("qseq", "3")
+            .with("s:3", "me")
+            .with("q:me", &fresh(3)),
+        two(
+            "full",
+            format!("{held} wq"),
+            &["me", "30000", "0", "counter", "600000", "2", "60000"],
+        ),
+        case("head-grant", queued_free.clone(), &wait)
+            .with("qseq", "2")
+            .with("s:1", "me")
+            .with("q:me", &fresh(1))
+            .with("g:me", grant)
+            .with("s:2", "b")
+            .with("q:b", &fresh(2))
+            .with("g:b", grant),
+        case("head-grant-last", queued_free.clone(), &wait)
+            .with("qseq", "1")
+            .with("s:1", "me")
+            .with("q:me", &fresh(1))
+            .with("g:me", grant),
+        // Waits within 100 s, so that `alike` allows for the milliseconds between the calls.
+        case("not-head", queued_free.clone(), &wait)
+            .with("qseq", "2")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now + 90_000))
+            .with("g:a", grant)
+            .with("s:2", "b")
+            .with("q:b", &format!("2 {}", now + 95_000))
+            .with("g:b", grant),
+        case("all-gone", queued_free.clone(), &wait)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10))
+            .with("g:a", grant),
+        case("own-place-gone", queued_free.clone(), &wait)
+            .with("qseq", "2")
+            .with("s:1", "me")
+            .with("q:me", &format!("1 {}", now - 10))
+            .with("s:2", "b")
+            .with("q:b", &format!("2 {}", now + 95_000))
+            .with("g:b", grant),
+        long_walk,
+        case(
+            "no-grace",
+            held.clone(),
+            &["me", "30000", "0", "counter", "600000", "128", ""],
+        ),
+    ];
+    differential(&server, "fencelock.fair_acquire", "fair_acquire", acquires);
+
+    let plain = ["me", "", "p", "60000"];
+    let mine = format!("{lease} 123456789 me wq");
+    let releases = vec![
+        case("plain", format!("{lease} 123456789 me"), &plain),
+        case("expired", format!("{} 123456789 me", now - 10), &plain),
+        case("other", held.clone(), &plain),
+        case("forced", "0 123456789 ".to_owned(), &plain).with("forced", "me"),
+        case("no-key", String::new(), &plain),
+        two("hand", mine.clone(), &plain),
+        two(
+            "expired-hand",
+            format!("{} 123456789 me wq", now - 10),
+            &plain,
+        ),
+        two("no-announcement", mine.clone(), &["me", "", "", "60000"]),
+        case("stale-head", mine.clone(), &plain)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now + 1000))
+            .with("g:a", grant),
+        case("no-head", mine.clone(), &plain)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10)),
+    ];
+    differential(&server, "fencelock.fair_release", "fair_release", releases);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_module_serves_the_fair_lock_from_client_to_client_in_arrival_order() {
+    let server = Standalone::start_with_module();
+    let key = "fencelock:{fair-hot}:fair";
+    let places = |node: &common::Node| {
+        let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+        fields.iter().filter(|f| f.starts_with("q:")).count()
+    };
+    let holder = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let guard = holder.fair_lock("fair-hot", &options).await.unwrap();
+    let mut waiters = Vec::new();
+    for queued in 1..=3 {
+        let client = Client::connect([server.url()]).await.unwrap();
+        let task = {
+            let client = client.clone();
+            let options = options.clone().timeout(Duration::from_secs(20));
+            tokio::spawn(async move {
+                let guard = client.fair_lock("fair-hot", &options).await?;
+                let fence = guard.fence();
+                guard.release().await?;
+                Ok::<_, Error>(fence)
+            })
+        };
+        common::eventually("the waiter to queue", Duration::from_secs(5), || {
+            places(&server.node) == queued
+        })
+        .await;
+        waiters.push((client, task));
+    }
+    let mut fences = vec![guard.fence()];
+    guard.release().await.unwrap();
+    for (client, task) in waiters {
+        fences.push(task.await.unwrap().expect("handed in turn"));
+        let stats = client.stats();
+        assert!(stats.module_calls >= 2, "{stats:?}");
+        assert_eq!(stats.module_fallbacks, 0, "{stats:?}");
+    }
+    assert!(strictly_increasing(&fences), "arrival order: {fences:?}");
+    assert_eq!(places(&server.node), 0);
+    assert!(server.node.calls("fencelock.fair_release") >= 4);
+}

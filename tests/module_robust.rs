@@ -1,6 +1,7 @@
 //! The Redis module (issue 24) under a storm of random and malformed calls: thousands of
 //! `fencelock.acquire` / `fencelock.release` / `fencelock.extend` / `fencelock.reenter` calls
-//! (and their packed batches) from a seeded generator (wrong arity, empty, huge and binary arguments,
+//! (and their packed batches), and the fair lock's `fencelock.fair_acquire` /
+//! `fencelock.fair_release` from a seeded generator (wrong arity, empty, huge and binary arguments,
 //! non-numbers, negative and 2^64 numbers, owners with whitespace, keys of other types, layout-1
 //! hashes and corrupt packed states), interleaved with valid ones.
 //! Afterwards the server is the same live process, every key set aside beforehand is byte for
@@ -258,11 +259,24 @@ enum Command {
     Release,
     Extend,
     Reenter,
+    FairAcquire,
+    FairRelease,
 }
 
 impl Command {
-    /// Acquire about half the time, release a quarter, extend and re-enter an eighth each.
+    /// Acquire about 40% of the time, release 20%, extend, re-enter, the fair lock's acquire
+    /// and release 10% each.
     fn pick(rng: &mut Rng) -> Command {
+        match rng.below(10) {
+            8 => Command::FairAcquire,
+            9 => Command::FairRelease,
+            _ => Command::pick_batched(rng),
+        }
+    }
+
+    /// A command with a batched form: acquire about half the time, release a quarter, extend
+    /// and re-enter an eighth each.
+    fn pick_batched(rng: &mut Rng) -> Command {
         match rng.below(8) {
             0..=3 => Command::Acquire,
             4 | 5 => Command::Release,
@@ -277,15 +291,19 @@ impl Command {
             Command::Release => b"fencelock.release",
             Command::Extend => b"fencelock.extend",
             Command::Reenter => b"fencelock.reenter",
+            Command::FairAcquire => b"fencelock.fair_acquire",
+            Command::FairRelease => b"fencelock.fair_release",
         }
     }
 
+    /// The batched form (the fair lock's commands have none: sent as themselves).
     fn packed(self) -> &'static [u8] {
         match self {
             Command::Acquire => b"fencelock.acquire_packed",
             Command::Release => b"fencelock.release_packed",
             Command::Extend => b"fencelock.extend_packed",
             Command::Reenter => b"fencelock.reenter_packed",
+            other => other.name(),
         }
     }
 }
@@ -299,6 +317,27 @@ fn valid_args(rng: &mut Rng, key: &[u8], command: Command) -> Vec<Vec<u8>> {
         rng.below(5_000).to_string().into_bytes()
     };
     let mut args = vec![key.to_vec(), owner];
+    match command {
+        Command::FairAcquire => {
+            args.push((1 + rng.below(3_000)).to_string().into_bytes());
+            let floor = if rng.chance(4) { rng.below(1_000) } else { 0 };
+            args.push(floor.to_string().into_bytes());
+            let modes: [&[u8]; 4] = [b"clock", b"clock", b"counter", b"hybrid"];
+            args.push(rng.pick(&modes).to_vec());
+            args.push(rng.below(3_000).to_string().into_bytes());
+            args.push((1 + rng.below(4)).to_string().into_bytes());
+            args.push(grace);
+            return args;
+        }
+        Command::FairRelease => {
+            let announces: [&[u8]; 3] = [b"", b"s", b"p"];
+            args.push(Vec::new());
+            args.push(rng.pick(&announces).to_vec());
+            args.push(grace);
+            return args;
+        }
+        _ => {}
+    }
     if command == Command::Reenter {
         let ids: [&[u8]; 3] = [b"a1", b"b2", b"c3"];
         args.push(rng.pick(&ids).to_vec());
@@ -338,7 +377,7 @@ fn valid_args(rng: &mut Rng, key: &[u8], command: Command) -> Vec<Vec<u8>> {
 /// other arguments joined by spaces, the acquire's padded with place `0`), valid (about a
 /// third) or with one argument mutated, removed, or a field of a packed one dropped.
 fn batch_call(rng: &mut Rng, key: &[u8]) -> Vec<Vec<u8>> {
-    let command = Command::pick(rng);
+    let command = Command::pick_batched(rng);
     let name = command.packed();
     let mut args = Vec::new();
     for _ in 0..1 + rng.below(3) {
@@ -766,6 +805,14 @@ fn the_commands_declare_their_key_and_flags() {
             .arg(""),
     );
     assert_eq!(keys, ["k2"]);
+    let keys: Vec<String> = server.node.cmd(
+        redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg("fencelock.fair_acquire")
+            .arg("k3")
+            .arg(&["a", "1", "0", "clock", "0", "128", ""]),
+    );
+    assert_eq!(keys, ["k3"]);
     let flags = |name: &str| -> Vec<String> {
         let info: redis::Value = server.node.cmd(redis::cmd("COMMAND").arg("INFO").arg(name));
         let redis::Value::Array(outer) = info else {
@@ -786,6 +833,7 @@ fn the_commands_declare_their_key_and_flags() {
         "fencelock.extend",
         "fencelock.release_packed",
         "fencelock.extend_packed",
+        "fencelock.fair_release",
     ] {
         let got = flags(name);
         assert!(
@@ -797,6 +845,7 @@ fn the_commands_declare_their_key_and_flags() {
         "fencelock.acquire_packed",
         "fencelock.reenter",
         "fencelock.reenter_packed",
+        "fencelock.fair_acquire",
     ] {
         let got = flags(name);
         assert!(

@@ -48,19 +48,9 @@ pub fn run(
     };
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
-    let free = State {
-        lease_raw: b"0",
-        lease: 0,
-        fence_raw: b"0",
-        fence: 0,
-        owner: b"",
-        holds: None,
-        waiters: None,
-        marks: b"",
-    };
     let mut value = None;
     let lock = match key.read_state(&mut value) {
-        Ok(lock) => lock.unwrap_or(free),
+        Ok(lock) => lock.unwrap_or_else(State::free),
         Err(reply) => return reply,
     };
     let live = lock.live(now_ms);

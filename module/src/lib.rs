@@ -18,6 +18,7 @@ mod acquire;
 mod batch;
 mod epoch;
 mod extend;
+mod fair;
 mod queue;
 mod reenter;
 mod release;
@@ -122,6 +123,22 @@ extern "C" fn renew_command(
     server::send(ctx, reply)
 }
 
+extern "C" fn fair_acquire_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, fair::acquire)
+}
+
+extern "C" fn fair_release_command(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> c_int {
+    handle(ctx, argv, argc, fair::release)
+}
+
 extern "C" fn release_command(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
@@ -149,7 +166,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         c_int,
         c_int,
         c_int,
-    ); 9] = [
+    ); 11] = [
         (
             c"fencelock.acquire",
             acquire_command,
@@ -169,6 +186,22 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             1,
         ),
         (c"fencelock.renew", renew_command, c"write", 2, -2, 3),
+        (
+            c"fencelock.fair_acquire",
+            fair_acquire_command,
+            c"write deny-oom",
+            1,
+            1,
+            1,
+        ),
+        (
+            c"fencelock.fair_release",
+            fair_release_command,
+            c"write",
+            1,
+            1,
+            1,
+        ),
         (
             c"fencelock.acquire_packed",
             batch::acquire_packed_command,

@@ -29,7 +29,7 @@ fn fallback(why: &str) -> Reply {
 
 /// A `(%d+)` capture as the scripts' `tonumber` reads it: `Err` for more than 15 digits (not
 /// exact as a double: left to the scripts).
-fn number(digits: &[u8]) -> Result<u64, Reply> {
+pub fn number(digits: &[u8]) -> Result<u64, Reply> {
     if digits.len() > 15 {
         return Err(fallback("a queue number of more than 15 digits"));
     }
@@ -71,7 +71,8 @@ fn place_of(v: &[u8]) -> Result<Option<(u64, u64)>, Reply> {
     }
 }
 
-fn field(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+/// `prefix` then `name`: a queue field's name (`q:<owner>`, `g:<owner>`, `s:<seq>`).
+pub fn field(prefix: &[u8], name: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(prefix.len() + name.len());
     f.extend_from_slice(prefix);
     f.extend_from_slice(name);
@@ -99,9 +100,8 @@ pub fn hold_place(
 ) -> Reply {
     let me = args[1];
     let wait = lock.lease.saturating_sub(now_ms) as i64;
-    let place_field = field(b"q:", me);
     let mut seq = Buf::new();
-    let new = match key.hget_field(&place_field) {
+    let new = match key.hget_field(&field(b"q:", me)) {
         Some(mine) => {
             // string.match(mine, '^(%d+) '): the seq kept verbatim.
             let v = mine.bytes();
@@ -116,39 +116,77 @@ pub fn hold_place(
             if key.len() >= FULL {
                 return Reply::Ints(vec![0, wait, 0, -1]);
             }
-            // HINCRBY qseq 1: a value it refuses (not a canonical integer) goes to the script.
-            let next = match key.hget(c"qseq") {
-                None => 1,
-                Some(v) => {
-                    let v = v.bytes();
-                    let canonical = digits(v) && (v.len() == 1 || v[0] != b'0');
-                    match state::parse_u64(v) {
-                        Some(n) if canonical && n + 1 < MAX_SEQ => n + 1,
-                        _ => return fallback("an unreadable queue counter"),
-                    }
-                }
+            match next_seq(key) {
+                Ok(next) => seq.push_u64(next),
+                Err(reply) => return reply,
             };
-            seq.push_u64(next);
             true
         }
     };
+    let place_args = [args[2], args[5], args[3], args[4]];
     let ends = now_ms + place;
+    keep_place(
+        key,
+        lock,
+        me,
+        seq.bytes(),
+        new,
+        place_args,
+        ends,
+        lock.lease,
+        grace,
+    );
+    Reply::Ints(vec![0, wait, 0, i64::from(new)])
+}
+
+/// The seq `HINCRBY qseq 1` would give; a value it refuses (not a canonical integer) or one
+/// past 10^14 is left to the script.
+pub fn next_seq(key: &Key) -> Result<u64, Reply> {
+    match key.hget(c"qseq") {
+        None => Ok(1),
+        Some(v) => {
+            let v = v.bytes();
+            let canonical = digits(v) && (v.len() == 1 || v[0] != b'0');
+            match state::parse_u64(v) {
+                Some(n) if canonical && n + 1 < MAX_SEQ => Ok(n + 1),
+                _ => Err(fallback("an unreadable queue counter")),
+            }
+        }
+    }
+}
+
+/// mutex_queue.lua's `hold_place`: `me`'s place `q:<me>` = "<seq> <ends>" and its grant
+/// arguments `g:<me>` = "<TTL> <place lease> <floor> <mode>" (`place_args`, verbatim), with
+/// `qseq` and its index entry `s:<seq>` when the place is `new`, in one write; the state marked
+/// `q`; the key's expiry raised to cover `ends` and `latest`.
+#[allow(clippy::too_many_arguments)]
+pub fn keep_place(
+    key: &Key,
+    lock: &State,
+    me: &[u8],
+    seq: &[u8],
+    new: bool,
+    place_args: [&[u8]; 4],
+    ends: u64,
+    latest: u64,
+    grace: Option<u64>,
+) {
     let mut value = Buf::new();
-    value.push(seq.bytes()).push(b" ").push_u64(ends);
+    value.push(seq).push(b" ").push_u64(ends);
     let mut grant_args = Buf::new();
     grant_args
-        .push(args[2])
+        .push(place_args[0])
         .push(b" ")
-        .push(args[5])
+        .push(place_args[1])
         .push(b" ")
-        .push(args[3])
+        .push(place_args[2])
         .push(b" ")
-        .push(args[4]);
-    let grant_field = field(b"g:", me);
+        .push(place_args[3]);
+    let (place_field, grant_field) = (field(b"q:", me), field(b"g:", me));
     if new {
-        let index = field(b"s:", seq.bytes());
+        let index = field(b"s:", seq);
         key.hset_fields(&[
-            (b"qseq", seq.bytes()),
+            (b"qseq", seq),
             (&place_field, value.bytes()),
             (&grant_field, grant_args.bytes()),
             (&index, me),
@@ -171,20 +209,137 @@ pub fn hold_place(
     }
     key.apply(match grace {
         None => Expiry::Persist,
-        Some(g) => Expiry::RaiseTo(lock.lease.max(ends) + g),
+        Some(g) => Expiry::RaiseTo(latest.max(ends) + g),
     });
-    Reply::Ints(vec![0, wait, 0, i64::from(new)])
+}
+
+/// mutex_queue.lua's `take`: the free lock granted to `me` with `fence` (the fence rule's
+/// `shift`) and a lease to `ends`, by an acquire whose walk found `me` the head (its place,
+/// arguments and index entry go, `qh` moves past it) or found no live place (`me`'s place and
+/// arguments go, if any); the state marked `q` while entries remain, and the key's expiry
+/// raised to cover the grant then (`raise`), else set by keep.lua's rule.
+pub fn take(
+    key: &Key,
+    walk: &Walk,
+    me: &[u8],
+    fence: u64,
+    shift: Option<u64>,
+    ends: u64,
+    grace: Option<u64>,
+) {
+    let (mut e, mut f, mut value) = (Buf::new(), Buf::new(), Buf::new());
+    e.push_u64(ends);
+    f.push_u64(fence);
+    let (place_field, grant_field) = (field(b"q:", me), field(b"g:", me));
+    let mark: Option<&[u8]> = match walk.head {
+        Some(_) => (walk.stop < walk.last).then_some(b"q"),
+        None => walk.pending().then_some(b"q"),
+    };
+    state::format(&mut value, e.bytes(), f.bytes(), me, None, mark);
+    if walk.head.is_some() {
+        key.hdel_fields(&[place_field, grant_field, seq_field(walk.stop)]);
+        let mut qh = Buf::new();
+        qh.push_u64(walk.stop + 1);
+        key.hset_fields(&[(b"until", value.bytes()), (b"qh", qh.bytes())]);
+    } else {
+        key.hdel_fields(&[place_field, grant_field]);
+        key.set_until(value.bytes());
+    }
+    let Some(grace) = grace else {
+        return key.apply(Expiry::Persist);
+    };
+    let fence_ms = |shift: u64| fence.saturating_sub(shift).div_ceil(1000);
+    key.apply(match (mark, shift) {
+        (Some(_), shift) => Expiry::RaiseTo(ends.max(shift.map_or(0, fence_ms)) + grace),
+        // keep.lua: a fence read as µs past the lease end (not a clock fence) only raises.
+        (None, None) if fence > (ends + 1).saturating_mul(1000) => Expiry::RaiseTo(ends + grace),
+        (None, shift) => Expiry::At(ends.max(fence_ms(shift.unwrap_or(0))) + grace),
+    });
+}
+
+/// mutex_queue.lua's `head()` walk of the arrival index, decided by reads only: where it
+/// started and stopped (the head's seq, or the first entry not walked), `qseq`, the index
+/// entries (and places) it found gone, and the head: its owner and place lease end.
+pub struct Walk {
+    start: u64,
+    /// Where the walk stopped: the head's seq, or the first entry it did not read.
+    pub stop: u64,
+    /// `qseq`, the last seq handed out.
+    pub last: u64,
+    dead: Vec<Vec<u8>>,
+    /// The head: the live place with the lowest seq the walk reached.
+    pub head: Option<(Vec<u8>, u64)>,
+}
+
+impl Walk {
+    /// Walks from `qh` (at most [`WALK`] entries) to the first live place.
+    pub fn read(key: &Key, now_ms: u64) -> Result<Walk, Reply> {
+        let start = counter(key, c"qh", 1)?;
+        let last = counter(key, c"qseq", 0)?;
+        if last >= MAX_SEQ || start >= MAX_SEQ {
+            return Err(fallback("a queue sequence past 10^14"));
+        }
+        let (mut h, mut dead, mut head) = (start, Vec::new(), None);
+        while h <= last && h < start + WALK {
+            let entry = seq_field(h);
+            if let Some(who) = key.hget_field(&entry) {
+                let who = who.bytes().to_vec();
+                let place = match key.hget_field(&field(b"q:", &who)) {
+                    Some(p) => place_of(p.bytes())?,
+                    None => None,
+                };
+                match place {
+                    Some((seq, ends)) if seq == h && ends > now_ms => {
+                        head = Some((who, ends));
+                        break;
+                    }
+                    Some((seq, _)) if seq == h => {
+                        dead.push(entry);
+                        dead.push(field(b"q:", &who));
+                        dead.push(field(b"g:", &who));
+                    }
+                    _ => dead.push(entry),
+                }
+            }
+            h += 1;
+        }
+        Ok(Walk {
+            start,
+            stop: h,
+            last,
+            dead,
+            head,
+        })
+    }
+
+    /// True when entries remain at or after where the walk stopped.
+    pub fn pending(&self) -> bool {
+        self.stop <= self.last
+    }
+
+    /// True when the walk deleted `field` (a place it found gone).
+    pub fn deletes(&self, field: &[u8]) -> bool {
+        self.dead.iter().any(|f| f == field)
+    }
+
+    /// The walk's writes: the entries and places found gone deleted, `qh` moved to where it
+    /// stopped.
+    pub fn apply(&self, key: &Key) {
+        if !self.dead.is_empty() {
+            key.hdel_fields(&self.dead);
+        }
+        if self.stop != self.start {
+            let mut qh = Buf::new();
+            qh.push_u64(self.stop);
+            key.hset_fields(&[(b"qh", qh.bytes())]);
+        }
+    }
 }
 
 /// What a release's handoff will do, decided by reads only (so that a case left to the script
 /// is declined before the release writes anything).
 pub struct Handoff {
-    /// Where the walk of the arrival index started and stopped, and `qseq`.
-    start: u64,
-    stop: u64,
-    last: u64,
-    /// Index entries (and places) the walk found gone.
-    dead: Vec<Vec<u8>>,
+    walk: Walk,
     head: Head,
 }
 
@@ -206,8 +361,8 @@ enum Head {
 }
 
 /// Reads what `hand_head` (mutex_queue.lua) reads on a lock freed with fence `stored`: the
-/// walk of the arrival index from `qh` (at most [`WALK`] entries) to the first live place, the
-/// head's grant arguments and the next fence by them (fair.lua's `handed`).
+/// walk of the arrival index, the head's grant arguments and the next fence by them (fair.lua's
+/// `handed`).
 pub fn plan_handoff(
     key: &Key,
     ctx: *mut redis_module::raw::RedisModuleCtx,
@@ -215,46 +370,14 @@ pub fn plan_handoff(
     now_ms: u64,
     now_us: u64,
 ) -> Result<Handoff, Reply> {
-    let start = counter(key, c"qh", 1)?;
-    let last = counter(key, c"qseq", 0)?;
-    if last >= MAX_SEQ || start >= MAX_SEQ {
-        return Err(fallback("a queue sequence past 10^14"));
-    }
-    let (mut h, mut dead, mut found) = (start, Vec::new(), None);
-    while h <= last && h < start + WALK {
-        let entry = seq_field(h);
-        if let Some(who) = key.hget_field(&entry) {
-            let who = who.bytes().to_vec();
-            let place = match key.hget_field(&field(b"q:", &who)) {
-                Some(p) => place_of(p.bytes())?,
-                None => None,
-            };
-            match place {
-                Some((seq, ends)) if seq == h && ends > now_ms => {
-                    found = Some((who, ends));
-                    break;
-                }
-                Some((seq, _)) if seq == h => {
-                    dead.push(entry);
-                    dead.push(field(b"q:", &who));
-                    dead.push(field(b"g:", &who));
-                }
-                _ => dead.push(entry),
-            }
-        }
-        h += 1;
-    }
-    let head = match found {
+    let mut walk = Walk::read(key, now_ms)?;
+    let head = match walk.head.take() {
         None => Head::None,
-        Some((who, head_end)) => grant_to(key, ctx, who, h, head_end, stored, now_ms, now_us)?,
+        Some((who, head_end)) => {
+            grant_to(key, ctx, who, walk.stop, head_end, stored, now_ms, now_us)?
+        }
     };
-    Ok(Handoff {
-        start,
-        stop: h,
-        last,
-        dead,
-        head,
-    })
+    Ok(Handoff { walk, head })
 }
 
 /// fair.lua's `handed` up to its writes: a grant when the head's arguments are there and its
@@ -324,19 +447,12 @@ impl Handoff {
     /// `announce` is the release's (`s`, `p` or empty: none). True when a head was found (the
     /// release then answers without its own announcement).
     pub fn apply(self, key: &Key, fence_raw: &[u8], announce: &[u8], grace: Option<u64>) -> bool {
-        if !self.dead.is_empty() {
-            key.hdel_fields(&self.dead);
-        }
-        if self.stop != self.start {
-            let mut qh = Buf::new();
-            qh.push_u64(self.stop);
-            key.hset_fields(&[(b"qh", qh.bytes())]);
-        }
+        self.walk.apply(key);
         let queued =
             || state::format(&mut Buf::new(), b"0", fence_raw, b"", None, Some(b"q")).to_vec();
         match self.head {
             Head::None => {
-                if self.stop <= self.last || key.len() > 3 {
+                if self.walk.pending() || key.len() > 3 {
                     key.set_until(&queued());
                 }
                 false
@@ -356,7 +472,7 @@ impl Handoff {
                 shift,
             } => {
                 key.hdel_fields(&[field(b"q:", &who), field(b"g:", &who), seq_field(seq)]);
-                let mark: Option<&[u8]> = (seq < self.last).then_some(b"q");
+                let mark: Option<&[u8]> = (seq < self.walk.last).then_some(b"q");
                 let (mut e, mut f) = (Buf::new(), Buf::new());
                 e.push_u64(ends);
                 f.push_u64(fence);

@@ -135,6 +135,20 @@ impl<'a> State<'a> {
         d2 > 0 && rest.get(d2) == Some(&b' ')
     }
 
+    /// The state of a lock never granted (no key, or a hash without `until`).
+    pub fn free() -> State<'a> {
+        State {
+            lease_raw: b"0",
+            lease: 0,
+            fence_raw: b"0",
+            fence: 0,
+            owner: b"",
+            holds: None,
+            waiters: None,
+            marks: b"",
+        }
+    }
+
     /// The prologue's `live`: an owner holds an unexpired lease.
     pub fn live(&self, now_ms: u64) -> bool {
         !self.owner.is_empty() && self.lease > now_ms

@@ -439,7 +439,8 @@ pub(crate) static RW_WITHDRAW: LazyLock<LuaScript> = LazyLock::new(|| {
 // The fair lock.
 
 /// Grant the fair lock in arrival order, or keep the caller's place.
-/// Contract: `script/lua/fair_acquire.lua`.
+/// Contract: `script/lua/fair_acquire.lua`; served by the module's `fencelock.fair_acquire`
+/// where a node loads it.
 pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "fair_acquire",
@@ -449,15 +450,19 @@ pub(crate) static FAIR_ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
             FENCE_RULE,
         )),
     )
+    .served_alone_by("fencelock.fair_acquire")
 });
 
-/// Free the fair lock and wake the head of its queue. Contract: `script/lua/fair_release.lua`.
+/// Free the fair lock and hand it to the head of its queue. Contract:
+/// `script/lua/fair_release.lua`; served by the module's `fencelock.fair_release` where a node
+/// loads it.
 pub(crate) static FAIR_RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::batchable(
         "fair_release",
         &[],
         with_queue(include_str!("lua/fair_release.lua")),
     )
+    .served_alone_by("fencelock.fair_release")
 });
 
 /// Give up a waiting call's place (and a grant it never read).

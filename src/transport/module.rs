@@ -18,8 +18,8 @@ use crate::script::ScriptCall;
 /// ([`ClientBuilder::module`](crate::ClientBuilder::module)).
 ///
 /// The module (`module/` in the repository, `docs/design.md`, "Redis module") serves the
-/// mutex's acquire and release natively, with the same keys, fences, expiry and replies as the
-/// scripts: both paths serve one lock together, so a fleet where some nodes load it works.
+/// mutex's calls (its queue's handoff included) and the fair lock's acquire and release
+/// natively, with the same keys, fences, expiry and replies as the scripts: both paths serve one lock together, so a fleet where some nodes load it works.
 ///
 /// # Examples
 ///
