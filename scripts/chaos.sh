@@ -17,7 +17,7 @@
 # module (built with scripts/build-module.sh unless FENCELOCK_MODULE names the .so), which the
 # clients then use where it serves (issue 24); --workers 1 (default 4 per lane) leaves a lane's
 # lock uncontended. Contended, the mutex lane's waiters queue on the server, and the module
-# serves their places and the handoffs too (a free lock with a queue goes to the script).
+# serves their places and the handoffs too.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."

@@ -1295,3 +1295,64 @@ async fn the_module_serves_the_fair_lock_from_client_to_client_in_arrival_order(
     assert_eq!(places(&server.node), 0);
     assert!(server.node.calls("fencelock.fair_release") >= 4);
 }
+
+#[test]
+fn the_module_grants_a_free_queued_mutex_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let queued_free = "0 123456789  wq".to_owned();
+    let grant = "30000 600000 0 counter";
+    let wait = ["me", "30000", "0", "counter", "600000", "60000"];
+    let once = ["me", "30000", "0", "counter", "60000"];
+    let case = |name, args: &[&'static str]| Case::new(name, queued_free.clone(), now + 9000, args);
+    // Places whose leases end within 100 s, so that `alike` allows for the ms between the calls.
+    let near = |seq: i64| format!("{seq} {}", now + 90_000 + seq);
+    let mut long_walk = case("long-walk", &wait).with("qseq", "70");
+    for i in 1..=70 {
+        long_walk = long_walk.with(named(format!("s:{i}")), "gone");
+    }
+    let cases = vec![
+        case("head-is-me", &wait)
+            .with("qseq", "2")
+            .with("s:1", "me")
+            .with("q:me", &near(1))
+            .with("g:me", grant)
+            .with("s:2", "b")
+            .with("q:b", &near(2))
+            .with("g:b", grant),
+        case("last-is-me", &wait)
+            .with("qseq", "1")
+            .with("s:1", "me")
+            .with("q:me", &near(1))
+            .with("g:me", grant),
+        case("all-gone", &wait)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10)),
+        case("not-head", &wait)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &near(1))
+            .with("g:a", grant),
+        case("not-head-kept", &wait)
+            .with("qseq", "2")
+            .with("s:1", "a")
+            .with("q:a", &near(1))
+            .with("g:a", grant)
+            .with("s:2", "me")
+            .with("q:me", &near(2))
+            .with("g:me", grant),
+        case("not-head-once", &once)
+            .with("qseq", "1")
+            .with("s:1", "a")
+            .with("q:a", &near(1))
+            .with("g:a", grant),
+        long_walk,
+        case("no-grace", &["me", "30000", "0", "counter", "600000", ""])
+            .with("qseq", "1")
+            .with("s:1", "me")
+            .with("q:me", &near(1))
+            .with("g:me", grant),
+    ];
+    differential(&server, "fencelock.acquire", "acquire", cases);
+}

@@ -3,10 +3,12 @@
 //! without a queue takes: a grant of a free or expired lock (the fence rule in every mode, the
 //! config epoch of modes `epoch` and `hybrid` from the cache in epoch.rs; the key-expiry rule),
 //! the resend of a live holder (lease moved forward), busy (setting the waiters mark as the
-//! script does), and busy for a caller with a place lease, which keeps its place in the lock's
-//! queue (queue.rs, `hold_place`). The rest answers `-FALLBACK <reason>` before any write, for
-//! the client to send through the script: a free lock with a queue (`waiters` `q`: its head is
-//! granted by the script), a re-entered lock's leftover holds and a key of layout 1.
+//! script does), busy for a caller with a place lease, which keeps its place in the lock's
+//! queue (queue.rs, `hold_place`), and a free lock with a queue (`waiters` `q`), granted to its
+//! head or, with no live place, to the caller (queue.rs, `acquire_free`). The rest answers
+//! `-FALLBACK <reason>` before any write, for the client to send through the script: a
+//! re-entered lock's leftover holds, a queue whose fields the scripts would read otherwise and
+//! a key of layout 1.
 
 use crate::epoch;
 use crate::queue;
@@ -81,7 +83,15 @@ pub fn run(
         return queue::hold_place(&key, &lock, args, now_ms, place, grace);
     }
     if !live && queued {
-        return Reply::Error("FALLBACK queue".into());
+        let fence_of = |stored: u64| -> Result<rules::Fence, Reply> {
+            let epoch = if mode.reads_epoch() {
+                epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?
+            } else {
+                0
+            };
+            rules::next_fence(stored, floor, mode, now_us, epoch).map_err(Reply::Error)
+        };
+        return queue::acquire_free(&key, &lock, args, now_ms, place, ttl, grace, fence_of);
     }
     let tag = &owner[..owner.len().min(8)];
     if live {

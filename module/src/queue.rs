@@ -139,6 +139,96 @@ pub fn hold_place(
     Reply::Ints(vec![0, wait, 0, i64::from(new)])
 }
 
+/// acquire.lua on a free lock with a queue (`waiters` `q`; `args`: key, owner, TTL, floor,
+/// mode, [place lease,] grace): the walk of the arrival index to the head; granted (`take`)
+/// when the head is the caller or no live place is left in the walk; else busy until the head's
+/// place lease ends, and a caller with a place lease keeps its place behind it.
+#[allow(clippy::too_many_arguments)]
+pub fn acquire_free(
+    key: &Key,
+    lock: &State,
+    args: &[&[u8]],
+    now_ms: u64,
+    place: u64,
+    ttl: u64,
+    grace: Option<u64>,
+    fence_of: impl FnOnce(u64) -> Result<rules::Fence, Reply>,
+) -> Reply {
+    let me = args[1];
+    if lock.holds.is_some() {
+        return fallback("leftover holds of a re-entered lock");
+    }
+    let walk = match Walk::read(key, now_ms) {
+        Ok(walk) => walk,
+        Err(reply) => return reply,
+    };
+    let other_head = walk
+        .head
+        .as_ref()
+        .filter(|(who, _)| who != me)
+        .map(|(_, ends)| *ends);
+    let Some(head_end) = other_head else {
+        let fence = fence_of(lock.fence);
+        walk.apply(key);
+        return match fence {
+            Ok(f) => {
+                take(key, &walk, me, f.fence, f.shift, now_ms + ttl, grace);
+                Reply::Ints(vec![1, f.fence as i64, f.behind as i64])
+            }
+            Err(reply) => reply,
+        };
+    };
+    let wait = (head_end - now_ms) as i64;
+    if place == 0 {
+        walk.apply(key);
+        return Reply::Ints(vec![0, wait, 0]);
+    }
+    // What the place write reads, before the walk's writes (a place the walk deletes is gone).
+    let place_field = field(b"q:", me);
+    let mut seq = Buf::new();
+    let mine = if walk.deletes(&place_field) {
+        None
+    } else {
+        key.hget_field(&place_field)
+    };
+    let next = match &mine {
+        Some(v) => {
+            let v = v.bytes();
+            let n = v.iter().take_while(|b| b.is_ascii_digit()).count();
+            if n == 0 || v.get(n) != Some(&b' ') {
+                return fallback("an unreadable queue place");
+            }
+            seq.push(&v[..n]);
+            None
+        }
+        None => match next_seq(key) {
+            Ok(next) => Some(next),
+            Err(reply) => return reply,
+        },
+    };
+    walk.apply(key);
+    if let Some(next) = next {
+        if key.len() >= FULL {
+            return Reply::Ints(vec![0, wait, 0, -1]);
+        }
+        seq.push_u64(next);
+    }
+    let new = next.is_some();
+    let place_args = [args[2], args[5], args[3], args[4]];
+    keep_place(
+        key,
+        lock,
+        me,
+        seq.bytes(),
+        new,
+        place_args,
+        now_ms + place,
+        head_end,
+        grace,
+    );
+    Reply::Ints(vec![0, wait, 0, i64::from(new)])
+}
+
 /// The seq `HINCRBY qseq 1` would give; a value it refuses (not a canonical integer) or one
 /// past 10^14 is left to the script.
 pub fn next_seq(key: &Key) -> Result<u64, Reply> {

@@ -157,8 +157,8 @@ impl ClientBuilder {
     /// The module (`module/` in the repository; `docs/design.md`, "Redis module") serves the
     /// mutex's calls (its queue's handoff included) and the fair lock's acquire and release
     /// natively with the scripts' keys, fences and replies, at a fraction of their cost to the
-    /// server; what it does not serve (a key of an older layout, a free lock whose queue's head
-    /// the script grants, …) it leaves to the script, which the client then sends. With `Auto` a node without it costs
+    /// server; what it does not serve (a key of an older layout, a re-entered lock that expired
+    /// with its holds, …) it leaves to the script, which the client then sends. With `Auto` a node without it costs
     /// one round trip to find out, and is asked again after a minute or a change of the slot
     /// map; [`Stats::module_calls`](crate::Stats::module_calls) counts what the module served.
     /// Managed services do not load custom modules: there `Auto` runs the scripts.

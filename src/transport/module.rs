@@ -51,9 +51,8 @@ pub enum ModuleUse {
 pub(super) const RETRY_ABSENT: Duration = Duration::from_secs(60);
 
 /// How long the calls for the keys of a slot bucket go straight to the scripts after the
-/// module declined one there (a key the module leaves to the scripts, such as a free lock
-/// whose queue's head the script grants, or a key of layout 1: each call would otherwise cost a
-/// round trip more).
+/// module declined one there (a key the module leaves to the scripts, such as one of layout 1:
+/// each call would otherwise cost a round trip more).
 const AFTER_DECLINE: Duration = Duration::from_secs(1);
 
 /// Slot buckets for [`AFTER_DECLINE`]: slots share one by `slot % DECLINE_BUCKETS`.
