@@ -58,39 +58,14 @@ pub fn run(
     let live = lock.live(now_ms);
     let queued = lock.waiters == Some(b"q");
     if live && lock.owner == owner {
-        // The same owner again (a resent call): the lease moves to now + TTL when that is later.
-        let ends = now_ms + ttl;
-        if ends > lock.lease {
-            let mut lease = Buf::new();
-            lease.push_u64(ends);
-            key.set_until(state::format(
-                &mut Buf::new(),
-                lease.bytes(),
-                lock.fence_raw,
-                lock.owner,
-                lock.holds,
-                lock.waiters,
-            ));
-            // raise.lua: no fence term here (this call ran no fence rule).
-            key.apply(match grace {
-                None => Expiry::Persist,
-                Some(g) => Expiry::RaiseTo(ends + g),
-            });
-        }
+        move_lease(&key, &lock, now_ms + ttl, grace);
         return Reply::Ints(vec![2, lock.fence as i64, 0]);
     }
     if live && place > 0 {
         return queue::hold_place(&key, &lock, args, now_ms, place, grace);
     }
     if !live && queued {
-        let fence_of = |stored: u64| -> Result<rules::Fence, Reply> {
-            let epoch = if mode.reads_epoch() {
-                epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?
-            } else {
-                0
-            };
-            rules::next_fence(stored, floor, mode, now_us, epoch).map_err(Reply::Error)
-        };
+        let fence_of = |stored| fence_for(ctx, stored, floor, mode, now_us);
         return queue::acquire_free(&key, &lock, args, now_ms, place, ttl, grace, fence_of);
     }
     let tag = &owner[..owner.len().min(8)];
@@ -128,22 +103,13 @@ pub fn run(
             waiters = None;
         }
     }
-    // The epoch is read where the script reads it: in the fence rule, on a grant only.
-    let epoch = if mode.reads_epoch() {
-        match epoch::my_epoch(ctx) {
-            Some(e) => e,
-            None => return Reply::Error(rules::EPOCH_UNREADABLE.into()),
-        }
-    } else {
-        0
-    };
     let rules::Fence {
         fence,
         behind,
         shift,
-    } = match rules::next_fence(lock.fence, floor, mode, now_us, epoch) {
+    } = match fence_for(ctx, lock.fence, floor, mode, now_us) {
         Ok(f) => f,
-        Err(e) => return Reply::Error(e),
+        Err(reply) => return reply,
     };
     if lock.holds.is_some() {
         return Reply::Error("FALLBACK leftover holds of a re-entered lock".into());
@@ -166,4 +132,44 @@ pub fn run(
     } else {
         Reply::Ints(vec![1, fence as i64, behind as i64])
     }
+}
+
+/// The fence rule for a grant above `stored`, with the config epoch read where the scripts read
+/// it (in the fence rule, on a grant only: modes `epoch` and `hybrid`); the scripts' error reply
+/// when the epoch cannot be read or the fence would pass 2^53 - 1.
+pub fn fence_for(
+    ctx: *mut redis_module::raw::RedisModuleCtx,
+    stored: u64,
+    floor: u64,
+    mode: rules::Mode,
+    now_us: u64,
+) -> Result<rules::Fence, Reply> {
+    let epoch = if mode.reads_epoch() {
+        epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?
+    } else {
+        0
+    };
+    rules::next_fence(stored, floor, mode, now_us, epoch).map_err(Reply::Error)
+}
+
+/// The holder's resend: its lease moves to `ends` when that is later, and the key's expiry is
+/// raised to cover it (raise.lua, without a fence term: the call ran no fence rule).
+pub fn move_lease(key: &Key, lock: &State, ends: u64, grace: Option<u64>) {
+    if ends <= lock.lease {
+        return;
+    }
+    let mut lease = Buf::new();
+    lease.push_u64(ends);
+    key.set_until(state::format(
+        &mut Buf::new(),
+        lease.bytes(),
+        lock.fence_raw,
+        lock.owner,
+        lock.holds,
+        lock.waiters,
+    ));
+    key.apply(match grace {
+        None => Expiry::Persist,
+        Some(g) => Expiry::RaiseTo(ends + g),
+    });
 }

@@ -7,9 +7,10 @@
 //! together. A key of layout 1, and a queue whose fields the scripts would read otherwise,
 //! answer `-FALLBACK <reason>` before any write.
 
-use crate::epoch;
+use crate::acquire;
 use crate::queue::{self, Walk};
-use crate::rules::{self, Expiry};
+use crate::release;
+use crate::rules;
 use crate::server::{Key, Reply};
 use crate::state::{self, Buf, State};
 
@@ -49,14 +50,7 @@ pub fn acquire(
         Err(reply) => return reply,
     };
     let live = lock.live(now_ms);
-    let fence_of = |stored: u64| -> Result<rules::Fence, Reply> {
-        let epoch = if mode.reads_epoch() {
-            epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?
-        } else {
-            0
-        };
-        rules::next_fence(stored, floor, mode, now_us, epoch).map_err(Reply::Error)
-    };
+    let fence_of = |stored| acquire::fence_for(ctx, stored, floor, mode, now_us);
     if !live && lock.waiters != Some(b"q") {
         // No place queued: granted at once, the state without marks (fair_acquire.lua).
         let f = match fence_of(lock.fence) {
@@ -79,23 +73,7 @@ pub fn acquire(
         };
     }
     if live && lock.owner == me {
-        let ends = now_ms + ttl;
-        if ends > lock.lease {
-            let mut lease = Buf::new();
-            lease.push_u64(ends);
-            key.set_until(state::format(
-                &mut Buf::new(),
-                lease.bytes(),
-                lock.fence_raw,
-                lock.owner,
-                lock.holds,
-                lock.waiters,
-            ));
-            key.apply(match grace {
-                None => Expiry::Persist,
-                Some(g) => Expiry::RaiseTo(ends + g),
-            });
-        }
+        acquire::move_lease(&key, &lock, now_ms + ttl, grace);
         return Reply::Ints(vec![2, lock.fence as i64, 0, 0]);
     }
     // Everything the walk and the busy path read, before the walk's writes.
@@ -120,18 +98,11 @@ pub fn acquire(
     } else {
         match key.hget_field(&place_field) {
             // tonumber(string.match(mine, '^(%d+) ')): nil when it does not match.
-            Some(v) => {
-                let v = v.bytes();
-                let n = v.iter().take_while(|b| b.is_ascii_digit()).count();
-                if n > 0 && v.get(n) == Some(&b' ') {
-                    match queue::number(&v[..n]) {
-                        Ok(seq) => Some(seq),
-                        Err(reply) => return reply,
-                    }
-                } else {
-                    None
-                }
-            }
+            Some(v) => match queue::leading_seq(v.bytes()).map(queue::number) {
+                Some(Ok(seq)) => Some(seq),
+                Some(Err(reply)) => return reply,
+                None => None,
+            },
             None => None,
         }
     };
@@ -202,17 +173,15 @@ pub fn release(
     args: &[&[u8]],
     now_us: u64,
 ) -> Reply {
-    if args.len() != 5 {
-        return Reply::WrongArity;
-    }
-    let (owner, announce) = (args[1], args[3]);
-    let grace = match rules::check_owner(owner).and_then(|()| rules::parse_grace(args[4])) {
-        Ok(grace) => grace,
-        Err(e) => return Reply::Error(e),
+    let release::Arguments {
+        owner,
+        announce,
+        grace,
+        ..
+    } = match release::arguments(args) {
+        Ok(parsed) => parsed,
+        Err(reply) => return reply,
     };
-    if !matches!(announce, b"" | b"s" | b"p") {
-        return Reply::Error("ERR fencelock: announce must be s, p or empty".into());
-    }
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
     let mut value = None;

@@ -102,16 +102,13 @@ pub fn hold_place(
     let wait = lock.lease.saturating_sub(now_ms) as i64;
     let mut seq = Buf::new();
     let new = match key.hget_field(&field(b"q:", me)) {
-        Some(mine) => {
-            // string.match(mine, '^(%d+) '): the seq kept verbatim.
-            let v = mine.bytes();
-            let n = v.iter().take_while(|b| b.is_ascii_digit()).count();
-            if n == 0 || v.get(n) != Some(&b' ') {
-                return fallback("an unreadable queue place");
+        Some(mine) => match leading_seq(mine.bytes()) {
+            Some(digits) => {
+                seq.push(digits);
+                false
             }
-            seq.push(&v[..n]);
-            false
-        }
+            None => return fallback("an unreadable queue place"),
+        },
         None => {
             if key.len() >= FULL {
                 return Reply::Ints(vec![0, wait, 0, -1]);
@@ -192,15 +189,13 @@ pub fn acquire_free(
         key.hget_field(&place_field)
     };
     let next = match &mine {
-        Some(v) => {
-            let v = v.bytes();
-            let n = v.iter().take_while(|b| b.is_ascii_digit()).count();
-            if n == 0 || v.get(n) != Some(&b' ') {
-                return fallback("an unreadable queue place");
+        Some(v) => match leading_seq(v.bytes()) {
+            Some(digits) => {
+                seq.push(digits);
+                None
             }
-            seq.push(&v[..n]);
-            None
-        }
+            None => return fallback("an unreadable queue place"),
+        },
         None => match next_seq(key) {
             Ok(next) => Some(next),
             Err(reply) => return reply,
@@ -227,6 +222,13 @@ pub fn acquire_free(
         grace,
     );
     Reply::Ints(vec![0, wait, 0, i64::from(new)])
+}
+
+/// A place's seq as the scripts capture it, `^(%d+) ` (its digits verbatim); `None` when the
+/// value does not start so.
+pub fn leading_seq(place: &[u8]) -> Option<&[u8]> {
+    let n = place.iter().take_while(|b| b.is_ascii_digit()).count();
+    (n > 0 && place.get(n) == Some(&b' ')).then(|| &place[..n])
 }
 
 /// The seq `HINCRBY qseq 1` would give; a value it refuses (not a canonical integer) or one

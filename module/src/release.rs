@@ -22,17 +22,15 @@ pub fn run(
     args: &[&[u8]],
     now_us: u64,
 ) -> Reply {
-    if args.len() != 5 {
-        return Reply::WrongArity;
-    }
-    let (owner, hold, announce) = (args[1], args[2], args[3]);
-    let grace = match rules::check_owner(owner).and_then(|()| rules::parse_grace(args[4])) {
-        Ok(grace) => grace,
-        Err(e) => return Reply::Error(e),
+    let Arguments {
+        owner,
+        hold,
+        announce,
+        grace,
+    } = match arguments(args) {
+        Ok(parsed) => parsed,
+        Err(reply) => return reply,
     };
-    if !matches!(announce, b"" | b"s" | b"p") {
-        return Reply::Error("ERR fencelock: announce must be s, p or empty".into());
-    }
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
     let mut value = None;
@@ -110,4 +108,38 @@ pub fn run(
         key.announce(announce == b"s");
     }
     Reply::Int(code)
+}
+
+/// A release's arguments after its key (release.lua's and fair_release.lua's ARGV).
+pub struct Arguments<'a> {
+    /// The owner token.
+    pub owner: &'a [u8],
+    /// The hold id (empty for the hold the acquire granted).
+    pub hold: &'a [u8],
+    /// `s` SPUBLISH, `p` PUBLISH, empty for none.
+    pub announce: &'a [u8],
+    /// The expiry grace in ms, `None` for none.
+    pub grace: Option<u64>,
+}
+
+/// Checks a release's arguments: `Err` with the reply for a wrong count or a bad value.
+pub fn arguments<'a>(args: &[&'a [u8]]) -> Result<Arguments<'a>, Reply> {
+    if args.len() != 5 {
+        return Err(Reply::WrongArity);
+    }
+    let (owner, hold, announce) = (args[1], args[2], args[3]);
+    let grace = rules::check_owner(owner)
+        .and_then(|()| rules::parse_grace(args[4]))
+        .map_err(Reply::Error)?;
+    if !matches!(announce, b"" | b"s" | b"p") {
+        return Err(Reply::Error(
+            "ERR fencelock: announce must be s, p or empty".into(),
+        ));
+    }
+    Ok(Arguments {
+        owner,
+        hold,
+        announce,
+        grace,
+    })
 }
