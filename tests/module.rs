@@ -1044,6 +1044,13 @@ fn the_module_hands_a_released_lock_to_the_queue_as_the_script_does() {
             .with("qseq", "1")
             .with("s:1", "a")
             .with("q:a", &format!("1 {}", now - 10)),
+        // A clock fence as the head's floor (16 digits, below 2^53), and SPUBLISH.
+        one(
+            "clock-floor",
+            mine.clone(),
+            "30000 600000 5000000000000000 clock",
+            &["me", "", "s", "60000"],
+        ),
         case("no-index", mine.clone(), &plain)
             .with("qseq", "4")
             .with("qh", "5")
@@ -1355,4 +1362,68 @@ fn the_module_grants_a_free_queued_mutex_as_the_script_does() {
             .with("g:me", grant),
     ];
     differential(&server, "fencelock.acquire", "acquire", cases);
+}
+
+#[test]
+fn the_module_announces_a_handoff_as_the_script_does() {
+    let server = Standalone::start_with_module();
+    let now = server_ms(&server);
+    let release = fencelock::lua_scripts()
+        .find(|s| s.name == "release")
+        .expect("the script");
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut subscriber = client.get_connection().unwrap();
+    let mut pubsub = subscriber.as_pubsub();
+    pubsub
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // A fresh head (granted, its grant announced) and a stale one (only woken).
+    for (name, place_end) in [("fresh", now + 590_000), ("stale", now + 1000)] {
+        let mut heard = Vec::new();
+        for path in ["m", "s"] {
+            let key = format!("{{{path}-{name}}}:lock");
+            let _: () = server.node.cmd(
+                redis::cmd("HSET")
+                    .arg(&key)
+                    .arg("until")
+                    .arg(format!("{} 123456789 me wq", now + 5000))
+                    .arg("qseq")
+                    .arg(1)
+                    .arg("s:1")
+                    .arg("a0000000x")
+                    .arg("q:a0000000x")
+                    .arg(format!("1 {place_end}"))
+                    .arg("g:a0000000x")
+                    .arg("30000 600000 0 counter"),
+            );
+            let channel = format!("{key}:w:a0000000");
+            pubsub.subscribe(&channel).unwrap();
+            let args = ["me", "", "p", "60000"];
+            let reply: i64 = if path == "m" {
+                server
+                    .node
+                    .cmd(redis::cmd("fencelock.release").arg(&key).arg(&args))
+            } else {
+                server.node.cmd(
+                    redis::cmd("EVAL")
+                        .arg(release.source)
+                        .arg(1)
+                        .arg(&key)
+                        .arg(&args),
+                )
+            };
+            assert_eq!(reply, 1, "{name} {path}");
+            let message = pubsub.get_message().expect("the announcement");
+            assert_eq!(message.get_channel_name(), channel);
+            heard.push(message.get_payload::<String>().unwrap());
+            pubsub.unsubscribe(&channel).unwrap();
+        }
+        assert_eq!(heard[0], heard[1], "{name}: module, script");
+        let expected = if name == "fresh" {
+            "a0000000x 123456790 0 30000"
+        } else {
+            ""
+        };
+        assert_eq!(heard[0], expected, "{name}");
+    }
 }

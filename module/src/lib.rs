@@ -1,9 +1,11 @@
 //! fencelock's Redis module (issue 24): the mutex's hot path as native commands on key layout
 //! 2, `fencelock.acquire`, `fencelock.release`, `fencelock.extend` and `fencelock.reenter`,
 //! with exactly the KEYS, ARGV and replies of the scripts acquire.lua, release.lua, extend.lua
-//! and reenter.lua (src/script/lua/), so both serve one lock together. What a command does not
-//! serve natively yet it answers with `-FALLBACK <reason>` before any write, for the client to
-//! send through the script.
+//! and reenter.lua (src/script/lua/), so both serve one lock together; the mutex's queue of
+//! waiting processes (queue.rs, issue 25: a busy caller's place, the release's handoff to the
+//! head); and the fair lock's `fencelock.fair_acquire` and `fencelock.fair_release` (fair.rs) on
+//! the same queue. What a command does not serve natively it answers with `-FALLBACK <reason>`
+//! before any write, for the client to send through the script.
 //!
 //! `fencelock.acquire_packed`, `fencelock.release_packed`, `fencelock.extend_packed` and
 //! `fencelock.reenter_packed` (batch.rs) serve the client's per-node batches as one command,

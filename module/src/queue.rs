@@ -5,8 +5,8 @@
 //! `g:<owner>`, `s:<seq>`, `qseq`, `qh`), replies, key expiry and announcements, so a queue
 //! some of whose calls the scripts serve and some the module works as one.
 //!
-//! A field the scripts would read differently (a number of more than 15 digits, which Lua reads
-//! as an inexact double; a counter `HINCRBY` refuses; a place or index value that is not the
+//! A field the scripts would read differently (a number of 2^53 or more, which Lua reads as an
+//! inexact double; a counter `HINCRBY` refuses; a place or index value that is not the
 //! scripts' own) makes the call answer `-FALLBACK` before any write, for the script to serve.
 
 use crate::epoch;
@@ -27,13 +27,14 @@ fn fallback(why: &str) -> Reply {
     Reply::Error(format!("FALLBACK {why}"))
 }
 
-/// A `(%d+)` capture as the scripts' `tonumber` reads it: `Err` for more than 15 digits (not
-/// exact as a double: left to the scripts).
+/// A `(%d+)` capture as the scripts' `tonumber` reads it: exact below 2^53; `Err` from there on
+/// (Lua's double is not exact: left to the scripts) and for more than 19 digits.
 pub fn number(digits: &[u8]) -> Result<u64, Reply> {
-    if digits.len() > 15 {
-        return Err(fallback("a queue number of more than 15 digits"));
+    match state::parse_u64(digits) {
+        Some(n) if n <= state::MAX_FENCE => Ok(n),
+        Some(_) => Err(fallback("a queue number past 2^53")),
+        None => Err(fallback("an unreadable queue number")),
     }
-    state::parse_u64(digits).ok_or_else(|| fallback("an unreadable queue number"))
 }
 
 /// A field the scripts read with `tonumber(v) or default`: absent is `default`; anything but
@@ -638,7 +639,9 @@ mod tests {
         assert!(matches!(place_of(b"7 x"), Ok(None)));
         assert!(matches!(place_of(b"7"), Ok(None)));
         assert!(matches!(place_of(b"7 1764000000000 1"), Ok(None)));
-        // 16 digits: Lua reads a double that may not be exact; left to the script.
-        assert!(place_of(b"7 1234567890123456").is_err());
+        // 16 digits below 2^53 read exactly (a clock fence as a floor); 2^53 and above are left
+        // to the script, whose double is not exact.
+        assert!(matches!(place_of(b"7 1764000000000000"), Ok(Some((7, 1_764_000_000_000_000)))));
+        assert!(place_of(b"7 9007199254740992").is_err());
     }
 }
