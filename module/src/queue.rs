@@ -641,7 +641,10 @@ mod tests {
         assert!(matches!(place_of(b"7 1764000000000 1"), Ok(None)));
         // 16 digits below 2^53 read exactly (a clock fence as a floor); 2^53 and above are left
         // to the script, whose double is not exact.
-        assert!(matches!(place_of(b"7 1764000000000000"), Ok(Some((7, 1_764_000_000_000_000)))));
+        assert!(matches!(
+            place_of(b"7 1764000000000000"),
+            Ok(Some((7, 1_764_000_000_000_000)))
+        ));
         assert!(place_of(b"7 9007199254740992").is_err());
     }
 }
