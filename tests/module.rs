@@ -1229,6 +1229,20 @@ fn the_module_serves_the_fair_lock_as_the_script_does() {
             held.clone(),
             &["me", "30000", "0", "counter", "600000", "128", ""],
         ),
+        two("unreadable-own-place", format!("{held} wq"), &wait).with("q:me", "x y"),
+        two(
+            "full-free",
+            queued_free.clone(),
+            &["me", "30000", "0", "counter", "600000", "2", "60000"],
+        )
+        .with("q:a", &format!("1 {}", now + 90_000))
+        .with("q:b", &format!("2 {}", now + 95_000)),
+        // The caller heads the queue while another owner holds the lock: busy, its place kept.
+        case("head-while-held", format!("{held} wq"), &wait)
+            .with("qseq", "1")
+            .with("s:1", "me")
+            .with("q:me", &fresh(1))
+            .with("g:me", grant),
     ];
     differential(&server, "fencelock.fair_acquire", "fair_acquire", acquires);
 
@@ -1318,6 +1332,15 @@ fn the_module_grants_a_free_queued_mutex_as_the_script_does() {
     for i in 1..=70 {
         long_walk = long_walk.with(named(format!("s:{i}")), "gone");
     }
+    // Another head, and the hash at 400 fields: no place for the caller.
+    let mut full_free = case("full", &wait)
+        .with("qseq", "1")
+        .with("s:1", "a")
+        .with("q:a", &near(1))
+        .with("g:a", grant);
+    for i in 0..395 {
+        full_free = full_free.with(named(format!("x:{i}")), "1");
+    }
     let cases = vec![
         case("head-is-me", &wait)
             .with("qseq", "2")
@@ -1355,6 +1378,25 @@ fn the_module_grants_a_free_queued_mutex_as_the_script_does() {
             .with("q:a", &near(1))
             .with("g:a", grant),
         long_walk,
+        Case::new(
+            "expired-owner-kept",
+            format!("{} 123456789 you wq", now - 10),
+            now + 9000,
+            &wait,
+        )
+        .with("qseq", "1")
+        .with("s:1", "a")
+        .with("q:a", &near(1))
+        .with("g:a", grant),
+        case("own-place-gone", &wait)
+            .with("qseq", "2")
+            .with("s:1", "me")
+            .with("q:me", &format!("1 {}", now - 10))
+            .with("g:me", grant)
+            .with("s:2", "a")
+            .with("q:a", &near(2))
+            .with("g:a", grant),
+        full_free,
         case("no-grace", &["me", "30000", "0", "counter", "600000", ""])
             .with("qseq", "1")
             .with("s:1", "me")
