@@ -1,9 +1,11 @@
 //! The mutex's queue (issue 25), natively: a busy caller's place (`hold_place`, acquire.lua's
-//! busy path with mutex_queue.lua's `hold_place`) and a release's handoff to the head
-//! (`plan_handoff` then `Handoff::apply`, release.lua with mutex_queue.lua's `head` and
-//! `hand_head` and fair.lua's `handed` and `wake`), with the scripts' fields (`q:<owner>`,
-//! `g:<owner>`, `s:<seq>`, `qseq`, `qh`), replies, key expiry and announcements, so a queue
-//! some of whose calls the scripts serve and some the module works as one.
+//! busy path with mutex_queue.lua's `hold_place`, written by `keep_place`), an acquire of a free
+//! lock with a queue (`acquire_free`: the walk of the arrival index, `Walk`, then `take`), and a
+//! release's handoff to the head (`plan_handoff` then `Handoff::apply`, release.lua with
+//! mutex_queue.lua's `head` and `hand_head` and fair.lua's `handed` and `wake`), with the
+//! scripts' fields (`q:<owner>`, `g:<owner>`, `s:<seq>`, `qseq`, `qh`), replies, key expiry and
+//! announcements, so a queue some of whose calls the scripts serve and some the module works as
+//! one. The fair lock's commands (fair.rs) are built on the same pieces.
 //!
 //! A field the scripts would read differently (a number of 2^53 or more, which Lua reads as an
 //! inexact double; a counter `HINCRBY` refuses; a place or index value that is not the
@@ -38,7 +40,7 @@ pub fn number(digits: &[u8]) -> Result<u64, Reply> {
 }
 
 /// A field the scripts read with `tonumber(v) or default`: absent is `default`; anything but
-/// plain digits (up to 15) is left to the scripts.
+/// plain digits below 2^53 is left to the scripts.
 fn counter(key: &Key, field: &std::ffi::CStr, default: u64) -> Result<u64, Reply> {
     match key.hget(field) {
         None => Ok(default),
