@@ -49,6 +49,11 @@ struct State {
     dispatcher: Option<UnboundedSender<Command>>,
     /// The server has no (sharded) pub/sub, or wake-ups are off: waiters poll.
     unsupported: bool,
+    /// When the dispatcher will next look for idle channels to reap, as its last look
+    /// decided; `None`: only when a command comes. A waiter that leaves a channel idle tells
+    /// the dispatcher only then: otherwise its scheduled look finds the channel (a hot lock's
+    /// waiters leave and come back once per grant).
+    reap_due: Option<Instant>,
 }
 
 struct Channel {
@@ -267,6 +272,7 @@ impl Wakeups {
             due = Some(due.map_or(end, |due: Instant| due.min(end)));
             true
         });
+        state.reap_due = due;
         (gone, due)
     }
 
@@ -298,6 +304,7 @@ impl Wakeups {
             Err(TryRecvError::Empty) if linger => Next::Idle,
             Err(_) => {
                 state.dispatcher = None;
+                state.reap_due = None;
                 Next::Retire
             }
         }
@@ -384,6 +391,9 @@ impl Drop for Subscription {
         entry.waiters -= 1;
         if entry.waiters == 0 {
             entry.idle_since = Some(Instant::now());
+            if state.reap_due.is_some() {
+                return;
+            }
             if let Some(commands) = &state.dispatcher {
                 let _ = commands.send(Command::Sync {
                     channel: std::mem::take(&mut self.channel),
