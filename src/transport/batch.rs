@@ -420,6 +420,15 @@ async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
         None
     };
     let Some(cmd) = batch else {
+        if let [_] = entries.as_slice() {
+            if let Some(entry) = entries.into_iter().next() {
+                let outcome = transport
+                    .run_alone(&entry.call, &entry.name, entry.operation)
+                    .await;
+                entry.answer(outcome);
+            }
+            return;
+        }
         // One command each, all handed to the connection at once (in order), which pipelines
         // them.
         let alone = entries.into_iter().map(|entry| {

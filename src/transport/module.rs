@@ -72,6 +72,9 @@ pub(super) struct Modules {
     /// Per slot bucket: when the module last declined a call there, in ms since `start` plus
     /// one (0: never).
     declined_at: Box<[AtomicU64]>,
+    /// The latest of `declined_at`: while no bucket declined lately, a call's bucket (a CRC16 of
+    /// its key) is not computed.
+    declined_last: AtomicU64,
     start: Instant,
 }
 
@@ -93,6 +96,7 @@ impl Modules {
             served: AtomicU64::new(0),
             declined: AtomicU64::new(0),
             declined_at: (0..DECLINE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            declined_last: AtomicU64::new(0),
             start: Instant::now(),
         }
     }
@@ -133,9 +137,10 @@ impl Modules {
     /// Whether the module declined a call for a key of `call`'s slot bucket less than
     /// [`AFTER_DECLINE`] ago.
     fn declined_lately(&self, call: &ScriptCall) -> bool {
-        let at = self.bucket(call).load(Ordering::Relaxed);
         let after = u64::try_from(AFTER_DECLINE.as_millis()).unwrap_or(u64::MAX);
-        at != 0 && self.now_ms().saturating_sub(at) < after
+        let lately = |at: u64| at != 0 && self.now_ms().saturating_sub(at) < after;
+        lately(self.declined_last.load(Ordering::Relaxed))
+            && lately(self.bucket(call).load(Ordering::Relaxed))
     }
 
     /// Whether calls to node `node` may go as the batched command `batch` (the module was
@@ -170,7 +175,9 @@ impl Modules {
         match reply {
             Err(err) if declined(&err) => {
                 self.declined.fetch_add(1, Ordering::Relaxed);
-                self.bucket(call).store(self.now_ms(), Ordering::Relaxed);
+                let now = self.now_ms();
+                self.bucket(call).store(now, Ordering::Relaxed);
+                self.declined_last.fetch_max(now, Ordering::Relaxed);
                 Verdict::Script
             }
             Err(err) if unknown_command(&err) => {
