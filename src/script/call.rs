@@ -9,6 +9,7 @@ use std::time::Duration;
 use redis::Cmd;
 
 use super::assemble::LuaScript;
+use crate::keys::slot_of;
 
 impl From<ScriptCall> for std::borrow::Cow<'_, ScriptCall> {
     fn from(call: ScriptCall) -> Self {
@@ -102,6 +103,9 @@ pub(crate) struct ScriptCall {
     /// Whether a node that loads the module may run the call as the script's module command
     /// (see [`module_cmd`](Self::module_cmd)).
     module: bool,
+    /// The hash slot of the first key (0 without keys), computed once: routing, lanes and the
+    /// module's decline buckets all ask for it.
+    slot: u16,
     cmd: Cmd,
 }
 
@@ -141,6 +145,7 @@ impl ScriptCall {
             keys: keys.len(),
             weight: 1,
             module: true,
+            slot: keys.first().map_or(0, |key| slot_of(key.as_bytes())),
             cmd,
         }
     }
@@ -255,6 +260,11 @@ impl ScriptCall {
             redis::Arg::Simple(bytes) => Some(bytes),
             _ => None,
         })
+    }
+
+    /// The hash slot of the call's first key (0 for a call without keys).
+    pub(crate) fn slot(&self) -> u16 {
+        self.slot
     }
 
     /// `KEYS[1]`: what the call is routed by, and named after in the errors of a detached call.

@@ -39,7 +39,6 @@ use redis::{RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, Operation, Result};
-use crate::keys::slot_of;
 use crate::script::{LuaScript, ScriptCall};
 
 use super::eval::eval_raw;
@@ -134,7 +133,7 @@ impl Batcher {
                     .slots
                     .read()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .node_of(slot_of(call.first_key().as_bytes()));
+                    .node_of(call.slot());
                 if node.is_none() {
                     self.refresh(transport);
                 }
@@ -154,7 +153,7 @@ impl Batcher {
         node: usize,
         entry: Entry,
     ) -> std::result::Result<(), Entry> {
-        let node = node * self.lanes + self.lane(slot_of(entry.call.first_key().as_bytes()));
+        let node = node * self.lanes + self.lane(entry.call.slot());
         let queued = {
             let drivers = self.drivers.read().unwrap_or_else(PoisonError::into_inner);
             match drivers.get(node).and_then(Option::as_ref) {
@@ -342,6 +341,17 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
         let module = transport
             .modules
             .serves(first, transport.batcher.node_index(transport, first));
+        if pending.len() == 1 {
+            // The common lone call: the round's vector goes on as it is.
+            let transport = Arc::clone(transport);
+            let alone: Round = if module {
+                Box::pin(send_module(transport, pending))
+            } else {
+                Box::pin(send(transport, pending))
+            };
+            sends.push(alone);
+            break;
+        }
         if module {
             let head = pending.remove(0);
             let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
@@ -390,7 +400,7 @@ fn module_chunks(topology: Topology, entries: Vec<Entry>) -> Vec<Vec<Entry>> {
     let mut chunks: Vec<(u16, Vec<Entry>)> = Vec::new();
     for entry in entries {
         let slot = match topology {
-            Topology::Cluster => slot_of(entry.call.first_key().as_bytes()),
+            Topology::Cluster => entry.call.slot(),
             Topology::Standalone => 0,
         };
         match chunks

@@ -126,7 +126,7 @@ impl Modules {
     }
 
     fn bucket(&self, call: &ScriptCall) -> &AtomicU64 {
-        let slot = crate::keys::slot_of(call.first_key().as_bytes());
+        let slot = call.slot();
         &self.declined_at[usize::from(slot) % DECLINE_BUCKETS]
     }
 
