@@ -83,14 +83,7 @@ pub fn run(
             Some(_) => None,
         };
         if let Some(mark) = mark {
-            key.set_until(state::format(
-                &mut Buf::new(),
-                lock.lease_raw,
-                lock.fence_raw,
-                lock.owner,
-                lock.holds,
-                Some(mark),
-            ));
+            key.set_until(lock.with_waiters(Some(mark)).bytes());
         }
         return Reply::Ints(vec![0, (lock.lease - now_ms) as i64, 0]);
     }
@@ -158,16 +151,7 @@ pub fn move_lease(key: &Key, lock: &State, ends: u64, grace: Option<u64>) {
     if ends <= lock.lease {
         return;
     }
-    let mut lease = Buf::new();
-    lease.push_u64(ends);
-    key.set_until(state::format(
-        &mut Buf::new(),
-        lease.bytes(),
-        lock.fence_raw,
-        lock.owner,
-        lock.holds,
-        lock.waiters,
-    ));
+    key.set_until(lock.with_lease(ends).bytes());
     key.apply(match grace {
         None => Expiry::Persist,
         Some(g) => Expiry::RaiseTo(ends + g),

@@ -8,7 +8,7 @@
 
 use crate::rules;
 use crate::server::{Key, Reply};
-use crate::state::{self, Buf};
+use crate::state;
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
 pub fn run(
@@ -50,16 +50,7 @@ pub fn run(
     if reentered && lock.lease > ends {
         ends = lock.lease;
     }
-    let mut lease = Buf::new();
-    lease.push_u64(ends);
-    key.set_until(state::format(
-        &mut Buf::new(),
-        lease.bytes(),
-        lock.fence_raw,
-        lock.owner,
-        lock.holds,
-        lock.waiters,
-    ));
+    key.set_until(lock.with_lease(ends).bytes());
     key.apply(rules::grant_expiry(None, lock.fence, ends, grace));
     Reply::Ints(vec![1, (ends - now_ms) as i64])
 }

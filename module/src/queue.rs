@@ -293,14 +293,7 @@ pub fn keep_place(
         ]);
     }
     if lock.waiters != Some(b"q") {
-        key.set_until(state::format(
-            &mut Buf::new(),
-            lock.lease_raw,
-            lock.fence_raw,
-            lock.owner,
-            lock.holds,
-            Some(b"q"),
-        ));
+        key.set_until(lock.with_waiters(Some(b"q")).bytes());
     }
     key.apply(match grace {
         None => Expiry::Persist,

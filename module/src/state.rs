@@ -153,6 +153,36 @@ impl<'a> State<'a> {
     pub fn live(&self, now_ms: u64) -> bool {
         !self.owner.is_empty() && self.lease > now_ms
     }
+
+    /// This state's value with its lease end moved to `ends` (the rest verbatim).
+    pub fn with_lease(&self, ends: u64) -> Buf {
+        let mut lease = Buf::new();
+        lease.push_u64(ends);
+        let mut value = Buf::new();
+        format(
+            &mut value,
+            lease.bytes(),
+            self.fence_raw,
+            self.owner,
+            self.holds,
+            self.waiters,
+        );
+        value
+    }
+
+    /// This state's value with the waiters mark `mark` (the rest verbatim).
+    pub fn with_waiters(&self, mark: Option<&[u8]>) -> Buf {
+        let mut value = Buf::new();
+        format(
+            &mut value,
+            self.lease_raw,
+            self.fence_raw,
+            self.owner,
+            self.holds,
+            mark,
+        );
+        value
+    }
 }
 
 /// A small byte buffer on the stack that moves to the heap past 160 bytes (a state value with
