@@ -261,13 +261,28 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// with its queue (the client dropped), its transport, or after [`IDLE`] without a call.
 async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
     let mut in_flight: Vec<Round> = Vec::new();
+    // One timer for the driver's life, moved on only when it fires before the driver has been
+    // idle for [`IDLE`]: a timer per wait would cost a registration with the runtime per call
+    // wherever calls come one at a time (a lone task, a hot lock's waiter).
+    let mut idle = std::pin::pin!(tokio::time::sleep(IDLE));
+    // When a call was last taken or a round last ended.
+    let mut last_call = tokio::time::Instant::now();
     loop {
         let mut pending = Vec::new();
         if in_flight.is_empty() {
-            match tokio::time::timeout(IDLE, queue.recv()).await {
+            let waited = tokio::select! {
+                biased;
+                entry = queue.recv() => Ok(entry),
+                () = idle.as_mut() => Err(()),
+            };
+            if waited.is_err() && last_call.elapsed() < IDLE {
+                idle.as_mut().reset(last_call + IDLE);
+                continue;
+            }
+            match waited {
                 Ok(Some(first)) => pending.push(first),
                 Ok(None) => return,
-                Err(_) => {
+                Err(()) => {
                     // Idle: no new call can queue after `close`; what did is still sent.
                     queue.close();
                     while let Ok(entry) = queue.try_recv() {
@@ -281,7 +296,10 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
         } else if in_flight.len() < IN_FLIGHT {
             tokio::select! {
                 biased;
-                () = any_done(&mut in_flight) => continue,
+                () = any_done(&mut in_flight) => {
+                    last_call = tokio::time::Instant::now();
+                    continue;
+                }
                 entry = queue.recv() => match entry {
                     Some(entry) => pending.push(entry),
                     None => {
@@ -292,17 +310,23 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
             }
         } else {
             any_done(&mut in_flight).await;
+            last_call = tokio::time::Instant::now();
             continue;
         }
         while let Ok(entry) = queue.try_recv() {
             pending.push(entry);
         }
+        last_call = tokio::time::Instant::now();
         let Some(transport) = transport.upgrade() else {
             return;
         };
         pending.retain(|entry| entry.after_in_flight || !entry.reply.is_closed());
         let (undos, calls): (Vec<Entry>, Vec<Entry>) =
-            pending.into_iter().partition(|entry| entry.after_in_flight);
+            if pending.iter().any(|entry| entry.after_in_flight) {
+                pending.into_iter().partition(|entry| entry.after_in_flight)
+            } else {
+                (Vec::new(), pending)
+            };
         if !undos.is_empty() {
             // One round in flight that finishes the earlier rounds, then sends the undos.
             let before = join_all(std::mem::take(&mut in_flight));
@@ -322,7 +346,15 @@ async fn start(transport: &Arc<Transport>, entries: Vec<Entry>, in_flight: &mut 
     if entries.is_empty() {
         return;
     }
-    let mut round: Round = Box::pin(join_all(sends(transport, entries)));
+    let mut sends = sends(transport, entries);
+    let mut round: Round = match sends.pop() {
+        Some(alone) if sends.is_empty() => alone,
+        Some(last) => {
+            sends.push(last);
+            Box::pin(join_all(sends))
+        }
+        None => return,
+    };
     if std::future::poll_fn(|cx| Poll::Ready(round.as_mut().poll(cx)))
         .await
         .is_pending()
