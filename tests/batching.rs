@@ -1,8 +1,8 @@
 //! Per-node auto-batching on real servers: concurrent calls for keys of one node go out as one
 //! script call, each caller gets its own reply (grants, busy answers, errors), a key whose slot
 //! moved away falls back to a call of its own, a caller cancelled before its call was answered
-//! leaves nothing held, epoch mode reads the node's epoch once per batch, and each key of a batch
-//! call runs with its own arguments.
+//! leaves nothing held, epoch mode reads the node's epoch once per batch, each key of a batch
+//! call runs with its own arguments, and an idle driver ends (the next call starts another).
 
 mod common;
 
@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Cluster, Standalone};
+use common::{eventually, Cluster, Standalone};
 use fencelock::{Client, Error, FenceMode, LockOptions};
 use tokio::sync::Barrier;
 
@@ -276,4 +276,28 @@ fn each_key_of_a_batch_call_keeps_its_own_expiry_grace() {
     assert_eq!(pttl(keys[1].0), -1, "no grace: kept for good");
     let c = pttl(keys[2].0);
     assert!(c > 1_000 && c <= 11_000, "lease + 1 s grace, got {c} ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_driver_ends_and_the_next_call_starts_another() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let baseline = metrics.num_alive_tasks();
+    for round in 0..2 {
+        // A lone call starts its lane's driver (and the watchdog, for the hold).
+        let guard = client
+            .try_lock(&format!("idle:{round}"), &LockOptions::new())
+            .await
+            .unwrap();
+        assert!(metrics.num_alive_tasks() > baseline, "round {round}");
+        guard.release().await.unwrap();
+        // The driver ends 0.5 s after its last call, the watchdog 0.5 s after its last hold.
+        eventually(
+            "the driver and the watchdog to end",
+            Duration::from_secs(5),
+            || metrics.num_alive_tasks() <= baseline,
+        )
+        .await;
+    }
 }
