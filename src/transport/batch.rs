@@ -258,7 +258,8 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// in the next round. Each round is polled once as soon as it is made, which hands its calls
 /// to the connection before any later round's: Redis runs a node's calls in queue order, undos
 /// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
-/// with its queue (the client dropped), its transport, or after [`IDLE`] without a call.
+/// with its queue (the client dropped), its transport, or after [`IDLE`] with no call taken and
+/// no round in flight.
 async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
     let mut in_flight: Vec<Round> = Vec::new();
     // One timer for the driver's life, moved on only when it fires before the driver has been
