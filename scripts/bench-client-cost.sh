@@ -22,10 +22,7 @@ if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/nul
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
-port=${PORT:-7970}
-while redis-cli -p "$port" ping >/dev/null 2>&1 || ss -ltn 2>/dev/null | grep -q ":$port "; do
-  port=$((port + 1))
-done
+port=$(free_port "${PORT:-7970}")
 low=${LOW:-1000}
 high=${HIGH:-3000}
 libs=${LIBS:-fencelock fencelock-scripts rslock}
@@ -36,12 +33,7 @@ fi
 dir=$(mktemp -d)
 
 stop() {
-  local pid
-  pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
-  if [ -n "$pid" ]; then
-    kill "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  fi
+  stop_server_in "$dir"
   rm -rf "$dir"
 }
 trap stop EXIT

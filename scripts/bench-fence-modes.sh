@@ -14,11 +14,7 @@ redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$d
   --cluster-enabled yes --cluster-config-file nodes.conf --daemonize yes --pidfile "$dir/redis.pid" \
   --logfile "$dir/redis.log"
 stop() {
-  pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
-  if [ -n "$pid" ]; then
-    kill "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  fi
+  stop_server_in "$dir"
   rm -rf "$dir"
 }
 trap stop EXIT

@@ -15,10 +15,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 . "$here/lib.sh"
 ensure_redis
-port=${BASE_PORT:-7400}
-while redis-cli -p "$port" ping >/dev/null 2>&1 || ss -ltn 2>/dev/null | grep -q ":$port "; do
-  port=$((port + 1))
-done
+port=$(free_port "${BASE_PORT:-7400}")
 seconds=${SECONDS_PER_RUN:-10}
 hold=${HOLD_MS:-0}
 procs=${PROCS:-2 8 32}
@@ -28,15 +25,10 @@ dir=$(mktemp -d)
 
 target=${TARGET:-standalone}
 stop() {
-  local pid
   if [ "$target" = cluster ]; then
     scripts/cluster.sh down --base-port $((port + 1)) >/dev/null 2>&1 || true
   fi
-  pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
-  if [ -n "$pid" ]; then
-    kill "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  fi
+  stop_server_in "$dir"
   rm -rf "$dir"
 }
 trap stop EXIT

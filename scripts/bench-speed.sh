@@ -24,12 +24,7 @@ dir=$(mktemp -d)
 out=$dir/lines
 
 stop() {
-  local pid
-  pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
-  if [ -n "$pid" ]; then
-    kill "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
-  fi
+  stop_server_in "$dir"
   scripts/cluster.sh down --base-port "$cport" >/dev/null 2>&1 || true
   rm -rf "$dir"
 }

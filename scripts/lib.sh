@@ -39,3 +39,22 @@ ensure_test_tools() {
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux iproute2 gcc >/dev/null
 }
+
+# Prints the first port from $1 up on which nothing answers or listens.
+free_port() {
+  local port=$1
+  while redis-cli -p "$port" ping >/dev/null 2>&1 || ss -ltn 2>/dev/null | grep -q ":$port "; do
+    port=$((port + 1))
+  done
+  echo "$port"
+}
+
+# Stops the server whose pid file is $1/redis.pid (if any) and waits until it has exited.
+stop_server_in() {
+  local pid
+  pid=$(cat "$1/redis.pid" 2>/dev/null || true)
+  if [ -n "$pid" ]; then
+    kill "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  fi
+}
