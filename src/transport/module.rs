@@ -72,9 +72,6 @@ pub(super) struct Modules {
     /// Per slot bucket: when the module last declined a call there, in ms since `start` plus
     /// one (0: never).
     declined_at: Box<[AtomicU64]>,
-    /// The latest of `declined_at`: while no bucket declined lately, a call's bucket (a CRC16 of
-    /// its key) is not computed.
-    declined_last: AtomicU64,
     start: Instant,
 }
 
@@ -96,7 +93,6 @@ impl Modules {
             served: AtomicU64::new(0),
             declined: AtomicU64::new(0),
             declined_at: (0..DECLINE_BUCKETS).map(|_| AtomicU64::new(0)).collect(),
-            declined_last: AtomicU64::new(0),
             start: Instant::now(),
         }
     }
@@ -138,9 +134,8 @@ impl Modules {
     /// [`AFTER_DECLINE`] ago.
     fn declined_lately(&self, call: &ScriptCall) -> bool {
         let after = u64::try_from(AFTER_DECLINE.as_millis()).unwrap_or(u64::MAX);
-        let lately = |at: u64| at != 0 && self.now_ms().saturating_sub(at) < after;
-        lately(self.declined_last.load(Ordering::Relaxed))
-            && lately(self.bucket(call).load(Ordering::Relaxed))
+        let at = self.bucket(call).load(Ordering::Relaxed);
+        at != 0 && self.now_ms().saturating_sub(at) < after
     }
 
     /// Whether calls to node `node` may go as the batched command `batch` (the module was
@@ -175,9 +170,7 @@ impl Modules {
         match reply {
             Err(err) if declined(&err) => {
                 self.declined.fetch_add(1, Ordering::Relaxed);
-                let now = self.now_ms();
-                self.bucket(call).store(now, Ordering::Relaxed);
-                self.declined_last.fetch_max(now, Ordering::Relaxed);
+                self.bucket(call).store(self.now_ms(), Ordering::Relaxed);
                 Verdict::Script
             }
             Err(err) if unknown_command(&err) => {
