@@ -243,9 +243,13 @@ impl Endpoint {
             Topology::Standalone => {
                 let client = redis::Client::open(live[0].clone())
                     .map_err(|e| config_error(&self.nodes, e))?;
+                // No response timeout of redis-rs's own: every request on this connection
+                // is bounded by the caller (`transport/mod.rs`, `batch.rs`), and a second
+                // timer per request only cost the client time (a timeout does not make the
+                // manager reconnect; repeated ones rebuild it, `Transport::observe`).
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
-                    .set_response_timeout(Some(self.timeouts.response))
+                    .set_response_timeout(None)
                     .set_number_of_retries(self.retries as usize)
                     .set_max_delay(Duration::from_millis(500));
                 self.within(client.get_connection_manager_with_config(config))
