@@ -7,6 +7,7 @@
 //! them (the mutex, `lock/handoff.rs`) builds and unpacks what is handed.
 
 use std::any::Any;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -112,10 +113,7 @@ impl LocalQueues {
 
     /// Records that a task of this client holds `keys`' lock (granted by Redis).
     pub(crate) fn hold(&self, keys: &LockKeys) {
-        let mut locks = self.locks();
-        if !locks.contains_key(keys.lock_key()) {
-            locks.insert(Key(keys.clone()), VecDeque::new());
-        }
+        self.locks().entry(Key(keys.clone())).or_default();
     }
 
     /// Takes the turn for `keys`' lock, or queues behind the task that has it under the owner
@@ -127,9 +125,12 @@ impl LocalQueues {
         owner: impl FnOnce() -> String,
     ) -> Entered {
         let mut locks = self.locks();
-        let Some(queue) = locks.get_mut(keys.lock_key()) else {
-            locks.insert(Key(keys.clone()), VecDeque::new());
-            return Entered::Turn(Turn::new(self, keys));
+        let queue = match locks.entry(Key(keys.clone())) {
+            Entry::Occupied(queue) => queue.into_mut(),
+            Entry::Vacant(vacant) => {
+                vacant.insert(VecDeque::new());
+                return Entered::Turn(Turn::new(self, keys));
+            }
         };
         let (to, from) = oneshot::channel();
         queue.push_back(Waiter {
@@ -170,7 +171,13 @@ impl LocalQueues {
                 return;
             }
         }
-        locks.remove(key);
+        if locks.len() == 1 {
+            // The usual case, one lock at a time: emptying the table leaves no tombstone, which
+            // would make a later insert of another key rehash the table in place.
+            locks.clear();
+        } else {
+            locks.remove(key);
+        }
     }
 }
 
