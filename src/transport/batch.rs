@@ -11,13 +11,15 @@
 //! follows says of a node's driver holds per lane. A driver keeps up to two rounds in flight and
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
 //! calls in the order they were queued (an attempt woken by a release of this client runs after
-//! the release). A caller dropped before its call was sent is left out of its round.
+//! the release). A caller dropped before its call was sent is left out of its round. A call
+//! that finds its lane quiet (nothing queued, in flight or sent directly) skips the driver and
+//! goes out from its caller (`direct.rs`), keeping that order.
 //!
 //! Undos are the exception. A call that this module resends alone after `NOSCRIPT` or a moved
 //! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
 //! script while it already runs another that a later round carries), so a cancelled call's
-//! undo waits for the rounds in flight when it was taken from the queue, resends included, and
-//! goes out after them, while the driver goes on sending what queues meanwhile: it does not
+//! undo waits for the rounds in flight when it was taken from the queue and for the lane's
+//! direct calls, resends included, and goes out after them, while the driver goes on sending what queues meanwhile: it does not
 //! overtake the call it undoes when both went through this driver. (An undo can still overtake
 //! a call sent another way: on a WAIT lane, with no slot map, before a slot-map change sent the
 //! undo to another driver, by the last round of a driver that ended idle just then, or on a
@@ -41,6 +43,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{Error, Operation, Result};
 use crate::script::{LuaScript, ScriptCall};
 
+use super::direct::{BusyTicket, LaneState};
 use super::eval::eval_raw;
 use super::module::Verdict;
 use super::{classify, Topology, Transport};
@@ -69,6 +72,8 @@ pub(super) struct Entry {
     reply: oneshot::Sender<Result<Value>>,
     /// Sent only after every round in flight is answered (an undo, see the module docs).
     after_in_flight: bool,
+    /// Keeps the lane busy (no direct call, `direct.rs`) until the call is answered.
+    busy: BusyTicket,
 }
 
 /// The drivers of one client, [`Batcher::lanes`] per node, and the slot map that says which
@@ -79,6 +84,8 @@ pub(super) struct Batcher {
     /// Node index (1-based, as [`SlotMap`] numbers them; 0 on a standalone server) × lanes +
     /// lane → driver.
     drivers: RwLock<Vec<Option<mpsc::UnboundedSender<Entry>>>>,
+    /// What each lane (indexed as `drivers`) has unanswered, for the direct path.
+    states: RwLock<Vec<Arc<LaneState>>>,
     /// Drivers per node: the runtime's worker threads when the client was built, 1 to
     /// [`MAX_LANES`].
     lanes: usize,
@@ -95,6 +102,7 @@ impl Batcher {
             enabled,
             topology,
             drivers: RwLock::new(Vec::new()),
+            states: RwLock::new(Vec::new()),
             lanes: tokio::runtime::Handle::try_current()
                 .map_or(1, |runtime| runtime.metrics().num_workers())
                 .clamp(1, MAX_LANES),
@@ -173,12 +181,31 @@ impl Batcher {
             Some(driver) if !driver.is_closed() => driver.clone(),
             _ => {
                 let (driver, queue) = mpsc::unbounded_channel();
-                runtime.spawn(drive(Arc::downgrade(transport), queue));
+                let lane = self.lane_state(node / self.lanes, entry.call.slot());
+                runtime.spawn(drive(Arc::downgrade(transport), queue, lane));
                 drivers[node] = Some(driver.clone());
                 driver
             }
         };
         driver.send(entry).map_err(|e| e.0)
+    }
+
+    /// What the lane of `node` for keys of slot `slot` has unanswered.
+    pub(super) fn lane_state(&self, node: usize, slot: u16) -> Arc<LaneState> {
+        let index = node * self.lanes + self.lane(slot);
+        if let Some(state) = self
+            .states
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(index)
+        {
+            return Arc::clone(state);
+        }
+        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
+        if states.len() <= index {
+            states.resize_with(index + 1, Arc::default);
+        }
+        Arc::clone(&states[index])
     }
 
     /// The lane of a key of slot `slot`: which of its node's drivers sends its calls.
@@ -228,6 +255,7 @@ impl Entry {
         name: &str,
         operation: Operation,
         after_in_flight: bool,
+        busy: BusyTicket,
     ) -> (Self, oneshot::Receiver<Result<Value>>) {
         let (reply, receiver) = oneshot::channel();
         let entry = Self {
@@ -236,6 +264,7 @@ impl Entry {
             operation,
             reply,
             after_in_flight,
+            busy,
         };
         (entry, receiver)
     }
@@ -246,6 +275,8 @@ impl Entry {
     }
 
     fn answer(self, outcome: Result<Value>) {
+        // Not busy before the caller hears back: its next call may go direct.
+        drop(self.busy);
         let _ = self.reply.send(outcome);
     }
 }
@@ -260,7 +291,11 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
 /// with its queue (the client dropped), its transport, or after [`IDLE`] with no call taken and
 /// no round in flight.
-async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<Entry>) {
+async fn drive(
+    transport: Weak<Transport>,
+    mut queue: mpsc::UnboundedReceiver<Entry>,
+    lane: Arc<LaneState>,
+) {
     let mut in_flight: Vec<Round> = Vec::new();
     // One timer for the driver's life, moved on only when it fires before the driver has been
     // idle for [`IDLE`]: a timer per wait would cost a registration with the runtime per call
@@ -329,11 +364,14 @@ async fn drive(transport: Weak<Transport>, mut queue: mpsc::UnboundedReceiver<En
                 (Vec::new(), pending)
             };
         if !undos.is_empty() {
-            // One round in flight that finishes the earlier rounds, then sends the undos.
+            // One round in flight that finishes the earlier rounds and the lane's direct
+            // calls, then sends the undos.
             let before = join_all(std::mem::take(&mut in_flight));
+            let directs = Arc::clone(&lane).directs_answered();
             let undos = join_all(sends(&transport, undos));
             in_flight.push(Box::pin(async move {
                 before.await;
+                directs.await;
                 undos.await;
             }));
         }

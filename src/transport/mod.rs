@@ -10,6 +10,7 @@
 //! - `eval.rs`: `EVALSHA` with the `NOSCRIPT` fallback;
 //! - `module.rs`: fencelock's Redis module as a path for calls, with the script as fallback;
 //! - `batch.rs`: the per-node drivers that batch one-key calls;
+//! - `direct.rs`: lone calls sent past a quiet driver;
 //! - `lanes.rs`: the WAIT lanes;
 //! - `detached.rs`: undos and background calls, which finish after their caller;
 //! - `tls.rs`: crypto provider, TLS files, TLS failures.
@@ -17,6 +18,7 @@
 mod batch;
 mod connection;
 mod detached;
+mod direct;
 mod endpoint;
 mod eval;
 mod lanes;
@@ -51,7 +53,12 @@ use lanes::Lanes;
 use module::{Modules, Verdict};
 
 /// Where the reply of a queued call arrives ([`Transport::queue`]).
-pub(crate) type Reply = tokio::sync::oneshot::Receiver<Result<Value>>;
+pub(crate) enum Reply {
+    /// Queued on the node's driver: its reply arrives here.
+    Queued(tokio::sync::oneshot::Receiver<Result<Value>>),
+    /// Sent past the driver, whose lane was quiet: awaiting it drives the call.
+    Direct(direct::Direct),
+}
 
 /// After this many consecutive timeouts or connection errors the main connection is rebuilt.
 const REBUILD_AFTER: u32 = 2;
@@ -231,7 +238,8 @@ impl Transport {
     /// # Cancel safety
     ///
     /// A call dropped before it was sent is not sent; one dropped after may still run (the
-    /// callers arm an undo).
+    /// callers arm an undo). A call sent past the driver (`direct.rs`) is sent before this
+    /// future first returns, and dropped, runs on to its end in the background.
     ///
     /// A call given by value is queued as it is; one given by reference is copied when queued.
     pub(crate) async fn run<'c>(
@@ -258,26 +266,57 @@ impl Transport {
     /// (the lane of every key of one lock), and the reply arrives
     /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
     /// its own (with [`run`](Self::run)).
+    ///
+    /// When the lane has nothing queued, in flight or sent directly, the call goes past the
+    /// driver (`direct.rs`): it is on its way to the connection when this returns, so the
+    /// calls queued after it still reach Redis after it.
     pub(crate) fn queue<'c>(
         self: &Arc<Self>,
         call: impl Into<Cow<'c, ScriptCall>>,
         name: &str,
         operation: Operation,
     ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
-        self.enqueue(call.into(), name, operation, false)
+        let call = call.into();
+        let Some(node) = self.batcher.node(self, &call) else {
+            return Err(call);
+        };
+        let lane = self.batcher.lane_state(node, call.slot());
+        if let Some(ticket) = lane.try_direct() {
+            let direct = direct::Direct::start(self, call.into_owned(), name, operation, ticket);
+            return Ok(Reply::Direct(direct));
+        }
+        self.to_driver(call, node, &lane, name, operation, false)
+            .map(Reply::Queued)
     }
 
+    /// Queues `call` on the driver of `node` (an undo: `after_in_flight`, see `batch.rs`).
     fn enqueue<'c>(
         self: &Arc<Self>,
         call: Cow<'c, ScriptCall>,
         name: &str,
         operation: Operation,
         after_in_flight: bool,
-    ) -> std::result::Result<Reply, Cow<'c, ScriptCall>> {
+    ) -> std::result::Result<tokio::sync::oneshot::Receiver<Result<Value>>, Cow<'c, ScriptCall>>
+    {
         let Some(node) = self.batcher.node(self, &call) else {
             return Err(call);
         };
-        let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight);
+        let lane = self.batcher.lane_state(node, call.slot());
+        self.to_driver(call, node, &lane, name, operation, after_in_flight)
+    }
+
+    fn to_driver<'c>(
+        self: &Arc<Self>,
+        call: Cow<'c, ScriptCall>,
+        node: usize,
+        lane: &Arc<direct::LaneState>,
+        name: &str,
+        operation: Operation,
+        after_in_flight: bool,
+    ) -> std::result::Result<tokio::sync::oneshot::Receiver<Result<Value>>, Cow<'c, ScriptCall>>
+    {
+        let busy = lane.queued();
+        let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight, busy);
         match self.batcher.queue(self, node, entry) {
             Ok(()) => Ok(reply),
             Err(entry) => Err(Cow::Owned(entry.into_call())),
@@ -291,7 +330,12 @@ impl Transport {
         name: &str,
         operation: Operation,
     ) -> Result<Value> {
-        match tokio::time::timeout(self.request_timeout, reply).await {
+        let queued = match reply {
+            Reply::Queued(queued) => queued,
+            // Bounded by the request timeout where it runs (`run_alone`).
+            Reply::Direct(direct) => return direct.await,
+        };
+        match tokio::time::timeout(self.request_timeout, queued).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) | Err(_) => Err(Error::Timeout {
                 name: name.to_owned(),
