@@ -184,6 +184,48 @@ async fn cancelled_callers_leave_nothing_held() {
     assert_eq!(held_now(), 0);
 }
 
+/// A lone task's calls go out past the driver (`direct.rs`); cut at every stage (before the
+/// call left, while it was in flight, after the grant reached the caller), none leaves a lock
+/// held: a cut call runs on in the background and its undo follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_tasks_cancelled_calls_leave_nothing_held() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(60));
+    let mut kept = Vec::new();
+    for i in 0..200u64 {
+        let name = format!("lone-cancel:{i}");
+        // Every 50th call is left to finish; the first is cut at its first poll.
+        let cut = match i % 50 {
+            49 => Duration::from_secs(10),
+            _ => Duration::from_micros((i * 7919) % 2000),
+        };
+        if let Ok(Ok(guard)) = tokio::time::timeout(cut, client.try_lock(&name, &options)).await {
+            kept.push(guard);
+        }
+    }
+    client.shutdown().await.unwrap();
+    let node = &server.node;
+    let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
+    let held: HashSet<String> = keys
+        .into_iter()
+        .filter(|key| node.lock_field(key, "owner").is_some())
+        .collect();
+    let kept_keys: HashSet<String> = kept
+        .iter()
+        .map(|guard| format!("fencelock:{{{}}}:lock", guard.name()))
+        .collect();
+    assert_eq!(
+        held, kept_keys,
+        "only the locks whose caller got its guard stay held"
+    );
+    assert!(
+        kept.len() >= 4 && kept.len() < 200,
+        "the calls left to finish hold their locks, the first call was cut: {} kept",
+        kept.len()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_whose_slot_moved_after_the_map_was_read_falls_back_to_a_call_of_its_own() {
     let cluster = Cluster::start();
