@@ -10,11 +10,19 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, Cluster, Standalone};
+use common::{eventually, Cluster, Node, Standalone};
 use fencelock::{Client, Error, FenceMode, LockOptions};
 use tokio::sync::Barrier;
 
 /// `count` tasks call `try_lock` on `names` at once (after a barrier); returns their results.
+/// The mutex keys on `node` that have an owner.
+fn held_locks(node: &Node) -> HashSet<String> {
+    let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
+    keys.into_iter()
+        .filter(|key| node.lock_field(key, "owner").is_some())
+        .collect()
+}
+
 async fn lock_at_once(
     client: &Client,
     names: &[String],
@@ -163,13 +171,7 @@ async fn cancelled_callers_leave_nothing_held() {
         }
     }
     let kept_names: HashSet<String> = kept.iter().map(|g| g.name().to_owned()).collect();
-    let node = &server.node;
-    let held_now = || {
-        let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
-        keys.into_iter()
-            .filter(|key| node.lock_field(key, "owner").is_some())
-            .count()
-    };
+    let held_now = || held_locks(&server.node).len();
     // Every cancelled call's undo, and the release of every guard its caller dropped, has been
     // answered: no call of this client is still on its way to change what is held.
     client.shutdown().await.unwrap();
@@ -205,12 +207,7 @@ async fn a_lone_tasks_cancelled_calls_leave_nothing_held() {
         }
     }
     client.shutdown().await.unwrap();
-    let node = &server.node;
-    let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*"));
-    let held: HashSet<String> = keys
-        .into_iter()
-        .filter(|key| node.lock_field(key, "owner").is_some())
-        .collect();
+    let held = held_locks(&server.node);
     let kept_keys: HashSet<String> = kept
         .iter()
         .map(|guard| format!("fencelock:{{{}}}:lock", guard.name()))

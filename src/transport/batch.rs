@@ -19,11 +19,12 @@
 //! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
 //! script while it already runs another that a later round carries), so a cancelled call's
 //! undo waits for the rounds in flight when it was taken from the queue and for the lane's
-//! direct calls, resends included, and goes out after them, while the driver goes on sending what queues meanwhile: it does not
-//! overtake the call it undoes when both went through this driver. (An undo can still overtake
-//! a call sent another way: on a WAIT lane, with no slot map, before a slot-map change sent the
-//! undo to another driver, by the last round of a driver that ended idle just then, or on a
-//! connection since rebuilt; the hold then lasts until its lease ends.)
+//! direct calls, resends included, and goes out after them, while the driver goes on sending
+//! what queues meanwhile: it does not overtake the call it undoes when both went through this
+//! lane. (An undo can still overtake a call sent another way: on a WAIT lane, with no slot
+//! map, before a slot-map change sent the undo to another driver, by the last round of a driver
+//! that ended idle just then, or on a connection since rebuilt; the hold then lasts until its
+//! lease ends.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
@@ -76,16 +77,22 @@ pub(super) struct Entry {
     busy: BusyTicket,
 }
 
+/// One lane of a node: its driver while one runs, and what the lane has unanswered (queued on
+/// the driver, in flight, or sent directly: `direct.rs`), which outlives the driver.
+#[derive(Default)]
+struct Lane {
+    driver: Option<mpsc::UnboundedSender<Entry>>,
+    state: Arc<LaneState>,
+}
+
 /// The drivers of one client, [`Batcher::lanes`] per node, and the slot map that says which
 /// node a key is on.
 pub(super) struct Batcher {
     enabled: bool,
     topology: Topology,
     /// Node index (1-based, as [`SlotMap`] numbers them; 0 on a standalone server) × lanes +
-    /// lane → driver.
-    drivers: RwLock<Vec<Option<mpsc::UnboundedSender<Entry>>>>,
-    /// What each lane (indexed as `drivers`) has unanswered, for the direct path.
-    states: RwLock<Vec<Arc<LaneState>>>,
+    /// lane → that lane's driver and what it has unanswered.
+    drivers: RwLock<Vec<Lane>>,
     /// Drivers per node: the runtime's worker threads when the client was built, 1 to
     /// [`MAX_LANES`].
     lanes: usize,
@@ -102,7 +109,6 @@ impl Batcher {
             enabled,
             topology,
             drivers: RwLock::new(Vec::new()),
-            states: RwLock::new(Vec::new()),
             lanes: tokio::runtime::Handle::try_current()
                 .map_or(1, |runtime| runtime.metrics().num_workers())
                 .clamp(1, MAX_LANES),
@@ -150,8 +156,8 @@ impl Batcher {
         }
     }
 
-    /// Queues `entry` on the driver of `node` and of its key's lane, starting it if needed; gives
-    /// the entry back when the call must be sent alone.
+    /// Queues `entry` on the driver of `node` and of its key's lane (whose state is `lane`),
+    /// starting it if needed; gives the entry back when the call must be sent alone.
     // The entry (its command inline) is given back by value on the rare path: boxing it would
     // cost an allocation on every call.
     #[allow(clippy::result_large_err)]
@@ -159,12 +165,13 @@ impl Batcher {
         &self,
         transport: &Arc<Transport>,
         node: usize,
+        lane: &Arc<LaneState>,
         entry: Entry,
     ) -> std::result::Result<(), Entry> {
         let node = node * self.lanes + self.lane(entry.call.slot());
         let queued = {
             let drivers = self.drivers.read().unwrap_or_else(PoisonError::into_inner);
-            match drivers.get(node).and_then(Option::as_ref) {
+            match drivers.get(node).and_then(|at| at.driver.as_ref()) {
                 Some(driver) => driver.send(entry).map_err(|e| e.0),
                 None => Err(entry),
             }
@@ -175,15 +182,14 @@ impl Batcher {
         };
         let mut drivers = self.drivers.write().unwrap_or_else(PoisonError::into_inner);
         if drivers.len() <= node {
-            drivers.resize_with(node + 1, || None);
+            drivers.resize_with(node + 1, Lane::default);
         }
-        let driver = match &drivers[node] {
+        let driver = match &drivers[node].driver {
             Some(driver) if !driver.is_closed() => driver.clone(),
             _ => {
                 let (driver, queue) = mpsc::unbounded_channel();
-                let lane = self.lane_state(node / self.lanes, entry.call.slot());
-                runtime.spawn(drive(Arc::downgrade(transport), queue, lane));
-                drivers[node] = Some(driver.clone());
+                runtime.spawn(drive(Arc::downgrade(transport), queue, Arc::clone(lane)));
+                drivers[node].driver = Some(driver.clone());
                 driver
             }
         };
@@ -193,19 +199,19 @@ impl Batcher {
     /// What the lane of `node` for keys of slot `slot` has unanswered.
     pub(super) fn lane_state(&self, node: usize, slot: u16) -> Arc<LaneState> {
         let index = node * self.lanes + self.lane(slot);
-        if let Some(state) = self
-            .states
+        if let Some(lane) = self
+            .drivers
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(index)
         {
-            return Arc::clone(state);
+            return Arc::clone(&lane.state);
         }
-        let mut states = self.states.write().unwrap_or_else(PoisonError::into_inner);
-        if states.len() <= index {
-            states.resize_with(index + 1, Arc::default);
+        let mut drivers = self.drivers.write().unwrap_or_else(PoisonError::into_inner);
+        if drivers.len() <= index {
+            drivers.resize_with(index + 1, Lane::default);
         }
-        Arc::clone(&states[index])
+        Arc::clone(&drivers[index].state)
     }
 
     /// The lane of a key of slot `slot`: which of its node's drivers sends its calls.

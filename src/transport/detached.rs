@@ -56,7 +56,7 @@ impl Transport {
             operation,
             after: limit.unwrap_or(self.request_timeout),
         };
-        match self.enqueue(Cow::Owned(call), name, operation, true) {
+        match self.enqueue_undo(Cow::Owned(call), name, operation) {
             Ok(reply) => match limit {
                 Some(limit) => match tokio::time::timeout(limit, reply).await {
                     Ok(Ok(outcome)) => outcome,

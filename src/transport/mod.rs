@@ -289,20 +289,20 @@ impl Transport {
             .map(Reply::Queued)
     }
 
-    /// Queues `call` on the driver of `node` (an undo: `after_in_flight`, see `batch.rs`).
-    fn enqueue<'c>(
+    /// Queues the undo `call` on its node's driver, sent after the lane's calls in flight
+    /// (`after_in_flight`, see `batch.rs`).
+    fn enqueue_undo<'c>(
         self: &Arc<Self>,
         call: Cow<'c, ScriptCall>,
         name: &str,
         operation: Operation,
-        after_in_flight: bool,
     ) -> std::result::Result<tokio::sync::oneshot::Receiver<Result<Value>>, Cow<'c, ScriptCall>>
     {
         let Some(node) = self.batcher.node(self, &call) else {
             return Err(call);
         };
         let lane = self.batcher.lane_state(node, call.slot());
-        self.to_driver(call, node, &lane, name, operation, after_in_flight)
+        self.to_driver(call, node, &lane, name, operation, true)
     }
 
     fn to_driver<'c>(
@@ -317,7 +317,7 @@ impl Transport {
     {
         let busy = lane.queued();
         let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight, busy);
-        match self.batcher.queue(self, node, entry) {
+        match self.batcher.queue(self, node, lane, entry) {
             Ok(()) => Ok(reply),
             Err(entry) => Err(Cow::Owned(entry.into_call())),
         }
