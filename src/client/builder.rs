@@ -347,7 +347,10 @@ impl ClientBuilder {
         self
     }
 
-    /// Connects: tries the URLs in order, detects cluster mode from the first node that answers.
+    /// Connects: probes every URL at once, detects cluster mode from the first node that
+    /// answers and opens the connection through the nodes that answered. Should that fail
+    /// after nodes answered (a lossy link losing their handshakes), it probes and tries again
+    /// until the connect and request timeouts have passed since the probe began.
     ///
     /// # Examples
     ///

@@ -19,6 +19,9 @@ use super::probe::{connect_error, is_tls, probe_all};
 use super::subscriber::Subscriber;
 use super::tls::{self, TlsFiles};
 
+/// The pause before probing again when connecting through nodes that answered failed.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+
 /// How to open more connections to the same deployment (one per client: size is no concern).
 #[allow(clippy::large_enum_variant)]
 enum Opener {
@@ -152,6 +155,7 @@ impl Endpoint {
             .map(|i| i.addr().to_string())
             .collect::<Vec<_>>()
             .join(", ");
+        let probed = tokio::time::Instant::now();
         let (topology, live) = probe_all(&seeds, timeouts, &nodes).await?;
         let opener = match topology {
             Topology::Cluster => Opener::Cluster(
@@ -174,7 +178,7 @@ impl Endpoint {
             retries,
             certs,
         };
-        let conn = endpoint.connect_through(&live).await?;
+        let conn = endpoint.connect_live(live, probed).await?;
         Ok((endpoint, conn))
     }
 
@@ -223,8 +227,43 @@ impl Endpoint {
                 .await
                 .map(Connection::Cluster);
         }
+        let probed = tokio::time::Instant::now();
         let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
-        self.connect_through(&live).await
+        self.connect_live(live, probed).await
+    }
+
+    /// Opens the main connection through `live`, seeds that answered a probe begun at
+    /// `probed`. Once nodes have answered, a failure to connect through them is taken for a
+    /// bad moment, not a wrong address: over a lossy link the few seeds that answered within
+    /// the probe's grace can all lose a handshake or the first reply past the response timeout.
+    /// So it probes again and retries until the connect and response timeouts have passed
+    /// since `probed`, and then returns the first failure.
+    async fn connect_live(
+        &self,
+        mut live: Vec<ConnectionInfo>,
+        probed: tokio::time::Instant,
+    ) -> Result<Connection> {
+        let deadline = probed + self.timeouts.connect + self.timeouts.response;
+        let first = match self.connect_through(&live).await {
+            Err(err @ Error::Connect { .. }) => err,
+            done => return done,
+        };
+        tracing::debug!(nodes = %self.nodes, error = %first, "connecting again through the nodes that answer");
+        loop {
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RECONNECT_PAUSE))
+                .await;
+            let again = async {
+                let (_, answered) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+                live = answered;
+                self.connect_through(&live).await
+            };
+            match tokio::time::timeout_at(deadline, again).await {
+                Ok(Ok(conn)) => return Ok(conn),
+                Ok(Err(Error::Connect { .. })) if tokio::time::Instant::now() < deadline => {}
+                Ok(Err(Error::Connect { .. })) | Err(_) => return Err(first),
+                Ok(Err(err)) => return Err(err),
+            }
+        }
     }
 
     /// Opens the connection all lock traffic but WAIT uses, seeded only with nodes that just
