@@ -2,6 +2,7 @@
 //! runtime (wake-ups, watchdog), the counters and the client's settings.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,9 +39,35 @@ pub(crate) struct Core {
 
 /// The highest fence a client was granted per key, and when it learnt each: what
 /// [`Core::granted`] compares a new grant with.
+///
+/// Keys are remembered by a 64-bit fingerprint under a per-client random key (SipHash), not by
+/// name: a grant on a new key then allocates nothing and hashes its name once. Two of the at
+/// most [`MAX_MARKS`] keys share a fingerprint with odds of about 2^-37, and would then be
+/// compared with each other: a false report or a missed one, nothing else.
 #[derive(Default)]
 struct FenceMarks {
-    marks: HashMap<String, Mark>,
+    fingerprints: RandomState,
+    marks: HashMap<u64, Mark, BuildHasherDefault<Fingerprint>>,
+}
+
+/// Hashes a fingerprint (already a keyed hash) as itself.
+#[derive(Default)]
+struct Fingerprint(u64);
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, fingerprint: u64) {
+        self.0 = fingerprint;
+    }
 }
 
 /// The highest fence granted on one key, and when the client read it.
@@ -60,7 +87,8 @@ impl FenceMarks {
     /// regression; the lower fence becomes the mark). Grants whose replies crossed in flight are
     /// not compared.
     fn record(&mut self, key: &str, fence: u64, sent: Instant, read: Instant) -> Option<u64> {
-        match self.marks.get_mut(key) {
+        let key = self.fingerprints.hash_one(key);
+        match self.marks.get_mut(&key) {
             Some(mark) if fence < mark.fence && mark.read <= sent => {
                 let before = mark.fence;
                 *mark = Mark { fence, read };
@@ -76,7 +104,7 @@ impl FenceMarks {
                 if self.marks.len() >= MAX_MARKS {
                     self.marks.clear();
                 }
-                self.marks.insert(key.to_owned(), Mark { fence, read });
+                self.marks.insert(key, Mark { fence, read });
                 None
             }
         }
