@@ -2,12 +2,12 @@
 //! runtime (wake-ups, watchdog), the counters and the client's settings.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::fence::{FenceMode, FenceToken};
+use crate::keys::ByFingerprint;
 use crate::local_queue::LocalQueues;
 use crate::options::LockOptions;
 use crate::runtime::wakeups::Wakeups;
@@ -40,34 +40,13 @@ pub(crate) struct Core {
 /// The highest fence a client was granted per key, and when it learnt each: what
 /// [`Core::granted`] compares a new grant with.
 ///
-/// Keys are remembered by a 64-bit fingerprint under a per-client random key (SipHash), not by
-/// name: a grant on a new key then allocates nothing and hashes its name once. Two of the at
-/// most [`MAX_MARKS`] keys share a fingerprint with odds of about 2^-37, and would then be
-/// compared with each other: a false report or a missed one, nothing else.
+/// Keys are remembered by their [`fingerprint`](crate::keys::fingerprint), not by name: a grant on a new key allocates
+/// nothing. Two of the at most [`MAX_MARKS`] keys share a fingerprint with odds of about
+/// 2^-37, and would then be compared with each other: a false report or a missed one, nothing
+/// else.
 #[derive(Default)]
 struct FenceMarks {
-    fingerprints: RandomState,
-    marks: HashMap<u64, Mark, BuildHasherDefault<Fingerprint>>,
-}
-
-/// Hashes a fingerprint (already a keyed hash) as itself.
-#[derive(Default)]
-struct Fingerprint(u64);
-
-impl Hasher for Fingerprint {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, fingerprint: u64) {
-        self.0 = fingerprint;
-    }
+    marks: HashMap<u64, Mark, ByFingerprint>,
 }
 
 /// The highest fence granted on one key, and when the client read it.
@@ -86,8 +65,7 @@ impl FenceMarks {
     /// the key's earlier mark when `fence` is below it and that mark was read before `sent` (a
     /// regression; the lower fence becomes the mark). Grants whose replies crossed in flight are
     /// not compared.
-    fn record(&mut self, key: &str, fence: u64, sent: Instant, read: Instant) -> Option<u64> {
-        let key = self.fingerprints.hash_one(key);
+    fn record(&mut self, key: u64, fence: u64, sent: Instant, read: Instant) -> Option<u64> {
         match self.marks.get_mut(&key) {
             Some(mark) if fence < mark.fence && mark.read <= sent => {
                 let before = mark.fence;
@@ -162,22 +140,30 @@ impl Core {
         self.fence_floor
     }
 
-    /// Records that Redis granted `fence` on `key` (the lock's name `name`) to a request sent at
-    /// `sent`, and reports a regression: a fence below one this client was granted on the same
-    /// key by a reply it had read before this request was sent. Redis ran that earlier grant
-    /// first, so a lower fence now means the key's stored fence and the epoch or clock term
+    /// Records that Redis granted `fence` on `key` (whose
+    /// [`fingerprint`](crate::keys::fingerprint) is `fingerprint`; the lock's name `name`) to a
+    /// request sent at `sent`, and reports a regression: a fence below one this client was
+    /// granted on the same key by a reply it had read before this request was sent. Redis ran
+    /// that earlier grant first, so a lower fence now means the key's stored fence and the epoch or clock term
     /// both went back (a re-created cluster, a move to another server, a clock stepped back
     /// past the expiry grace, or a failover that lost the key in counter mode); see
     /// `docs/safety.md`. Grants whose replies crossed in flight are never compared, so
     /// concurrent holders (readers, permits) raise no false alarm. After a regression the lower
     /// fence becomes the key's mark, so one regression is reported once per key.
-    pub(crate) fn granted(&self, key: &str, name: &str, fence: FenceToken, sent: Instant) {
+    pub(crate) fn granted(
+        &self,
+        key: &str,
+        fingerprint: u64,
+        name: &str,
+        fence: FenceToken,
+        sent: Instant,
+    ) {
         let fence = fence.get();
         let regressed = self
             .marks
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
-            .record(key, fence, sent, Instant::now());
+            .record(fingerprint, fence, sent, Instant::now());
         if let Some(before) = regressed {
             Counters::add(&self.counters.fence_regressions, kind_of(key), 1);
             tracing::warn!(
@@ -242,23 +228,24 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::fingerprint;
 
     #[test]
     fn a_lower_fence_is_a_regression_only_after_the_earlier_reply_was_read() {
         let start = Instant::now();
         let at = |ms| start + Duration::from_millis(ms);
         let mut marks = FenceMarks::default();
-        assert_eq!(marks.record("a", 100, at(0), at(1)), None);
+        assert_eq!(marks.record(fingerprint("a"), 100, at(0), at(1)), None);
         // Sent before the grant of 100 was read: the replies crossed, no comparison.
-        assert_eq!(marks.record("a", 99, at(0), at(2)), None);
+        assert_eq!(marks.record(fingerprint("a"), 99, at(0), at(2)), None);
         // Sent after it was read: Redis ran 100 first, so 50 went backwards.
-        assert_eq!(marks.record("a", 50, at(3), at(4)), Some(100));
+        assert_eq!(marks.record(fingerprint("a"), 50, at(3), at(4)), Some(100));
         // 50 is the mark now: the next higher grants are no alarm, one regression is one report.
-        assert_eq!(marks.record("a", 51, at(5), at(6)), None);
-        assert_eq!(marks.record("a", 52, at(7), at(8)), None);
+        assert_eq!(marks.record(fingerprint("a"), 51, at(5), at(6)), None);
+        assert_eq!(marks.record(fingerprint("a"), 52, at(7), at(8)), None);
         // Keys are apart.
-        assert_eq!(marks.record("b", 1, at(9), at(10)), None);
-        assert_eq!(marks.record("a", 40, at(11), at(12)), Some(52));
+        assert_eq!(marks.record(fingerprint("b"), 1, at(9), at(10)), None);
+        assert_eq!(marks.record(fingerprint("a"), 40, at(11), at(12)), Some(52));
     }
 
     #[test]
@@ -266,7 +253,7 @@ mod tests {
         let now = Instant::now();
         let mut marks = FenceMarks::default();
         for key in 0..MAX_MARKS + 10 {
-            marks.record(&key.to_string(), 7, now, now);
+            marks.record(fingerprint(&key.to_string()), 7, now, now);
         }
         assert!(marks.marks.len() <= MAX_MARKS);
     }

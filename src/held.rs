@@ -229,6 +229,7 @@ impl Held {
     ) -> Self {
         core.granted(
             grant.keys.lock_key(),
+            grant.keys.fingerprint(),
             grant.keys.name(),
             grant.fence,
             grant.sent,
@@ -477,7 +478,7 @@ impl Held {
 
     async fn release_unspanned(mut self) -> Result<()> {
         if let Some(handing) = self.handing {
-            if let Some(waiter) = self.core.handoffs.next(self.keys.lock_key()) {
+            if let Some(waiter) = self.core.handoffs.next(&self.keys) {
                 let Some(waiter) = self.hand_within(handing, waiter) else {
                     return self.released(1);
                 };
@@ -517,7 +518,7 @@ impl Held {
     /// queued behind this hold ask Redis now, and one waiter of the client is woken.
     fn freeing(&self, freeing: bool) {
         if self.handing.is_some() {
-            self.core.handoffs.pass(self.keys.lock_key());
+            self.core.handoffs.pass(&self.keys);
         }
         if freeing {
             self.core.wakeups.wake_one(self.keys.lock_key());
@@ -616,14 +617,14 @@ impl Held {
     fn release_detached(&mut self) {
         let next = self
             .handing
-            .and_then(|handing| Some((handing, self.core.handoffs.next(self.keys.lock_key())?)));
+            .and_then(|handing| Some((handing, self.core.handoffs.next(&self.keys)?)));
         let Some((handing, waiter)) = next else {
             self.unwatch();
             self.core
                 .transport
                 .run_detached(self.release_call(), Operation::Release);
             if self.handing.is_some() {
-                self.core.handoffs.pass(self.keys.lock_key());
+                self.core.handoffs.pass(&self.keys);
             }
             return;
         };

@@ -4,6 +4,7 @@
 //! Slots are computed here exactly as Redis does (CRC16/XMODEM of the hash tag, mod 16384).
 
 use std::fmt;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
@@ -101,6 +102,8 @@ pub struct LockKeys {
     /// Where the key ends and the name starts in `text`.
     key_len: usize,
     slot: u16,
+    /// [`fingerprint`] of the lock key, computed once: the client's per-key tables hash it.
+    fingerprint: u64,
 }
 
 impl fmt::Debug for LockKeys {
@@ -196,11 +199,13 @@ impl LockKeys {
         text.push_str(kind);
         debug_assert_eq!(text.len(), key_len);
         let slot = slot_of(text.as_bytes());
+        let fingerprint = fingerprint(&text);
         text.push_str(name);
         Ok(Self {
             text: text.into(),
             key_len,
             slot,
+            fingerprint,
         })
     }
 
@@ -220,7 +225,44 @@ impl LockKeys {
     pub fn slot(&self) -> u16 {
         self.slot
     }
+
+    /// [`fingerprint`] of the lock key.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
 }
+
+/// A key's 64-bit fingerprint: SipHash under a key drawn once per process, so lock names
+/// cannot be chosen to collide. The client's per-key tables ([`FingerprintHasher`]) hash a key
+/// by it, so a lock's several lookups hash its name once.
+pub(crate) fn fingerprint(key: &str) -> u64 {
+    static STATE: OnceLock<RandomState> = OnceLock::new();
+    STATE.get_or_init(RandomState::new).hash_one(key)
+}
+
+/// The hasher of tables keyed by a [`fingerprint`] (already a keyed hash): it takes the
+/// fingerprint as the hash.
+#[derive(Default)]
+pub(crate) struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, fingerprint: u64) {
+        self.0 = fingerprint;
+    }
+}
+
+/// Builds [`FingerprintHasher`]s.
+pub(crate) type ByFingerprint = BuildHasherDefault<FingerprintHasher>;
 
 impl fmt::Display for LockKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -19,7 +19,7 @@ use crate::core::Core;
 use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
 use crate::human::HumanDuration;
-use crate::keys::{LockKeys, Placement, MAX_NAME_LEN};
+use crate::keys::{fingerprint, LockKeys, Placement, MAX_NAME_LEN};
 use crate::script::{
     parse_fence, parse_reply, ttl_millis, ScriptCall, LATCH_COUNT_DOWN, LATCH_SET, LATCH_STATE,
 };
@@ -207,7 +207,8 @@ impl Latch {
                 core.clock_behind("latch", name, behind);
             }
             let generation = parse_fence(name, Operation::LatchSet, "generation", generation)?;
-            core.granted(self.key(), name, generation, sent);
+            let key = self.key();
+            core.granted(key, fingerprint(key), name, generation, sent);
             tracing::debug!(latch = name, %generation, count, "set");
             Ok(generation)
         }

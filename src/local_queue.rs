@@ -13,18 +13,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use crate::keys::LockKeys;
+use crate::keys::{ByFingerprint, LockKeys};
 use crate::options::LockOptions;
 
 /// The client's local queues, one per lock key that a task of this client holds or has the
 /// turn for.
 #[derive(Default)]
 pub(crate) struct LocalQueues {
-    locks: Mutex<HashMap<Key, VecDeque<Waiter>>>,
+    locks: Mutex<HashMap<Key, VecDeque<Waiter>, ByFingerprint>>,
 }
 
-/// A lock's keys, hashed and compared by the lock key (a clone is a reference count, so
-/// registering a holder allocates nothing).
+/// A lock's keys, compared by the lock key and hashed by its fingerprint, computed once with
+/// the keys (a clone is a reference count, so registering a holder allocates nothing and a
+/// lookup hashes nothing).
 struct Key(LockKeys);
 
 impl PartialEq for Key {
@@ -37,13 +38,7 @@ impl Eq for Key {}
 
 impl std::hash::Hash for Key {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.lock_key().hash(state);
-    }
-}
-
-impl std::borrow::Borrow<str> for Key {
-    fn borrow(&self) -> &str {
-        self.0.lock_key()
+        state.write_u64(self.0.fingerprint());
     }
 }
 
@@ -101,13 +96,13 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         if self.armed {
-            self.queues.pass(self.keys.lock_key());
+            self.queues.pass(&self.keys);
         }
     }
 }
 
 impl LocalQueues {
-    fn locks(&self) -> MutexGuard<'_, HashMap<Key, VecDeque<Waiter>>> {
+    fn locks(&self) -> MutexGuard<'_, HashMap<Key, VecDeque<Waiter>, ByFingerprint>> {
         self.locks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -142,10 +137,10 @@ impl LocalQueues {
         Entered::Queued(from)
     }
 
-    /// The first waiter still waiting for `key`'s lock.
-    pub(crate) fn next(&self, key: &str) -> Option<Waiter> {
+    /// The first waiter still waiting for `keys`' lock.
+    pub(crate) fn next(&self, keys: &LockKeys) -> Option<Waiter> {
         let mut locks = self.locks();
-        let queue = locks.get_mut(key)?;
+        let queue = locks.get_mut(&Key(keys.clone()))?;
         while let Some(waiter) = queue.pop_front() {
             if !waiter.to.is_closed() {
                 return Some(waiter);
@@ -154,16 +149,19 @@ impl LocalQueues {
         None
     }
 
-    /// How many tasks wait in line for `key`'s lock (some may have been cancelled meanwhile).
-    pub(crate) fn waiting(&self, key: &str) -> usize {
-        self.locks().get(key).map_or(0, VecDeque::len)
+    /// How many tasks wait in line for `keys`' lock (some may have been cancelled meanwhile).
+    pub(crate) fn waiting(&self, keys: &LockKeys) -> usize {
+        self.locks()
+            .get(&Key(keys.clone()))
+            .map_or(0, VecDeque::len)
     }
 
-    /// The task holding or asking for `key`'s lock let go without handing it over: the next
+    /// The task holding or asking for `keys`' lock let go without handing it over: the next
     /// waiter takes the turn to ask Redis; with none, no task of this client has the lock.
-    pub(crate) fn pass(&self, key: &str) {
+    pub(crate) fn pass(&self, keys: &LockKeys) {
+        let key = Key(keys.clone());
         let mut locks = self.locks();
-        let Some(queue) = locks.get_mut(key) else {
+        let Some(queue) = locks.get_mut(&key) else {
             return;
         };
         while let Some(waiter) = queue.pop_front() {
@@ -176,7 +174,7 @@ impl LocalQueues {
             // would make a later insert of another key rehash the table in place.
             locks.clear();
         } else {
-            locks.remove(key);
+            locks.remove(&key);
         }
     }
 }
@@ -186,7 +184,7 @@ impl Waiter {
     /// waiter gone, the turn passes on.
     pub(crate) fn turn(self, queues: &LocalQueues) {
         if self.to.send(Handed::Turn).is_err() {
-            queues.pass(self.keys.lock_key());
+            queues.pass(&self.keys);
         }
     }
 }

@@ -115,7 +115,7 @@ pub(crate) async fn release_to(
     let lease = waiter.options.first_lease();
     let floor = core.floor(&waiter.options);
     let (announce, mode, expiry) = (core.transport.announce(), core.fence_arg(), core.expiry());
-    let queued = u64::try_from(core.handoffs.waiting(key)).unwrap_or(u64::MAX);
+    let queued = u64::try_from(core.handoffs.waiting(keys)).unwrap_or(u64::MAX);
     let take = queued.saturating_add(1).min(RESERVE);
     // Two owners, hold id, announce, TTL, floor, mode, yield, fences, grace; numbers ≤ 70 bytes.
     let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 72;
@@ -165,7 +165,7 @@ pub(crate) async fn release_to(
                 MUTEX.release_call(core, key, &to_owner, ""),
                 Operation::Release,
             );
-            core.handoffs.pass(key);
+            core.handoffs.pass(keys);
             return Err(err);
         }
     };
