@@ -40,10 +40,10 @@ pub(crate) struct Core {
 /// The highest fence a client was granted per key, and when it learnt each: what
 /// [`Core::granted`] compares a new grant with.
 ///
-/// Keys are remembered by their [`fingerprint`](crate::keys::fingerprint), not by name: a grant on a new key allocates
-/// nothing. Two of the at most [`MAX_MARKS`] keys share a fingerprint with odds of about
-/// 2^-37, and would then be compared with each other: a false report or a missed one, nothing
-/// else.
+/// Keys are remembered by their [`fingerprint`](crate::keys::fingerprint), not by name: a
+/// grant on a new key allocates nothing. Two of the at most [`MAX_MARKS`] keys share a
+/// fingerprint with odds of about 2^-37, and would then be compared with each other: a false
+/// report or a missed one, nothing else.
 #[derive(Default)]
 struct FenceMarks {
     marks: HashMap<u64, Mark, ByFingerprint>,
@@ -144,12 +144,12 @@ impl Core {
     /// [`fingerprint`](crate::keys::fingerprint) is `fingerprint`; the lock's name `name`) to a
     /// request sent at `sent`, and reports a regression: a fence below one this client was
     /// granted on the same key by a reply it had read before this request was sent. Redis ran
-    /// that earlier grant first, so a lower fence now means the key's stored fence and the epoch or clock term
-    /// both went back (a re-created cluster, a move to another server, a clock stepped back
-    /// past the expiry grace, or a failover that lost the key in counter mode); see
-    /// `docs/safety.md`. Grants whose replies crossed in flight are never compared, so
-    /// concurrent holders (readers, permits) raise no false alarm. After a regression the lower
-    /// fence becomes the key's mark, so one regression is reported once per key.
+    /// that earlier grant first, so a lower fence now means the key's stored fence and the
+    /// epoch or clock term both went back (a re-created cluster, a move to another server, a
+    /// clock stepped back past the expiry grace, or a failover that lost the key in counter
+    /// mode); see `docs/safety.md`. Grants whose replies crossed in flight are never compared,
+    /// so concurrent holders (readers, permits) raise no false alarm. After a regression the
+    /// lower fence becomes the key's mark, so one regression is reported once per key.
     pub(crate) fn granted(
         &self,
         key: &str,
