@@ -248,7 +248,11 @@ impl Endpoint {
             Err(err @ Error::Connect { .. }) => err,
             done => return done,
         };
-        tracing::debug!(nodes = %self.nodes, error = %first, "connecting again through the nodes that answer");
+        tracing::debug!(
+            nodes = %self.nodes,
+            error = %first,
+            "connecting again through the nodes that answer"
+        );
         loop {
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RECONNECT_PAUSE))
                 .await;
