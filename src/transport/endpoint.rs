@@ -240,7 +240,7 @@ impl Endpoint {
     /// since `probed`, and then returns the first failure.
     async fn connect_live(
         &self,
-        mut live: Vec<ConnectionInfo>,
+        live: Vec<ConnectionInfo>,
         probed: tokio::time::Instant,
     ) -> Result<Connection> {
         let deadline = probed + self.timeouts.connect + self.timeouts.response;
@@ -257,8 +257,7 @@ impl Endpoint {
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RECONNECT_PAUSE))
                 .await;
             let again = async {
-                let (_, answered) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
-                live = answered;
+                let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
                 self.connect_through(&live).await
             };
             match tokio::time::timeout_at(deadline, again).await {
