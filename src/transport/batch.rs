@@ -8,7 +8,7 @@
 //! worker threads (at most [`MAX_LANES`]): a lone driver was the client's bottleneck, doing every
 //! call's work on one thread while the other waited. A key's lane is its slot modulo the lanes,
 //! so the calls of one lock (its keys share a hash tag) all go through one driver, and what
-//! follows says of a node's driver holds per lane. A driver keeps up to two rounds in flight and
+//! follows says of a node's driver holds per lane. A driver keeps up to eight rounds in flight and
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
 //! calls in the order they were queued (an attempt woken by a release of this client runs after
 //! the release). A caller dropped before its call was sent is left out of its round. A call
@@ -57,10 +57,12 @@ const MAX_BATCH: u32 = 64;
 /// A driver with nothing to send for this long ends (the next call starts another).
 const IDLE: Duration = Duration::from_millis(500);
 
-/// Rounds a driver has in flight at most. Two: the next round is on its way while the last is
-/// answered (a release and the attempt it wakes cost one round trip together), and calls that
-/// arrive meanwhile still gather into batches.
-const IN_FLIGHT: usize = 2;
+/// Rounds a driver has in flight at most. Enough that Redis has the next rounds queued while the
+/// client hands out one round's replies (with two, a client on one worker thread and its server
+/// each sat idle about a third of the time, 64 tasks); a round still carries every call that
+/// was ready when it was made, as the driver lets the runtime run what is ready first
+/// ([`drive`]).
+const IN_FLIGHT: usize = 8;
 
 /// The most lanes (drivers) per node.
 const MAX_LANES: usize = 8;
@@ -292,7 +294,11 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// A node's driver: takes every queued call and sends it as one round (one batch call per
 /// script, lone calls alone), up to [`IN_FLIGHT`] rounds at a time; what queues meanwhile goes
-/// in the next round. Each round is polled once as soon as it is made, which hands its calls
+/// in the next round. Before it takes the queue's calls for a round, the driver yields once, so
+/// the tasks the runtime has ready (those the last round's replies woke, which queue their next
+/// calls at once) queue theirs first: without it, the driver, woken by the first of them, ran
+/// before the others and sent rounds of one call whenever it had room for another round in
+/// flight. Each round is polled once as soon as it is made, which hands its calls
 /// to the connection before any later round's: Redis runs a node's calls in queue order, undos
 /// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
 /// with its queue (the client dropped), its transport, or after [`IDLE`] with no call taken and
@@ -355,6 +361,7 @@ async fn drive(
             last_call = tokio::time::Instant::now();
             continue;
         }
+        tokio::task::yield_now().await;
         while let Ok(entry) = queue.try_recv() {
             pending.push(entry);
         }
