@@ -1,8 +1,9 @@
 //! Per-node auto-batching on real servers: concurrent calls for keys of one node go out as one
 //! script call, each caller gets its own reply (grants, busy answers, errors), a key whose slot
 //! moved away falls back to a call of its own, a caller cancelled before its call was answered
-//! leaves nothing held, epoch mode reads the node's epoch once per batch, each key of a batch
-//! call runs with its own arguments, and an idle driver ends (the next call starts another).
+//! leaves nothing held (also past the driver on a cluster whose nodes load the module), epoch
+//! mode reads the node's epoch once per batch, each key of a batch call runs with its own
+//! arguments, and an idle driver ends (the next call starts another).
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{eventually, Cluster, Node, Standalone};
-use fencelock::{Client, Error, FenceMode, LockOptions};
+use fencelock::{Client, Error, FenceMode, LockOptions, ModuleUse};
 use tokio::sync::Barrier;
 
 /// `count` tasks call `try_lock` on `names` at once (after a barrier); returns their results.
@@ -219,6 +220,77 @@ async fn a_lone_tasks_cancelled_calls_leave_nothing_held() {
     assert!(
         kept.len() >= 4 && kept.len() < 200,
         "the calls left to finish hold their locks, the first call was cut: {} kept",
+        kept.len()
+    );
+}
+
+/// On a cluster whose nodes load the module, a call goes past its driver when its slot's
+/// bucket of the lane is quiet (`direct.rs`), the others through the driver; cut at every stage
+/// (before the call left, while in flight, after the grant), none leaves a lock held: a cut
+/// direct call runs on in the background, and an undo waits for its bucket's direct calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_cluster_with_the_module_cancelled_callers_leave_nothing_held() {
+    let cluster = Cluster::start_with_module();
+    let client = Client::builder(cluster.urls())
+        .module(ModuleUse::Required)
+        .connect()
+        .await
+        .unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(60));
+    // Until the client has read its slot map (after its first call), its calls go on their own:
+    // calls of one slot at once go as one batched module command once it has.
+    let pinned = options.clone().slot(42);
+    for attempt in 0.. {
+        assert!(attempt < 100, "the client never batched");
+        let names: Vec<String> = (0..20).map(|i| format!("warm:{attempt}:{i}")).collect();
+        for result in lock_at_once(&client, &names, &pinned).await {
+            result.unwrap().release().await.unwrap();
+        }
+        if client.stats().batches > 0 {
+            break;
+        }
+    }
+    // 300 acquires at once, on names of their own (so mostly quiet buckets, some shared), each
+    // cut after a different short time.
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        let (client, options) = (client.clone(), options.clone());
+        tasks.push(tokio::spawn(async move {
+            let name = format!("bucket-cancel:{i}");
+            let cut = Duration::from_micros((i * 7919) % 3000);
+            tokio::time::timeout(cut, client.try_lock(&name, &options))
+                .await
+                .ok()
+        }));
+    }
+    let mut kept = Vec::new();
+    for task in tasks {
+        if let Some(Ok(guard)) = task.await.unwrap() {
+            kept.push(guard);
+        }
+    }
+    client.shutdown().await.unwrap();
+    let mut held = HashSet::new();
+    for node in &cluster.nodes {
+        let keys: Vec<String> = node.cmd(redis::cmd("KEYS").arg("fencelock:*bucket-cancel*"));
+        for key in keys {
+            let master = cluster.master_of_slot(fencelock::slot_of(key.as_bytes()));
+            if master.lock_field(&key, "owner").is_some() {
+                held.insert(key);
+            }
+        }
+    }
+    let kept_keys: HashSet<String> = kept
+        .iter()
+        .map(|guard| format!("fencelock:{{{}}}:lock", guard.name()))
+        .collect();
+    assert_eq!(
+        held, kept_keys,
+        "only the locks whose callers got their guard stay held"
+    );
+    assert!(
+        kept.len() < 300,
+        "some calls were cut before their grant: {} kept",
         kept.len()
     );
 }

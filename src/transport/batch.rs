@@ -12,16 +12,17 @@
 //! hands each round's calls to the connection before the next round's, so Redis runs a node's
 //! calls in the order they were queued (an attempt woken by a release of this client runs after
 //! the release). A caller dropped before its call was sent is left out of its round. A call
-//! that finds its lane quiet (nothing queued, in flight or sent directly) skips the driver and
-//! goes out from its caller (`direct.rs`), keeping that order.
+//! that finds its lane quiet (nothing queued, in flight or sent directly; for a call the module
+//! serves on a cluster node, its slot's bucket of the lane) skips the driver and goes out from
+//! its caller (`direct.rs`), keeping that order.
 //!
 //! Undos are the exception. A call that this module resends alone after `NOSCRIPT` or a moved
 //! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
 //! script while it already runs another that a later round carries), so a cancelled call's
-//! undo waits for the rounds in flight when it was taken from the queue and for the lane's
-//! direct calls, resends included, and goes out after them, while the driver goes on sending
-//! what queues meanwhile: it does not overtake the call it undoes when both went through this
-//! lane. (An undo can still overtake a call sent another way: on a WAIT lane, with no slot
+//! undo waits for the rounds in flight when it was taken from the queue and for the direct
+//! calls of its slot's bucket, resends included, and goes out after them, while the driver
+//! goes on sending what queues meanwhile: it does not overtake the call it undoes when both
+//! went through this lane. (An undo can still overtake a call sent another way: on a WAIT lane, with no slot
 //! map, before a slot-map change sent the undo to another driver, by the last round of a driver
 //! that ended idle just then, or on a connection since rebuilt; the hold then lasts until its
 //! lease ends.)
@@ -221,6 +222,11 @@ impl Batcher {
         usize::from(slot) % self.lanes
     }
 
+    /// The bucket of slot `slot` within its lane (see `direct.rs`).
+    pub(super) fn bucket(&self, slot: u16) -> usize {
+        usize::from(slot) / self.lanes
+    }
+
     /// Counts a batch call that carried `calls` calls.
     fn count(&self, calls: usize) {
         self.batches.fetch_add(1, Ordering::Relaxed);
@@ -377,10 +383,11 @@ async fn drive(
                 (Vec::new(), pending)
             };
         if !undos.is_empty() {
-            // One round in flight that finishes the earlier rounds and the lane's direct
-            // calls, then sends the undos.
+            // One round in flight that finishes the earlier rounds and the direct calls of
+            // the undos' buckets, then sends the undos.
             let before = join_all(std::mem::take(&mut in_flight));
-            let directs = Arc::clone(&lane).directs_answered();
+            let buckets = undos.iter().map(|undo| undo.busy.bucket()).collect();
+            let directs = Arc::clone(&lane).directs_answered(buckets);
             let undos = join_all(sends(&transport, undos));
             in_flight.push(Box::pin(async move {
                 before.await;

@@ -1,18 +1,23 @@
-//! Calls sent past their node's driver while its lane is quiet ([`Transport::queue`]): a lone
-//! call (one task's loop of locks, a hot lock's waiting process) skips the driver's queue, its
-//! task hop and the caller's second timer, about a fifth of the client's work per call.
+//! Calls sent past their node's driver while their lane, or their slot's bucket of it, is quiet
+//! ([`Transport::queue`]): a lone call (one task's loop of locks, a hot lock's waiting process)
+//! skips the driver's queue, its task hop and the caller's second timer, about a fifth of the
+//! client's work per call.
 //!
 //! A lane is quiet when nothing is queued on its driver, in flight there or sent directly and
-//! unanswered ([`LaneState`]). A direct call is handed to the connection before
-//! [`Transport::queue`] returns (its first poll), so every call queued after it, directly or
-//! through the driver (which the call makes busy), reaches Redis after it, as through the
-//! driver. A direct call dropped unanswered runs on in the background
-//! ([`Transport::spawn_detached`]) and the driver sends an undo only once the lane's direct
-//! calls are answered, resends included: an undo never overtakes the call it undoes.
+//! unanswered ([`LaneState`]). A call the module serves on a cluster node needs only its
+//! bucket of the lane (its slot's share, [`BUCKETS`] per lane) to be quiet: the driver would
+//! send it alone anyway (a batched module command carries the keys of one slot, and calls on
+//! random names seldom share one), so under load such calls go out from their callers, one by
+//! one, as they would from the driver. A direct call is handed to the connection before
+//! [`Transport::queue`] returns (its first poll), so every call of its bucket queued after it,
+//! directly or through the driver (which the call makes busy), reaches Redis after it, as
+//! through the driver. A direct call dropped unanswered runs on in the background
+//! ([`Transport::spawn_detached`]) and the driver sends an undo only once the direct calls of
+//! the undo's bucket are answered, resends included: an undo never overtakes the call it undoes.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -24,41 +29,84 @@ use crate::script::ScriptCall;
 
 use super::Transport;
 
-/// What one lane (a node's driver and the calls sent past it) has unanswered.
-#[derive(Default)]
+/// Slot buckets per lane: the keys of one slot share a bucket, so a call's order with the
+/// earlier calls of its keys is kept per bucket.
+pub(super) const BUCKETS: usize = 256;
+
+/// What one lane (a node's driver and the calls sent past it) has unanswered, in all and per
+/// slot bucket.
 pub(super) struct LaneState {
     /// Calls queued on the driver or sent directly and not yet answered (or dropped).
     busy: AtomicUsize,
-    /// Direct calls not yet answered.
-    direct: AtomicUsize,
-    /// Notified when the last direct call in flight is answered.
+    /// Per bucket: its calls queued, in flight or direct, and its direct calls unanswered.
+    buckets: Box<[Bucket]>,
+    /// Notified whenever a bucket's last direct call in flight is answered.
     direct_done: Notify,
 }
 
+#[derive(Default)]
+struct Bucket {
+    busy: AtomicU32,
+    direct: AtomicU32,
+}
+
+impl Default for LaneState {
+    fn default() -> Self {
+        Self {
+            busy: AtomicUsize::new(0),
+            buckets: (0..BUCKETS).map(|_| Bucket::default()).collect(),
+            direct_done: Notify::new(),
+        }
+    }
+}
+
 impl LaneState {
-    /// Claims the quiet lane for one direct call, if it is quiet.
-    pub(super) fn try_direct(self: &Arc<Self>) -> Option<DirectTicket> {
+    /// Claims the quiet lane for one direct call of bucket `bucket`, if the lane is quiet.
+    pub(super) fn try_direct(self: &Arc<Self>, bucket: usize) -> Option<DirectTicket> {
         self.busy
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
-        self.direct.fetch_add(1, Ordering::AcqRel);
-        Some(DirectTicket(Arc::clone(self)))
+        let at = &self.buckets[bucket % BUCKETS];
+        at.busy.fetch_add(1, Ordering::AcqRel);
+        at.direct.fetch_add(1, Ordering::AcqRel);
+        Some(DirectTicket(Arc::clone(self), bucket % BUCKETS))
     }
 
-    /// Counts a call queued on the lane's driver until the ticket drops (answered, or left out).
-    pub(super) fn queued(self: &Arc<Self>) -> BusyTicket {
+    /// Claims the quiet bucket `bucket` for one direct call, if the bucket is quiet, whatever
+    /// the rest of the lane has unanswered.
+    pub(super) fn try_direct_in_bucket(self: &Arc<Self>, bucket: usize) -> Option<DirectTicket> {
+        let at = &self.buckets[bucket % BUCKETS];
+        at.busy
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .ok()?;
+        at.direct.fetch_add(1, Ordering::AcqRel);
         self.busy.fetch_add(1, Ordering::AcqRel);
-        BusyTicket(Arc::clone(self))
+        Some(DirectTicket(Arc::clone(self), bucket % BUCKETS))
     }
 
-    /// Waits until no direct call of this lane is in flight (none can start meanwhile: the
-    /// caller's queued undo keeps the lane busy).
-    pub(super) async fn directs_answered(self: Arc<Self>) {
+    /// Counts a call of bucket `bucket` queued on the lane's driver until the ticket drops
+    /// (answered, or left out).
+    pub(super) fn queued(self: &Arc<Self>, bucket: usize) -> BusyTicket {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.buckets[bucket % BUCKETS]
+            .busy
+            .fetch_add(1, Ordering::AcqRel);
+        BusyTicket(Arc::clone(self), bucket % BUCKETS)
+    }
+
+    /// Waits until no direct call of the buckets `buckets` is in flight (none can start
+    /// meanwhile: the caller's queued undos keep their buckets and the lane busy).
+    pub(super) async fn directs_answered(self: Arc<Self>, buckets: Vec<usize>) {
         loop {
             let notified = self.direct_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.direct.load(Ordering::Acquire) == 0 {
+            if buckets.iter().all(|&bucket| {
+                self.buckets[bucket % BUCKETS]
+                    .direct
+                    .load(Ordering::Acquire)
+                    == 0
+            }) {
                 return;
             }
             notified.await;
@@ -66,23 +114,33 @@ impl LaneState {
     }
 }
 
-/// A call queued on a lane's driver, counted as busy until dropped.
-pub(super) struct BusyTicket(Arc<LaneState>);
+/// A call queued on a lane's driver, counted as busy (in its lane and bucket) until dropped.
+pub(super) struct BusyTicket(Arc<LaneState>, usize);
+
+impl BusyTicket {
+    /// The bucket of the call.
+    pub(super) fn bucket(&self) -> usize {
+        self.1
+    }
+}
 
 impl Drop for BusyTicket {
     fn drop(&mut self) {
+        self.0.buckets[self.1].busy.fetch_sub(1, Ordering::AcqRel);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// A direct call, counted as busy and direct until dropped.
-pub(super) struct DirectTicket(Arc<LaneState>);
+/// A direct call, counted as busy and direct (in its lane and bucket) until dropped.
+pub(super) struct DirectTicket(Arc<LaneState>, usize);
 
 impl Drop for DirectTicket {
     fn drop(&mut self) {
-        if self.0.direct.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let bucket = &self.0.buckets[self.1];
+        if bucket.direct.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.direct_done.notify_waiters();
         }
+        bucket.busy.fetch_sub(1, Ordering::AcqRel);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -267,9 +267,10 @@ impl Transport {
     /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
     /// its own (with [`run`](Self::run)).
     ///
-    /// When the lane has nothing queued, in flight or sent directly, the call goes past the
-    /// driver (`direct.rs`): it is on its way to the connection when this returns, so the
-    /// calls queued after it still reach Redis after it.
+    /// When the lane has nothing queued, in flight or sent directly (for a call the module
+    /// serves on a cluster node: its slot's bucket of the lane), the call goes past the driver
+    /// (`direct.rs`): it is on its way to the connection when this returns, so the calls of
+    /// its bucket queued after it still reach Redis after it.
     pub(crate) fn queue<'c>(
         self: &Arc<Self>,
         call: impl Into<Cow<'c, ScriptCall>>,
@@ -281,7 +282,14 @@ impl Transport {
             return Err(call);
         };
         let lane = self.batcher.lane_state(node, call.slot());
-        if let Some(ticket) = lane.try_direct() {
+        let bucket = self.batcher.bucket(call.slot());
+        let ticket =
+            if self.topology() == Topology::Cluster && self.modules.serves(&call, Some(node)) {
+                lane.try_direct_in_bucket(bucket)
+            } else {
+                lane.try_direct(bucket)
+            };
+        if let Some(ticket) = ticket {
             let direct = direct::Direct::start(self, call.into_owned(), name, operation, ticket);
             return Ok(Reply::Direct(direct));
         }
@@ -315,7 +323,7 @@ impl Transport {
         after_in_flight: bool,
     ) -> std::result::Result<tokio::sync::oneshot::Receiver<Result<Value>>, Cow<'c, ScriptCall>>
     {
-        let busy = lane.queued();
+        let busy = lane.queued(self.batcher.bucket(call.slot()));
         let (entry, reply) = Entry::new(call.into_owned(), name, operation, after_in_flight, busy);
         match self.batcher.queue(self, node, lane, entry) {
             Ok(()) => Ok(reply),
