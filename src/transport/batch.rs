@@ -82,7 +82,6 @@ pub(super) struct Entry {
 
 /// One lane of a node: its driver while one runs, and what the lane has unanswered (queued on
 /// the driver, in flight, or sent directly: `direct.rs`), which outlives the driver.
-#[derive(Default)]
 struct Lane {
     driver: Option<mpsc::UnboundedSender<Entry>>,
     state: Arc<LaneState>,
@@ -185,7 +184,7 @@ impl Batcher {
         };
         let mut drivers = self.drivers.write().unwrap_or_else(PoisonError::into_inner);
         if drivers.len() <= node {
-            drivers.resize_with(node + 1, Lane::default);
+            drivers.resize_with(node + 1, || self.new_lane());
         }
         let driver = match &drivers[node].driver {
             Some(driver) if !driver.is_closed() => driver.clone(),
@@ -212,7 +211,7 @@ impl Batcher {
         }
         let mut drivers = self.drivers.write().unwrap_or_else(PoisonError::into_inner);
         if drivers.len() <= index {
-            drivers.resize_with(index + 1, Lane::default);
+            drivers.resize_with(index + 1, || self.new_lane());
         }
         Arc::clone(&drivers[index].state)
     }
@@ -225,6 +224,19 @@ impl Batcher {
     /// The bucket of slot `slot` within its lane (see `direct.rs`).
     pub(super) fn bucket(&self, slot: u16) -> usize {
         usize::from(slot) / self.lanes
+    }
+
+    /// Whether a call of a quiet bucket goes past a busy lane's driver: a call the module
+    /// serves on a cluster node (`direct.rs`).
+    pub(super) fn per_bucket(&self) -> bool {
+        self.topology == Topology::Cluster
+    }
+
+    fn new_lane(&self) -> Lane {
+        Lane {
+            driver: None,
+            state: Arc::new(LaneState::new(self.per_bucket())),
+        }
     }
 
     /// Counts a batch call that carried `calls` calls.

@@ -17,7 +17,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -29,84 +29,101 @@ use crate::script::ScriptCall;
 
 use super::Transport;
 
-/// Slot buckets per lane: the keys of one slot share a bucket, so a call's order with the
-/// earlier calls of its keys is kept per bucket.
+/// Slot buckets per lane on a cluster: the keys of one slot share a bucket, so a call's order
+/// with the earlier calls of its keys is kept per bucket.
 pub(super) const BUCKETS: usize = 256;
 
-/// What one lane (a node's driver and the calls sent past it) has unanswered, in all and per
-/// slot bucket.
+/// What one lane (a node's driver and the calls sent past it) has unanswered, in all and, on
+/// a cluster, per slot bucket.
 pub(super) struct LaneState {
     /// Calls queued on the driver or sent directly and not yet answered (or dropped).
     busy: AtomicUsize,
-    /// Per bucket: its calls queued, in flight or direct, and its direct calls unanswered.
+    /// Direct calls not yet answered (a lane without buckets).
+    direct: AtomicUsize,
+    /// Per bucket, on a cluster (none on a standalone server, whose calls all keep the lane's
+    /// order): its calls queued, in flight or direct, and its direct calls unanswered.
     buckets: Box<[Bucket]>,
-    /// Notified whenever a bucket's last direct call in flight is answered.
+    /// Notified whenever the last direct call in flight (of a bucket, or of a lane without
+    /// buckets) is answered.
     direct_done: Notify,
 }
 
 #[derive(Default)]
 struct Bucket {
-    busy: AtomicU32,
-    direct: AtomicU32,
-}
-
-impl Default for LaneState {
-    fn default() -> Self {
-        Self {
-            busy: AtomicUsize::new(0),
-            buckets: (0..BUCKETS).map(|_| Bucket::default()).collect(),
-            direct_done: Notify::new(),
-        }
-    }
+    busy: AtomicUsize,
+    direct: AtomicUsize,
 }
 
 impl LaneState {
+    /// A lane with nothing unanswered, with slot buckets (`per_bucket`, on a cluster) or not.
+    pub(super) fn new(per_bucket: bool) -> Self {
+        let buckets = if per_bucket { BUCKETS } else { 0 };
+        Self {
+            busy: AtomicUsize::new(0),
+            direct: AtomicUsize::new(0),
+            buckets: (0..buckets).map(|_| Bucket::default()).collect(),
+            direct_done: Notify::new(),
+        }
+    }
+
+    /// Bucket number `bucket`, `None` in a lane without buckets.
+    fn bucket(&self, bucket: usize) -> Option<&Bucket> {
+        let count = self.buckets.len();
+        (count > 0).then(|| &self.buckets[bucket % count])
+    }
+
+    /// The count of unanswered direct calls that bucket `bucket`'s undos wait for: the
+    /// bucket's, or the lane's without buckets.
+    fn direct_count(&self, bucket: usize) -> &AtomicUsize {
+        self.bucket(bucket).map_or(&self.direct, |at| &at.direct)
+    }
+
     /// Claims the quiet lane for one direct call of bucket `bucket`, if the lane is quiet.
     pub(super) fn try_direct(self: &Arc<Self>, bucket: usize) -> Option<DirectTicket> {
         self.busy
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
-        let at = &self.buckets[bucket % BUCKETS];
-        at.busy.fetch_add(1, Ordering::AcqRel);
-        at.direct.fetch_add(1, Ordering::AcqRel);
-        Some(DirectTicket(Arc::clone(self), bucket % BUCKETS))
+        if let Some(at) = self.bucket(bucket) {
+            at.busy.fetch_add(1, Ordering::AcqRel);
+        }
+        self.direct_count(bucket).fetch_add(1, Ordering::AcqRel);
+        Some(DirectTicket(Arc::clone(self), bucket))
     }
 
-    /// Claims the quiet bucket `bucket` for one direct call, if the bucket is quiet, whatever
-    /// the rest of the lane has unanswered.
+    /// Claims the quiet bucket `bucket` for one direct call, if the lane has buckets and that
+    /// one is quiet, whatever the rest of the lane has unanswered.
     pub(super) fn try_direct_in_bucket(self: &Arc<Self>, bucket: usize) -> Option<DirectTicket> {
-        let at = &self.buckets[bucket % BUCKETS];
+        let at = self.bucket(bucket)?;
         at.busy
             .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
             .ok()?;
         at.direct.fetch_add(1, Ordering::AcqRel);
         self.busy.fetch_add(1, Ordering::AcqRel);
-        Some(DirectTicket(Arc::clone(self), bucket % BUCKETS))
+        Some(DirectTicket(Arc::clone(self), bucket))
     }
 
     /// Counts a call of bucket `bucket` queued on the lane's driver until the ticket drops
     /// (answered, or left out).
     pub(super) fn queued(self: &Arc<Self>, bucket: usize) -> BusyTicket {
         self.busy.fetch_add(1, Ordering::AcqRel);
-        self.buckets[bucket % BUCKETS]
-            .busy
-            .fetch_add(1, Ordering::AcqRel);
-        BusyTicket(Arc::clone(self), bucket % BUCKETS)
+        if let Some(at) = self.bucket(bucket) {
+            at.busy.fetch_add(1, Ordering::AcqRel);
+        }
+        BusyTicket(Arc::clone(self), bucket)
     }
 
-    /// Waits until no direct call of the buckets `buckets` is in flight (none can start
-    /// meanwhile: the caller's queued undos keep their buckets and the lane busy).
+    /// Waits until no direct call of the buckets `buckets` (of the lane, without buckets) is in
+    /// flight (none can start meanwhile: the caller's queued undos keep their buckets and the
+    /// lane busy).
     pub(super) async fn directs_answered(self: Arc<Self>, buckets: Vec<usize>) {
         loop {
             let notified = self.direct_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if buckets.iter().all(|&bucket| {
-                self.buckets[bucket % BUCKETS]
-                    .direct
-                    .load(Ordering::Acquire)
-                    == 0
-            }) {
+            if buckets
+                .iter()
+                .all(|&bucket| self.direct_count(bucket).load(Ordering::Acquire) == 0)
+            {
                 return;
             }
             notified.await;
@@ -118,7 +135,7 @@ impl LaneState {
 pub(super) struct BusyTicket(Arc<LaneState>, usize);
 
 impl BusyTicket {
-    /// The bucket of the call.
+    /// The slot bucket number of the call.
     pub(super) fn bucket(&self) -> usize {
         self.1
     }
@@ -126,7 +143,9 @@ impl BusyTicket {
 
 impl Drop for BusyTicket {
     fn drop(&mut self) {
-        self.0.buckets[self.1].busy.fetch_sub(1, Ordering::AcqRel);
+        if let Some(at) = self.0.bucket(self.1) {
+            at.busy.fetch_sub(1, Ordering::AcqRel);
+        }
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -136,12 +155,14 @@ pub(super) struct DirectTicket(Arc<LaneState>, usize);
 
 impl Drop for DirectTicket {
     fn drop(&mut self) {
-        let bucket = &self.0.buckets[self.1];
-        if bucket.direct.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.direct_done.notify_waiters();
+        let lane = &self.0;
+        if lane.direct_count(self.1).fetch_sub(1, Ordering::AcqRel) == 1 {
+            lane.direct_done.notify_waiters();
         }
-        bucket.busy.fetch_sub(1, Ordering::AcqRel);
-        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+        if let Some(at) = lane.bucket(self.1) {
+            at.busy.fetch_sub(1, Ordering::AcqRel);
+        }
+        lane.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -283,12 +283,11 @@ impl Transport {
         };
         let lane = self.batcher.lane_state(node, call.slot());
         let bucket = self.batcher.bucket(call.slot());
-        let ticket =
-            if self.topology() == Topology::Cluster && self.modules.serves(&call, Some(node)) {
-                lane.try_direct_in_bucket(bucket)
-            } else {
-                lane.try_direct(bucket)
-            };
+        let ticket = if self.batcher.per_bucket() && self.modules.serves(&call, Some(node)) {
+            lane.try_direct_in_bucket(bucket)
+        } else {
+            lane.try_direct(bucket)
+        };
         if let Some(ticket) = ticket {
             let direct = direct::Direct::start(self, call.into_owned(), name, operation, ticket);
             return Ok(Reply::Direct(direct));
