@@ -8,13 +8,13 @@
 //! worker threads (at most [`MAX_LANES`]): a lone driver was the client's bottleneck, doing every
 //! call's work on one thread while the other waited. A key's lane is its slot modulo the lanes,
 //! so the calls of one lock (its keys share a hash tag) all go through one driver, and what
-//! follows says of a node's driver holds per lane. A driver keeps up to eight rounds in flight and
-//! hands each round's calls to the connection before the next round's, so Redis runs a node's
-//! calls in the order they were queued (an attempt woken by a release of this client runs after
-//! the release). A caller dropped before its call was sent is left out of its round. A call
-//! that finds its lane quiet (nothing queued, in flight or sent directly; for a call the module
-//! serves on a cluster node, its slot's bucket of the lane) skips the driver and goes out from
-//! its caller (`direct.rs`), keeping that order.
+//! follows says of a node's driver holds per lane. A driver keeps up to eight rounds in flight
+//! and hands each round's calls to the connection before the next round's, so Redis runs a
+//! node's calls in the order they were queued (an attempt woken by a release of this client
+//! runs after the release). A caller dropped before its call was sent is left out of its
+//! round. A call that finds its lane quiet (nothing queued, in flight or sent directly; for a
+//! call the module serves on a cluster node, its slot's bucket of the lane) skips the driver
+//! and goes out from its caller (`direct.rs`), keeping that order.
 //!
 //! Undos are the exception. A call that this module resends alone after `NOSCRIPT` or a moved
 //! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
@@ -22,10 +22,10 @@
 //! undo waits for the rounds in flight when it was taken from the queue and for the direct
 //! calls of its slot's bucket, resends included, and goes out after them, while the driver
 //! goes on sending what queues meanwhile: it does not overtake the call it undoes when both
-//! went through this lane. (An undo can still overtake a call sent another way: on a WAIT lane, with no slot
-//! map, before a slot-map change sent the undo to another driver, by the last round of a driver
-//! that ended idle just then, or on a connection since rebuilt; the hold then lasts until its
-//! lease ends.)
+//! went through this lane. (An undo can still overtake a call sent another way: on a WAIT
+//! lane, with no slot map, before a slot-map change sent the undo to another driver, by the
+//! last round of a driver that ended idle just then, or on a connection since rebuilt; the
+//! hold then lasts until its lease ends.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following
