@@ -20,12 +20,12 @@
 //! key may run after later rounds (a server that lost its scripts answers `NOSCRIPT` to one
 //! script while it already runs another that a later round carries), so a cancelled call's
 //! undo waits for the rounds in flight when it was taken from the queue and for the direct
-//! calls of its slot's bucket, resends included, and goes out after them, while the driver
-//! goes on sending what queues meanwhile: it does not overtake the call it undoes when both
-//! went through this lane. (An undo can still overtake a call sent another way: on a WAIT
-//! lane, with no slot map, before a slot-map change sent the undo to another driver, by the
-//! last round of a driver that ended idle just then, or on a connection since rebuilt; the
-//! hold then lasts until its lease ends.)
+//! calls of its slot's bucket (of its lane, on a standalone server), resends included, and goes
+//! out after them, while the driver goes on sending what queues meanwhile: it does not overtake
+//! the call it undoes when both went through this lane. (An undo can still overtake a call sent
+//! another way: on a WAIT lane, with no slot map, before a slot-map change sent the undo to
+//! another driver, by the last round of a driver that ended idle just then, or on a connection
+//! since rebuilt; the hold then lasts until its lease ends.)
 //!
 //! A key of a slot its node no longer serves fails alone inside the batch, before any write
 //! (`batch.lua` runs each key under `pcall`): that call is sent on its own, following

@@ -13,7 +13,8 @@
 //! directly or through the driver (which the call makes busy), reaches Redis after it, as
 //! through the driver. A direct call dropped unanswered runs on in the background
 //! ([`Transport::spawn_detached`]) and the driver sends an undo only once the direct calls of
-//! the undo's bucket are answered, resends included: an undo never overtakes the call it undoes.
+//! the undo's bucket (of its lane, on a standalone server) are answered, resends included: an
+//! undo never overtakes the call it undoes.
 
 use std::future::Future;
 use std::pin::Pin;
