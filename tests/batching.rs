@@ -50,6 +50,34 @@ async fn lock_at_once(
     results
 }
 
+/// 300 tasks at once each call `try_lock` on a name of its own (`<prefix>:<i>`), cut after
+/// 0 to 3 ms (a different time each, the first at its first poll); returns the guards of the
+/// calls granted before their cut.
+async fn acquires_cut_short(
+    client: &Client,
+    prefix: &str,
+    options: &LockOptions,
+) -> Vec<fencelock::LockGuard> {
+    let mut tasks = Vec::new();
+    for i in 0..300u64 {
+        let (client, options) = (client.clone(), options.clone());
+        let name = format!("{prefix}:{i}");
+        tasks.push(tokio::spawn(async move {
+            let cut = Duration::from_micros((i * 7919) % 3000);
+            tokio::time::timeout(cut, client.try_lock(&name, &options))
+                .await
+                .ok()
+        }));
+    }
+    let mut kept = Vec::new();
+    for task in tasks {
+        if let Some(Ok(guard)) = task.await.unwrap() {
+            kept.push(guard);
+        }
+    }
+    kept
+}
+
 /// A cluster client reads its slot map in the background after its first call and batches
 /// from then on: takes locks concurrently until it has sent a batch.
 async fn warm_up(client: &Client, options: &LockOptions) {
@@ -154,23 +182,7 @@ async fn cancelled_callers_leave_nothing_held() {
     let options = LockOptions::new().ttl(Duration::from_secs(60));
     // 300 acquires; each is cancelled after a random short time, some before their call was
     // sent, some while their batch is in flight, some after the grant reached them.
-    let mut tasks = Vec::new();
-    for i in 0..300u64 {
-        let (client, options) = (client.clone(), options.clone());
-        tasks.push(tokio::spawn(async move {
-            let name = format!("cancel:{i}");
-            let cut = Duration::from_micros((i * 7919) % 3000);
-            tokio::time::timeout(cut, client.try_lock(&name, &options))
-                .await
-                .ok()
-        }));
-    }
-    let mut kept = Vec::new();
-    for task in tasks {
-        if let Some(Ok(guard)) = task.await.unwrap() {
-            kept.push(guard);
-        }
-    }
+    let kept = acquires_cut_short(&client, "cancel", &options).await;
     let kept_names: HashSet<String> = kept.iter().map(|g| g.name().to_owned()).collect();
     let held_now = || held_locks(&server.node).len();
     // Every cancelled call's undo, and the release of every guard its caller dropped, has been
@@ -252,23 +264,7 @@ async fn on_a_cluster_with_the_module_cancelled_callers_leave_nothing_held() {
     }
     // 300 acquires at once, on names of their own (so mostly quiet buckets, some shared), each
     // cut after a different short time.
-    let mut tasks = Vec::new();
-    for i in 0..300u64 {
-        let (client, options) = (client.clone(), options.clone());
-        tasks.push(tokio::spawn(async move {
-            let name = format!("bucket-cancel:{i}");
-            let cut = Duration::from_micros((i * 7919) % 3000);
-            tokio::time::timeout(cut, client.try_lock(&name, &options))
-                .await
-                .ok()
-        }));
-    }
-    let mut kept = Vec::new();
-    for task in tasks {
-        if let Some(Ok(guard)) = task.await.unwrap() {
-            kept.push(guard);
-        }
-    }
+    let kept = acquires_cut_short(&client, "bucket-cancel", &options).await;
     client.shutdown().await.unwrap();
     let mut held = HashSet::new();
     for node in &cluster.nodes {
