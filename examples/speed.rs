@@ -10,7 +10,11 @@
 //!
 //! `--workers N` runs the client on N Tokio worker threads (default one per core). Where client
 //! and server share a machine's cores, `--workers 1` leaves the server a core of its own.
-//! `--no-batching` turns fencelock's per-node batching off.
+//! `--no-batching` turns fencelock's per-node batching off. `--flush` empties every master
+//! (`FLUSHALL`) before each measurement: fencelock keeps a released lock's key until its expiry
+//! grace has passed (10 s by default) and rslock deletes it, so without it a library measured
+//! after fencelock runs among the keys fencelock left, and pays for them (a larger keyspace,
+//! and the server's expiry of those keys). Only for servers the benchmark owns.
 //!
 //! Every measurement prints one line, `speed KIND key=value ...`, with, besides the rate, what
 //! it cost (over the measured interval only): client CPU (getrusage) and server CPU (`INFO cpu`
@@ -18,7 +22,8 @@
 //! clients sent, `sent/pair`, and the full mix, commands run inside scripts included), bytes
 //! in and out of the servers per pair, heap allocations per pair (a counting global allocator),
 //! and the Tokio workers' parks per pair (a worker parks when it has nothing to run: many
-//! parks per pair mean the client waits on the socket).
+//! parks per pair mean the client waits on the socket), and the keys on the masters at the end
+//! (`keys_after`).
 //!
 //! rslock 0.10 (`LockManager::new` with the one standalone URL, or `LockManager::new_cluster`
 //! with the cluster's seeds: one Redis Cluster counts as one Redlock server) runs with its
@@ -101,6 +106,11 @@ struct Args {
     /// goes out on its own, past the node's batch driver.
     #[arg(long)]
     no_batching: bool,
+    /// `FLUSHALL` every master before each measurement, so that no library runs among the keys
+    /// another left (fencelock keeps a released lock's key until its expiry grace has passed;
+    /// rslock deletes it). Only for servers the benchmark owns.
+    #[arg(long)]
+    flush: bool,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -198,6 +208,9 @@ async fn run(args: Args) {
     match args.bench {
         Bench::Pairs { tasks, clients } => {
             for &lib in &args.libs {
+                if args.flush {
+                    probe.flush().await;
+                }
                 let job = Job::new(&args, lib, args.fence_mode.fence(), clients).await;
                 let m = pairs(&job, &probe, tasks, seconds).await;
                 m.print(
@@ -219,6 +232,9 @@ async fn run(args: Args) {
                 (FenceMode::Counter, "counter"),
                 (FenceMode::EpochClock, "epoch-clock"),
             ] {
+                if args.flush {
+                    probe.flush().await;
+                }
                 let job = Job::new(&args, Lib::Fencelock, mode, 1).await;
                 let m = pairs(&job, &probe, tasks, seconds).await;
                 m.print(
@@ -231,6 +247,9 @@ async fn run(args: Args) {
         }
         Bench::Contended { tasks } => {
             for &lib in &args.libs {
+                if args.flush {
+                    probe.flush().await;
+                }
                 let job = Job::new(&args, lib, args.fence_mode.fence(), 1).await;
                 let m = contended(&job, &probe, tasks, seconds).await;
                 m.print(
@@ -243,6 +262,9 @@ async fn run(args: Args) {
         }
         Bench::Latency { pairs } => {
             for &lib in &args.libs {
+                if args.flush {
+                    probe.flush().await;
+                }
                 let job = Job::new(&args, lib, args.fence_mode.fence(), 1).await;
                 latency(&job, &args, lib, pairs).await;
             }
@@ -433,10 +455,12 @@ struct ServerSample {
     replica_cpu_s: f64,
     bytes_in: u64,
     bytes_out: u64,
+    /// Keys on the masters (`INFO keyspace`, every database).
+    keys: u64,
     calls: BTreeMap<String, u64>,
 }
 
-/// Reads `INFO cpu stats commandstats` from every master.
+/// Reads `INFO cpu stats keyspace commandstats` from every master.
 struct ServerProbe {
     masters: Vec<redis::aio::MultiplexedConnection>,
     /// Replicas: only their CPU is read (their command counts are the masters' replicated).
@@ -485,6 +509,7 @@ impl ServerProbe {
             let info: String = redis::cmd("INFO")
                 .arg("cpu")
                 .arg("stats")
+                .arg("keyspace")
                 .arg("commandstats")
                 .query_async(&mut conn)
                 .await
@@ -499,6 +524,13 @@ impl ServerProbe {
                     }
                     "total_net_input_bytes" => sample.bytes_in += value.parse().unwrap_or(0),
                     "total_net_output_bytes" => sample.bytes_out += value.parse().unwrap_or(0),
+                    db if db.starts_with("db") => {
+                        sample.keys += value
+                            .split(',')
+                            .find_map(|kv| kv.strip_prefix("keys="))
+                            .and_then(|n| n.parse::<u64>().ok())
+                            .unwrap_or(0)
+                    }
                     _ => {
                         if let Some(cmd) = key.strip_prefix("cmdstat_") {
                             let calls = value
@@ -528,6 +560,17 @@ impl ServerProbe {
             }
         }
         sample
+    }
+
+    /// `FLUSHALL` on every master (`--flush`): each measurement starts on empty servers.
+    async fn flush(&self) {
+        for conn in &self.masters {
+            let mut conn = conn.clone();
+            let _: () = redis::cmd("FLUSHALL")
+                .query_async(&mut conn)
+                .await
+                .expect("FLUSHALL");
+        }
     }
 }
 
@@ -597,7 +640,7 @@ impl Measured {
             "speed {kind} target={target} lib={lib} {params} seconds={seconds:.2} ops={} \
              {rate}={:.0} errors={}{} client_us/op={:.1} client_cpu={:.2} server_us/op={:.1} \
              server_cpu={:.2} replica_us/op={:.1} sent/op={:.2} bytes_in/op={:.0} bytes_out/op={:.0} allocs/op={:.1} \
-             alloc_bytes/op={:.0} parks/op={:.2} worker_busy_us/op={:.1} mix={mix}",
+             alloc_bytes/op={:.0} parks/op={:.2} worker_busy_us/op={:.1} keys_after={} mix={mix}",
             self.ops,
             self.ops as f64 / seconds,
             self.errors,
@@ -614,6 +657,7 @@ impl Measured {
             per((c1.alloc_bytes - c0.alloc_bytes) as f64),
             per((c1.parks - c0.parks) as f64),
             per((c1.busy_workers - c0.busy_workers).as_secs_f64() * 1e6),
+            s1.keys,
         );
     }
 }

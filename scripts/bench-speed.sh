@@ -3,7 +3,9 @@
 # fencelock's own scripts, in ONE run. Starts a standalone server on BASE_PORT (default 7600)
 # and a 3-master/3-replica cluster on BASE_PORT+1..BASE_PORT+6 (scripts/cluster.sh), builds
 # release, runs examples/speed.rs and redis-benchmark, prints one `speed ...` line per figure and
-# `ratio ...` lines at the end, and stops what it started (by pid) on exit.
+# `ratio ...` lines at the end, and stops what it started (by pid) on exit. Every measurement
+# starts on emptied servers (`speed --flush`): fencelock keeps released locks' keys until their
+# expiry grace has passed, and the library measured next would otherwise run among them.
 #   BASE_PORT=7600 SECONDS_PER_RUN=10 scripts/bench-speed.sh
 # Results: docs/benchmarks.md, "Speed against rslock (issue 11)".
 # With MODULE=/path/to/libfencelock_module.so (scripts/build-module.sh) every server loads
@@ -45,7 +47,7 @@ REDIS_ARGS="$module_args" scripts/cluster.sh up --base-port "$cport" >/dev/null
 
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \
   "rslock $(grep -A1 '^name = "rslock"' Cargo.lock | grep -o '[0-9][0-9.]*'), ${seconds}s per measurement"
-run() { "$speed" --seconds "$seconds" "$@" | tee -a "$out"; }
+run() { "$speed" --seconds "$seconds" --flush "$@" | tee -a "$out"; }
 
 # Warm-up, not printed: without it the first cluster measurement of a run came out ~30% below
 # the same measurement later in the run (three runs out of three), which would favour rslock,
