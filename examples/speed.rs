@@ -562,10 +562,14 @@ impl ServerProbe {
         sample
     }
 
-    /// `FLUSHALL` on every master (`--flush`): each measurement starts on empty servers.
+    /// `FLUSHALL` on every master (`--flush`): each measurement starts on empty servers. Run
+    /// in the foreground (not `ASYNC`, whose freeing thread would share the cores with the next
+    /// measurement): a million keys take the server seconds, past the connection's usual
+    /// response timeout.
     async fn flush(&self) {
         for conn in &self.masters {
             let mut conn = conn.clone();
+            conn.set_response_timeout(Duration::from_secs(300));
             let _: () = redis::cmd("FLUSHALL")
                 .query_async(&mut conn)
                 .await
