@@ -11,10 +11,11 @@
 //! `--workers N` runs the client on N Tokio worker threads (default one per core). Where client
 //! and server share a machine's cores, `--workers 1` leaves the server a core of its own.
 //! `--no-batching` turns fencelock's per-node batching off. `--flush` empties every master
-//! (`FLUSHALL`) before each measurement: fencelock keeps a released lock's key until its expiry
-//! grace has passed (10 s by default) and rslock deletes it, so without it a library measured
-//! after fencelock runs among the keys fencelock left, and pays for them (a larger keyspace,
-//! and the server's expiry of those keys). Only for servers the benchmark owns.
+//! (`FLUSHALL`, which blocks each master while it runs) before each measurement: fencelock keeps
+//! a released lock's key until its lease and expiry grace have passed (about 20 s here: 10 s
+//! leases, the default 10 s grace) and rslock deletes it, so without it a library measured after
+//! fencelock runs among the keys fencelock left, and pays for them (a larger keyspace, and the
+//! server's expiry of those keys). Only for servers the benchmark owns.
 //!
 //! Every measurement prints one line, `speed KIND key=value ...`, with, besides the rate, what
 //! it cost (over the measured interval only): client CPU (getrusage) and server CPU (`INFO cpu`
@@ -22,8 +23,9 @@
 //! clients sent, `sent/pair`, and the full mix, commands run inside scripts included), bytes
 //! in and out of the servers per pair, heap allocations per pair (a counting global allocator),
 //! and the Tokio workers' parks per pair (a worker parks when it has nothing to run: many
-//! parks per pair mean the client waits on the socket), and the keys on the masters at the end
-//! (`keys_after`).
+//! parks per pair mean the client waits on the socket); the throughput lines also print the
+//! keys on the masters at the end (`keys_after`: for fencelock, with the warm-up's 1,000
+//! released locks).
 //!
 //! rslock 0.10 (`LockManager::new` with the one standalone URL, or `LockManager::new_cluster`
 //! with the cluster's seeds: one Redis Cluster counts as one Redlock server) runs with its
@@ -107,8 +109,8 @@ struct Args {
     #[arg(long)]
     no_batching: bool,
     /// `FLUSHALL` every master before each measurement, so that no library runs among the keys
-    /// another left (fencelock keeps a released lock's key until its expiry grace has passed;
-    /// rslock deletes it). Only for servers the benchmark owns.
+    /// another left (fencelock keeps a released lock's key until its lease and expiry grace have
+    /// passed; rslock deletes it). Only for servers the benchmark owns.
     #[arg(long)]
     flush: bool,
     #[command(subcommand)]

@@ -5,7 +5,7 @@
 # release, runs examples/speed.rs and redis-benchmark, prints one `speed ...` line per figure and
 # `ratio ...` lines at the end, and stops what it started (by pid) on exit. Every measurement
 # starts on emptied servers (`speed --flush`): fencelock keeps released locks' keys until their
-# expiry grace has passed, and the library measured next would otherwise run among them.
+# lease and expiry grace have passed, and the library measured next would otherwise run among them.
 #   BASE_PORT=7600 SECONDS_PER_RUN=10 scripts/bench-speed.sh
 # Results: docs/benchmarks.md, "Speed against rslock (issue 11)".
 # With MODULE=/path/to/libfencelock_module.so (scripts/build-module.sh) every server loads
