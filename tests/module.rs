@@ -843,8 +843,11 @@ fn the_module_releases_as_the_script_does() {
     let plain = ["me", "", "p", "60000"];
     let case =
         |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
+    // A plain release of a fence behind the clock deletes the key where the script keeps it:
+    // see the next test. With the fence ahead of the clock both keep it.
+    let ahead = "5000000000000005";
     let cases = vec![
-        case("plain", format!("{lease} 123456789 me"), &plain),
+        case("plain-ahead", format!("{lease} {ahead} me"), &plain),
         case("announced", format!("{lease} 123456789 me w*"), &plain),
         case("other", format!("{lease} 123456789 you"), &plain),
         case("expired", format!("{} 123456789 me", now - 10), &plain),
@@ -902,6 +905,124 @@ fn the_module_releases_as_the_script_does() {
         .with("q:x", "1 1"),
     ];
     differential(&server, "fencelock.release", "release", cases);
+}
+
+/// The floor key of `name`'s slot (a lock placed by name under the prefix `fencelock`).
+fn floor_key(name: &str) -> String {
+    let slot = fencelock::slot_of(name.as_bytes());
+    format!(
+        "fencelock:{{{}}}:floor",
+        fencelock::tag_for_slot(slot).unwrap()
+    )
+}
+
+/// A release the module serves that frees a lock with nothing else in its key, with a grace
+/// (a clock mode) and a fence not ahead of the clock, deletes the key and raises the slot's
+/// floor key to the fence, its expiry to the lock key's (each only when higher); a grant of a
+/// lock without a key, through the module, starts above that floor. A fence ahead of the
+/// clock, no grace, waiters, or a floor key that is not a number keep the key.
+#[test]
+fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_slots_floor() {
+    let server = Standalone::start_with_module();
+    let node = &server.node;
+    let (key, floor) = ("fencelock:{fl}:lock", floor_key("fl"));
+    let acquire = |key: &str, owner: &str, grace: &str| -> Vec<i64> {
+        ints(
+            node.cmd(
+                redis::cmd("fencelock.acquire")
+                    .arg(key)
+                    .arg(owner)
+                    .arg(5000)
+                    .arg(0)
+                    .arg("clock")
+                    .arg(grace),
+            ),
+        )
+    };
+    let release = |key: &str, owner: &str, grace: &str| -> i64 {
+        node.cmd(
+            redis::cmd("fencelock.release")
+                .arg(key)
+                .arg(owner)
+                .arg("")
+                .arg("p")
+                .arg(grace),
+        )
+    };
+    let exists = |key: &str| -> i64 { node.cmd(redis::cmd("EXISTS").arg(key)) };
+    let get = |key: &str| -> Option<String> { node.cmd(redis::cmd("GET").arg(key)) };
+    let expiry = |key: &str| -> i64 { node.cmd(redis::cmd("PEXPIRETIME").arg(key)) };
+
+    // Granted, released: the key is gone, the floor holds the fence until the key's expiry.
+    let fence = acquire(key, "me", "60000")[0];
+    let key_expiry = expiry(key);
+    assert!(key_expiry > 0);
+    assert_eq!(release(key, "me", "60000"), 1);
+    assert_eq!(exists(key), 0, "a freed lock's key is deleted");
+    assert_eq!(get(&floor), Some(fence.to_string()));
+    assert_eq!(expiry(&floor), key_expiry);
+    // A resent release finds no key: no live lease, as for a key kept free.
+    assert_eq!(release(key, "me", "60000"), 0);
+
+    // A floor ahead of the clock: the next grant of a lock without a key in that slot is
+    // above it (reported as ahead of the clock), and its release keeps the key.
+    let high = 5_000_000_000_000_000_i64;
+    let _: () = node.cmd(
+        redis::cmd("SET")
+            .arg(&floor)
+            .arg(high)
+            .arg("PX")
+            .arg(60_000),
+    );
+    let other = "fencelock:{fl}:second:lock";
+    let granted = acquire(other, "me", "60000");
+    assert_eq!(&granted[..2], &[1, high + 1], "{granted:?}");
+    assert_eq!(release(other, "me", "60000"), 1);
+    let state: Option<String> = node.cmd(redis::cmd("HGET").arg(other).arg("until"));
+    assert_eq!(state.as_deref(), Some(format!("0 {} ", high + 1).as_str()));
+
+    // A floor above a released fence keeps its value; only its expiry is raised.
+    let now = server_ms(&server);
+    let lower = "fencelock:{fl}:third:lock";
+    let _: () = node.cmd(
+        redis::cmd("SET")
+            .arg(&floor)
+            .arg(200_000_000)
+            .arg("PX")
+            .arg(100_000),
+    );
+    let _: () = node.cmd(
+        redis::cmd("HSET")
+            .arg(lower)
+            .arg("until")
+            .arg(format!("{} 123456789 me", now + 5000)),
+    );
+    let _: () = node.cmd(redis::cmd("PEXPIREAT").arg(lower).arg(now + 900_000));
+    assert_eq!(release(lower, "me", "60000"), 1);
+    assert_eq!(exists(lower), 0);
+    assert_eq!(get(&floor).as_deref(), Some("200000000"));
+    assert_eq!(expiry(&floor), now + 900_000);
+
+    // No grace (counter and epoch modes keep their keys for good): kept.
+    let kept = "fencelock:{fl}:fourth:lock";
+    acquire(kept, "me", "");
+    assert_eq!(release(kept, "me", ""), 1);
+    assert_eq!(exists(kept), 1);
+
+    // Waiters: kept (with their mark gone, as the script leaves it).
+    let busy = "fencelock:{fl}:fifth:lock";
+    acquire(busy, "me", "60000");
+    assert_eq!(acquire(busy, "you", "60000")[0], 0);
+    assert_eq!(release(busy, "me", "60000"), 1);
+    assert_eq!(exists(busy), 1);
+
+    // A floor key that is not a number: ignored by a grant, and a release keeps the key.
+    let _: () = node.cmd(redis::cmd("SET").arg(&floor).arg("not a number"));
+    let odd = "fencelock:{fl}:sixth:lock";
+    assert!(acquire(odd, "me", "60000")[0] > 1_000_000_000_000_000);
+    assert_eq!(release(odd, "me", "60000"), 1);
+    assert_eq!(exists(odd), 1);
+    assert_eq!(get(&floor).as_deref(), Some("not a number"));
 }
 
 /// A field name made at run time, for a case's fields.

@@ -11,9 +11,10 @@
 //! a key of layout 1.
 
 use crate::epoch;
+use crate::floor;
 use crate::queue;
 use crate::rules::{self, Expiry};
-use crate::server::{Key, Reply};
+use crate::server::{Key, Kind, Reply};
 use crate::state::{self, Buf, State};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
@@ -51,8 +52,9 @@ pub fn run(
     let now_ms = now_us / 1000;
     let key = Key::open(ctx, key_name);
     let mut value = None;
-    let lock = match key.read_state(&mut value) {
-        Ok(lock) => lock.unwrap_or_else(State::free),
+    let (lock, missing) = match key.read_state(&mut value) {
+        Ok(Some(lock)) => (lock, false),
+        Ok(None) => (State::free(), key.kind() == Kind::Empty),
         Err(reply) => return reply,
     };
     let live = lock.live(now_ms);
@@ -96,11 +98,17 @@ pub fn run(
             waiters = None;
         }
     }
+    // A lock without a key: its last fence, if a release deleted the key, is in the floor.
+    let stored = if missing {
+        floor::read(ctx, key.name_bytes())
+    } else {
+        lock.fence
+    };
     let rules::Fence {
         fence,
         behind,
         shift,
-    } = match fence_for(ctx, lock.fence, floor, mode, now_us) {
+    } = match fence_for(ctx, stored, floor, mode, now_us) {
         Ok(f) => f,
         Err(reply) => return reply,
     };

@@ -21,6 +21,7 @@ mod batch;
 mod epoch;
 mod extend;
 mod fair;
+mod floor;
 mod queue;
 mod reenter;
 mod release;
@@ -158,6 +159,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
     }
+    floor::init();
     // (name, handler, flags, first key, last key, key step): the batches name every item's key
     // (last key -1), the renewal every lock key (the routing key is the first of them).
     let packed = batch::STRIDE as c_int;

@@ -10,6 +10,8 @@
 //! `-FALLBACK <reason>` before any write.
 //! Allowed at maxmemory: it writes no more than it frees.
 
+use crate::epoch;
+use crate::floor;
 use crate::queue;
 use crate::rules;
 use crate::server::{Key, Reply};
@@ -88,6 +90,13 @@ pub fn run(
             return Reply::Int(1);
         }
     }
+    if code == 1
+        && waiters.is_none()
+        && lock.holds.is_none()
+        && delete_freed(ctx, &key, lock.fence, grace, now_us)
+    {
+        return Reply::Int(1);
+    }
     if lock.holds.is_some() {
         key.clear_holds();
     }
@@ -108,6 +117,42 @@ pub fn run(
         key.announce(announce == b"s");
     }
     Reply::Int(code)
+}
+
+/// Deletes the key of a lock this release frees, its fence kept in the slot's floor
+/// (floor.rs), when nothing else is in the key (only `until`), a grace was given (a clock
+/// mode: counter and epoch modes keep their keys for good), the key has an expiry and the
+/// fence is not ahead of the clock term; false, nothing written, otherwise.
+fn delete_freed(
+    ctx: *mut redis_module::raw::RedisModuleCtx,
+    key: &Key,
+    fence: u64,
+    grace: Option<u64>,
+    now_us: u64,
+) -> bool {
+    if grace.is_none() || key.len() != 1 {
+        return false;
+    }
+    let expires = key.expire_time();
+    if expires == -1 || !clock_passed(ctx, fence, now_us) {
+        return false;
+    }
+    if !floor::raise(ctx, key.name_bytes(), fence, expires) {
+        return false;
+    }
+    key.delete();
+    true
+}
+
+/// True when `fence` is not above the clock term a grant on this node would start from now:
+/// server µs, plus the config epoch × 2^34 on a cluster (mode `hybrid`).
+fn clock_passed(ctx: *mut redis_module::raw::RedisModuleCtx, fence: u64, now_us: u64) -> bool {
+    if fence <= now_us {
+        return true;
+    }
+    Key::in_cluster(ctx)
+        && epoch::my_epoch(ctx)
+            .is_some_and(|e| fence <= now_us.saturating_add(e.saturating_mul(1 << 34)))
 }
 
 /// A release's arguments after its key (release.lua's and fair_release.lua's ARGV).

@@ -49,6 +49,9 @@ pub fn check_api() -> bool {
             && { raw::RedisModule_ScanCursorCreate }.is_some()
             && { raw::RedisModule_ScanCursorDestroy }.is_some()
             && { raw::RedisModule_ScanKey }.is_some()
+            && { raw::RedisModule_StringDMA }.is_some()
+            && { raw::RedisModule_StringSet }.is_some()
+            && { raw::RedisModule_DeleteKey }.is_some()
     }
 }
 
@@ -104,6 +107,8 @@ pub enum Kind {
     Empty,
     /// A hash (a lock of either layout, or a queue's fields only).
     Hash,
+    /// A string (a slot's floor, floor.rs).
+    String,
     /// Anything else: the scripts' `HGET` fails with WRONGTYPE.
     Other,
 }
@@ -140,6 +145,79 @@ impl Key {
         Key { ctx, key, name }
     }
 
+    /// Opens `name` for reading only (a key the call may not write: it is not created).
+    pub fn open_read(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Key {
+        // SAFETY: as `open`.
+        let key = unsafe { api!(RedisModule_OpenKey)(ctx, name, raw::REDISMODULE_READ as c_int) }
+            .cast::<RedisModuleKey>();
+        Key { ctx, key, name }
+    }
+
+    /// The value of a string key (`GET`; the key must be a string).
+    pub fn string_value(&self) -> Option<&[u8]> {
+        let mut len: usize = 0;
+        // SAFETY: an open string key; the buffer is valid while the key is open and unchanged,
+        // and the returned slice borrows the key.
+        unsafe {
+            let p = api!(RedisModule_StringDMA)(self.key, &mut len, raw::REDISMODULE_READ as c_int);
+            if p.is_null() {
+                return None;
+            }
+            Some(std::slice::from_raw_parts(p.cast::<u8>(), len))
+        }
+    }
+
+    /// `SET key value PXAT ms` (`ms` -1: `SET key value`, no expiry), replicated as that
+    /// command, with its keyspace events (the key is a string or empty, open for writing).
+    pub fn set_string(&self, value: &[u8], ms: i64) {
+        let v = Owned::new(self.ctx, value);
+        // SAFETY: a key open for writing; the strings live until after the replication call.
+        unsafe {
+            api!(RedisModule_StringSet)(self.key, v.ptr);
+            if ms == -1 {
+                api!(RedisModule_Replicate)(
+                    self.ctx,
+                    c"SET".as_ptr(),
+                    c"ss".as_ptr(),
+                    self.name,
+                    v.ptr,
+                );
+            } else {
+                api!(RedisModule_SetAbsExpire)(self.key, ms);
+                api!(RedisModule_Replicate)(
+                    self.ctx,
+                    c"SET".as_ptr(),
+                    c"sscl".as_ptr(),
+                    self.name,
+                    v.ptr,
+                    c"PXAT".as_ptr(),
+                    ms as c_longlong,
+                );
+            }
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_STRING as c_int,
+                c"set".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
+    /// `DEL key`, replicated as that command, with its keyspace event (the key exists).
+    pub fn delete(&self) {
+        // SAFETY: a key open for writing that holds a value.
+        unsafe {
+            api!(RedisModule_DeleteKey)(self.key);
+            api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name);
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx,
+                raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+                c"del".as_ptr(),
+                self.name,
+            );
+        }
+    }
+
     /// The key's name.
     pub fn name_bytes(&self) -> &[u8] {
         bytes(self.name)
@@ -156,6 +234,8 @@ impl Key {
             Kind::Empty
         } else if t == raw::REDISMODULE_KEYTYPE_HASH {
             Kind::Hash
+        } else if t == raw::REDISMODULE_KEYTYPE_STRING {
+            Kind::String
         } else {
             Kind::Other
         }
@@ -173,7 +253,7 @@ impl Key {
                 None if self.hexists(c"fence") => Err(Reply::Error("FALLBACK key layout 1".into())),
                 None => Ok(None),
             },
-            Kind::Other => Err(Reply::Error(
+            Kind::String | Kind::Other => Err(Reply::Error(
                 "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
             )),
         }
@@ -186,7 +266,7 @@ impl Key {
         match self.kind() {
             Kind::Empty => Ok(None),
             Kind::Hash => Ok(self.hget_until()),
-            Kind::Other => Err(Reply::Error(
+            Kind::String | Kind::Other => Err(Reply::Error(
                 "WRONGTYPE Operation against a key holding the wrong kind of value".into(),
             )),
         }
@@ -545,6 +625,14 @@ impl Key {
                 c"persist".as_ptr(),
                 self.name,
             );
+        }
+    }
+
+    /// True when the server runs in cluster mode.
+    pub fn in_cluster(ctx: *mut RedisModuleCtx) -> bool {
+        // SAFETY: the command's context; the function's presence was checked at load.
+        unsafe {
+            api!(RedisModule_GetContextFlags)(ctx) as u32 & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
         }
     }
 
