@@ -843,10 +843,9 @@ fn the_module_releases_as_the_script_does() {
     let plain = ["me", "", "p", "60000"];
     let case =
         |name, until: String, args: &[&'static str]| Case::new(name, until, now + 9000, args);
-    // A plain release of a fence behind the clock deletes the key where the script keeps it:
-    // see the next test. With the fence ahead of the clock both keep it.
     let ahead = "5000000000000005";
     let cases = vec![
+        case("plain", format!("{lease} 123456789 me"), &plain),
         case("plain-ahead", format!("{lease} {ahead} me"), &plain),
         case("announced", format!("{lease} 123456789 me w*"), &plain),
         case("other", format!("{lease} 123456789 you"), &plain),
@@ -916,14 +915,15 @@ fn floor_key(name: &str) -> String {
     )
 }
 
-/// A release the module serves that frees a lock with nothing else in its key, with a grace
-/// (a clock mode) and a fence not ahead of the clock, deletes the key and raises the slot's
-/// floor key to the fence, its expiry to the lock key's (each only when higher); a grant of a
-/// lock without a key, through the module, starts above that floor. A fence ahead of the
-/// clock, no grace, waiters, or a floor key that is not a number keep the key.
+/// With `release-deletes yes`, a release the module serves that frees a lock with nothing
+/// else in its key, with a grace (a clock mode) and a fence not ahead of the clock, deletes the
+/// key and raises the slot's floor key to the fence, its expiry to the lock key's (each only
+/// when higher); a grant of a lock without a key, through the module, starts above that floor.
+/// A fence ahead of the clock, no grace, waiters, or a floor key that is not a number keep the
+/// key. Without the argument the key is kept (the differential test above).
 #[test]
 fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_slots_floor() {
-    let server = Standalone::start_with_module();
+    let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
     let node = &server.node;
     let (key, floor) = ("fencelock:{fl}:lock", floor_key("fl"));
     let acquire = |key: &str, owner: &str, grace: &str| -> Vec<i64> {
@@ -1023,6 +1023,71 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_slots_floor()
     assert_eq!(release(odd, "me", "60000"), 1);
     assert_eq!(exists(odd), 1);
     assert_eq!(get(&floor).as_deref(), Some("not a number"));
+
+    // A server without the argument still reads a floor (one written while it was on, or by a
+    // master that has it on): a grant of a lock without a key starts above it.
+    let off = Standalone::start_with_module();
+    let _: () = off.node.cmd(redis::cmd("SET").arg(&floor).arg(high));
+    let reply = ints(
+        off.node.cmd(
+            redis::cmd("fencelock.acquire")
+                .arg(key)
+                .arg("me")
+                .arg(5000)
+                .arg(0)
+                .arg("clock")
+                .arg("60000"),
+        ),
+    );
+    assert_eq!(&reply[..2], &[1, high + 1], "{reply:?}");
+
+    // A bad load argument: the module does not load, and the log says why.
+    let bad = fencelock_module_refuses(&["release-deletes", "maybe"]);
+    assert!(bad.contains("release-deletes takes yes or no"), "{bad}");
+}
+
+/// Starts `redis-server --loadmodule PATH args…` (a unix socket, no TCP port) and returns its log once it has
+/// exited: the module refused to load. A server still running after 20 s is stopped by its
+/// pid and the test fails.
+fn fencelock_module_refuses(module_args: &[&str]) -> String {
+    let dir = std::env::temp_dir().join(format!("fencelock-module-args-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let log = dir.join("redis.log");
+    let mut child = std::process::Command::new("redis-server")
+        .arg("--port")
+        .arg("0")
+        .arg("--save")
+        .arg("")
+        .arg("--unixsocket")
+        .arg(dir.join("redis.sock"))
+        .arg("--dir")
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(&log)
+        .arg("--loadmodule")
+        .arg(common::module::module_path())
+        .args(module_args)
+        .spawn()
+        .expect("redis-server runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the server's status") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the server ran with a bad module argument: {text}"
+    );
+    text
 }
 
 /// A field name made at run time, for a case's fields.

@@ -17,27 +17,57 @@
 //! the clock steps back; the floor key, kept as long as the lock key would have been, covers
 //! a step back for the grants the module makes, as the key did before.
 
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
-use crate::server::{Key, Kind, Owned};
+use redis_module::raw::RedisModuleString;
+
+use crate::server::{self, Key, Kind, Owned};
+
+/// Whether releases delete freed locks' keys (the module's load argument `release-deletes`).
+static RELEASE_DELETES: AtomicBool = AtomicBool::new(false);
+
+/// Sets whether releases delete freed locks' keys (at load).
+pub fn set_release_deletes(on: bool) {
+    RELEASE_DELETES.store(on, Ordering::Relaxed);
+}
+
+/// True when releases delete freed locks' keys; grants read the floor either way (a floor
+/// written while it was on, or by a master that has it on, still counts).
+pub fn release_deletes() -> bool {
+    RELEASE_DELETES.load(Ordering::Relaxed)
+}
 
 /// Hash slots in a cluster.
 const SLOTS: usize = 16384;
 
-/// CRC16-XMODEM (polynomial 0x1021, initial 0), the one Redis Cluster hashes keys with.
-pub fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in data {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
+/// CRC16-XMODEM's table (polynomial 0x1021), built at compile time.
+const CRC_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc
+    table
+};
+
+/// CRC16-XMODEM (polynomial 0x1021, initial 0), the one Redis Cluster hashes keys with.
+pub fn crc16(data: &[u8]) -> u16 {
+    data.iter().fold(0u16, |crc, &byte| {
+        (crc << 8) ^ CRC_TABLE[usize::from((crc >> 8) as u8 ^ byte)]
+    })
 }
 
 /// The hash slot of `key`: of its hash tag (the bytes between the first `{` and the next `}`,
@@ -94,14 +124,44 @@ pub fn key_for(lock_key: &[u8]) -> Option<Vec<u8>> {
     Some(name)
 }
 
+/// Per slot, the server string of the last floor key named there (kept for the module's life,
+/// never freed: one per slot at most): a release or a grant of a lock without a key neither
+/// formats nor allocates the name again while its prefix stays the same.
+static NAMES: [AtomicPtr<RedisModuleString>; SLOTS] =
+    [const { AtomicPtr::new(ptr::null_mut()) }; SLOTS];
+
+/// The floor key's name for `lock_key` as a server string: the cached one when it has the
+/// same prefix, else made (and cached); `None` for a key without a hash tag.
+fn name_for(lock_key: &[u8]) -> Option<*mut RedisModuleString> {
+    let open = lock_key.iter().position(|&b| b == b'{')?;
+    tag_of(lock_key)?;
+    let slot = usize::from(slot_of(lock_key));
+    let tag = tags().get(slot)?;
+    let cached = NAMES[slot].load(Ordering::Relaxed);
+    if !cached.is_null() {
+        let name = server::bytes(cached);
+        if name.len() == open + tag.len() + 8 && name[..open] == lock_key[..open] {
+            return Some(cached);
+        }
+    }
+    let made = Owned::retained(&key_for(lock_key)?);
+    if made.is_null() {
+        return None;
+    }
+    let old = NAMES[slot].swap(made, Ordering::Relaxed);
+    if !old.is_null() {
+        Owned::free_retained(old);
+    }
+    Some(made)
+}
+
 /// The floor of `lock_key`'s slot: the highest fence of a lock whose key a release deleted
 /// (0 for none, and for a floor key that does not hold a number).
 pub fn read(ctx: *mut redis_module::raw::RedisModuleCtx, lock_key: &[u8]) -> u64 {
-    let Some(name) = key_for(lock_key) else {
+    let Some(name) = name_for(lock_key) else {
         return 0;
     };
-    let name = Owned::new(ctx, &name);
-    let key = Key::open_read(ctx, name.ptr);
+    let key = Key::open_read(ctx, name);
     match key.kind() {
         Kind::String => key
             .string_value()
@@ -121,11 +181,10 @@ pub fn raise(
     fence: u64,
     expires_ms: i64,
 ) -> bool {
-    let Some(name) = key_for(lock_key) else {
+    let Some(name) = name_for(lock_key) else {
         return false;
     };
-    let name = Owned::new(ctx, &name);
-    let key = Key::open(ctx, name.ptr);
+    let key = Key::open(ctx, name);
     let (stored, expiry) = match key.kind() {
         Kind::Empty => (None, -1),
         Kind::String => match key.string_value().and_then(crate::state::parse_u64) {

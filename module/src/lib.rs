@@ -150,14 +150,48 @@ extern "C" fn release_command(
     handle(ctx, argv, argc, release::run)
 }
 
+/// The module's load arguments (`loadmodule PATH [release-deletes yes|no]`): whether a
+/// release deletes a freed lock's key and keeps its fence in the slot's floor (floor.rs; off by
+/// default: the key is kept as the scripts keep it). `Err` names what is wrong.
+fn options(args: &[String]) -> Result<bool, String> {
+    let mut deletes = false;
+    let mut rest = args.iter();
+    while let Some(name) = rest.next() {
+        let value = rest.next().map(|v| v.to_ascii_lowercase());
+        match (name.to_ascii_lowercase().as_str(), value.as_deref()) {
+            ("release-deletes", Some("yes")) => deletes = true,
+            ("release-deletes", Some("no")) => deletes = false,
+            ("release-deletes", _) => {
+                return Err(
+                    "release-deletes takes yes or no (loadmodule PATH release-deletes yes)".into(),
+                )
+            }
+            (other, _) => {
+                return Err(format!(
+                    "unknown module argument {other:?}: the one argument is release-deletes yes|no"
+                ))
+            }
+        }
+    }
+    Ok(deletes)
+}
+
 type Command = extern "C" fn(*mut RedisModuleCtx, *mut *mut RedisModuleString, c_int) -> c_int;
 
 /// Registers the commands: the key is the first argument, a batch's keys every item's first
 /// (COMMAND GETKEYS, cluster routing).
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     if !server::check_api() || !epoch::check_api() || !server::init_strings() {
         ctx.log_warning("fencelock: this server lacks a module API function the commands need");
         return Status::Err;
+    }
+    let args: Vec<String> = args.iter().map(|a| a.to_string_lossy()).collect();
+    match options(&args) {
+        Ok(deletes) => floor::set_release_deletes(deletes),
+        Err(message) => {
+            ctx.log_warning(&format!("fencelock: {message}"));
+            return Status::Err;
+        }
     }
     floor::init();
     // (name, handler, flags, first key, last key, key step): the batches name every item's key
@@ -321,4 +355,22 @@ redis_module! {
     allocator: (ModuleAlloc, MODULE_ALLOC),
     data_types: [],
     init: init,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::options;
+
+    #[test]
+    fn load_arguments() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(options(&args(&[])), Ok(false));
+        assert_eq!(options(&args(&["release-deletes", "yes"])), Ok(true));
+        assert_eq!(options(&args(&["RELEASE-DELETES", "No"])), Ok(false));
+        assert!(options(&args(&["release-deletes"])).is_err());
+        assert!(options(&args(&["release-deletes", "maybe"])).is_err());
+        assert!(options(&args(&["other", "yes"]))
+            .unwrap_err()
+            .contains("other"));
+    }
 }

@@ -130,7 +130,7 @@ fn delete_freed(
     grace: Option<u64>,
     now_us: u64,
 ) -> bool {
-    if grace.is_none() || key.len() != 1 {
+    if !floor::release_deletes() || grace.is_none() || key.len() != 1 {
         return false;
     }
     let expires = key.expire_time();

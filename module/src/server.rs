@@ -85,6 +85,24 @@ impl Owned {
         Owned { ctx, ptr }
     }
 
+    /// A new server string holding `data`, without a context: kept until `free_retained`.
+    pub fn retained(data: &[u8]) -> *mut RedisModuleString {
+        // SAFETY: copies `data` into a new string that no call's context frees.
+        unsafe {
+            api!(RedisModule_CreateString)(
+                ptr::null_mut(),
+                data.as_ptr().cast::<c_char>(),
+                data.len(),
+            )
+        }
+    }
+
+    /// Frees a string made by `retained`.
+    pub fn free_retained(s: *mut RedisModuleString) {
+        // SAFETY: made by `retained`, freed once (its holder dropped it).
+        unsafe { api!(RedisModule_FreeString)(ptr::null_mut(), s) }
+    }
+
     /// Its bytes.
     pub fn bytes(&self) -> &[u8] {
         bytes(self.ptr)

@@ -57,7 +57,14 @@ pub fn load_args() -> Vec<String> {
 impl Standalone {
     /// A standalone server that loads the module.
     pub fn start_with_module() -> Self {
-        let args = load_args();
+        Self::start_with_module_args(&[])
+    }
+
+    /// A standalone server that loads the module with load arguments `module_args` (e.g.
+    /// `release-deletes yes`).
+    pub fn start_with_module_args(module_args: &[&str]) -> Self {
+        let mut args = load_args();
+        args.splice(2..2, module_args.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Self {
             node: Node::spawn_launched(&args, Launch::default()),
