@@ -32,7 +32,8 @@
 #     loaded, and the lines fencelock-module and fencelock-module-batched-16: the pairs of
 #     fencelock-single and fencelock-batched-16 sent as the module's commands, and
 #     module-handoff-Q-queued and module-fair-handoff-Q-queued: mutex-handoff-Q-queued and
-#     fair-handoff-Q-queued as the module's commands)
+#     fair-handoff-Q-queued as the module's commands; MODULE_ARGS="release-deletes yes" passes
+#     the module its load arguments: docs/module.md)
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -68,7 +69,11 @@ fi
 
 module=${MODULE:-}
 load_module=()
-if [ -n "$module" ]; then load_module=(--loadmodule "$(cd "$(dirname "$module")" && pwd)/$(basename "$module")"); fi
+if [ -n "$module" ]; then
+  load_module=(--loadmodule "$(cd "$(dirname "$module")" && pwd)/$(basename "$module")")
+  # shellcheck disable=SC2206
+  load_module+=(${MODULE_ARGS:-})
+fi
 valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   "${load_module[@]}" >"$dir/valgrind.log" 2>&1 &

@@ -906,26 +906,21 @@ fn the_module_releases_as_the_script_does() {
     differential(&server, "fencelock.release", "release", cases);
 }
 
-/// The floor key of `name`'s slot (a lock placed by name under the prefix `fencelock`).
-fn floor_key(name: &str) -> String {
-    let slot = fencelock::slot_of(name.as_bytes());
-    format!(
-        "fencelock:{{{}}}:floor",
-        fencelock::tag_for_slot(slot).unwrap()
-    )
-}
+/// The floor key of the locks under the prefix `fencelock`.
+const FLOOR_KEY: &str = "fencelock:{floor}:floor";
 
-/// With `release-deletes yes`, a release the module serves that frees a lock with nothing
-/// else in its key, with a grace (a clock mode) and a fence not ahead of the clock, deletes the
-/// key and raises the slot's floor key to the fence, its expiry to the lock key's (each only
-/// when higher); a grant of a lock without a key, through the module, starts above that floor.
-/// A fence ahead of the clock, no grace, waiters, or a floor key that is not a number keep the
-/// key. Without the argument the key is kept (the differential test above).
+/// With `release-deletes yes` (a standalone server), a release the module serves that frees a
+/// lock with nothing else in its key, with a grace (a clock mode) and a fence not ahead of the
+/// clock, deletes the key and raises the prefix's floor key to the fence, its expiry to the lock
+/// key's (each only when higher); a grant of a lock without a key, through the module, starts
+/// above that floor. A fence ahead of the clock, no grace, waiters, or a floor key that is not a
+/// number keep the key. Without the argument the key is kept (the differential test above); a
+/// server in cluster mode refuses the argument.
 #[test]
-fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_slots_floor() {
+fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
     let node = &server.node;
-    let (key, floor) = ("fencelock:{fl}:lock", floor_key("fl"));
+    let (key, floor) = ("fencelock:{fl}:lock", FLOOR_KEY.to_owned());
     let acquire = |key: &str, owner: &str, grace: &str| -> Vec<i64> {
         ints(
             node.cmd(
@@ -1041,15 +1036,19 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_slots_floor()
     );
     assert_eq!(&reply[..2], &[1, high + 1], "{reply:?}");
 
-    // A bad load argument: the module does not load, and the log says why.
-    let bad = fencelock_module_refuses(&["release-deletes", "maybe"]);
+    // A bad load argument, or the argument in cluster mode: the module does not load, and the
+    // log says why.
+    let bad = fencelock_module_refuses(&["release-deletes", "maybe"], &[]);
     assert!(bad.contains("release-deletes takes yes or no"), "{bad}");
+    let cluster =
+        fencelock_module_refuses(&["release-deletes", "yes"], &["--cluster-enabled", "yes"]);
+    assert!(cluster.contains("for standalone servers"), "{cluster}");
 }
 
-/// Starts `redis-server --loadmodule PATH args…` (a unix socket, no TCP port) and returns its log once it has
-/// exited: the module refused to load. A server still running after 20 s is stopped by its
-/// pid and the test fails.
-fn fencelock_module_refuses(module_args: &[&str]) -> String {
+/// Starts `redis-server server_args… --loadmodule PATH module_args…` (a unix socket, no TCP
+/// port) and returns its log once it has exited: the module refused to load. A server still
+/// running after 20 s is stopped by its pid and the test fails.
+fn fencelock_module_refuses(module_args: &[&str], server_args: &[&str]) -> String {
     let dir = std::env::temp_dir().join(format!("fencelock-module-args-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let log = dir.join("redis.log");
@@ -1064,6 +1063,9 @@ fn fencelock_module_refuses(module_args: &[&str]) -> String {
         .arg(&dir)
         .arg("--logfile")
         .arg(&log)
+        .arg("--cluster-config-file")
+        .arg(dir.join("nodes.conf"))
+        .args(server_args)
         .arg("--loadmodule")
         .arg(common::module::module_path())
         .args(module_args)

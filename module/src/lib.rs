@@ -151,8 +151,9 @@ extern "C" fn release_command(
 }
 
 /// The module's load arguments (`loadmodule PATH [release-deletes yes|no]`): whether a
-/// release deletes a freed lock's key and keeps its fence in the slot's floor (floor.rs; off by
-/// default: the key is kept as the scripts keep it). `Err` names what is wrong.
+/// release deletes a freed lock's key and keeps its fence in the floor (floor.rs; off by
+/// default: the key is kept as the scripts keep it; standalone servers only). `Err` names what
+/// is wrong.
 fn options(args: &[String]) -> Result<bool, String> {
     let mut deletes = false;
     let mut rest = args.iter();
@@ -186,14 +187,25 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
         return Status::Err;
     }
     let args: Vec<String> = args.iter().map(|a| a.to_string_lossy()).collect();
+    // SAFETY: the load's context; the function's presence was checked above (check_api).
+    let cluster = unsafe {
+        { raw::RedisModule_GetContextFlags }
+            .is_some_and(|f| f(ctx.ctx) as u32 & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0)
+    };
     match options(&args) {
+        Ok(true) if cluster => {
+            ctx.log_warning(
+                "fencelock: release-deletes yes is for standalone servers: in cluster mode a slot \
+                 migration would find the floor key on both nodes (docs/module.md)",
+            );
+            return Status::Err;
+        }
         Ok(deletes) => floor::set_release_deletes(deletes),
         Err(message) => {
             ctx.log_warning(&format!("fencelock: {message}"));
             return Status::Err;
         }
     }
-    floor::init();
     // (name, handler, flags, first key, last key, key step): the batches name every item's key
     // (last key -1), the renewal every lock key (the routing key is the first of them).
     let packed = batch::STRIDE as c_int;

@@ -10,7 +10,6 @@
 //! `-FALLBACK <reason>` before any write.
 //! Allowed at maxmemory: it writes no more than it frees.
 
-use crate::epoch;
 use crate::floor;
 use crate::queue;
 use crate::rules;
@@ -119,10 +118,11 @@ pub fn run(
     Reply::Int(code)
 }
 
-/// Deletes the key of a lock this release frees, its fence kept in the slot's floor
-/// (floor.rs), when nothing else is in the key (only `until`), a grace was given (a clock
-/// mode: counter and epoch modes keep their keys for good), the key has an expiry and the
-/// fence is not ahead of the clock term; false, nothing written, otherwise.
+/// Deletes the key of a lock this release frees, its fence kept in the floor (floor.rs), when
+/// the module was loaded with `release-deletes yes` on a standalone server, nothing else is in
+/// the key (only `until`), a grace was given (a clock mode: counter and epoch modes keep their
+/// keys for good), the key has an expiry and the fence is not ahead of the server's clock;
+/// false, nothing written, otherwise.
 fn delete_freed(
     ctx: *mut redis_module::raw::RedisModuleCtx,
     key: &Key,
@@ -130,29 +130,15 @@ fn delete_freed(
     grace: Option<u64>,
     now_us: u64,
 ) -> bool {
-    if !floor::release_deletes() || grace.is_none() || key.len() != 1 {
+    if grace.is_none() || fence > now_us || !floor::release_deletes(ctx) || key.len() != 1 {
         return false;
     }
     let expires = key.expire_time();
-    if expires == -1 || !clock_passed(ctx, fence, now_us) {
-        return false;
-    }
-    if !floor::raise(ctx, key.name_bytes(), fence, expires) {
+    if expires == -1 || !floor::raise(ctx, key.name_bytes(), fence, expires) {
         return false;
     }
     key.delete();
     true
-}
-
-/// True when `fence` is not above the clock term a grant on this node would start from now:
-/// server µs, plus the config epoch × 2^34 on a cluster (mode `hybrid`).
-fn clock_passed(ctx: *mut redis_module::raw::RedisModuleCtx, fence: u64, now_us: u64) -> bool {
-    if fence <= now_us {
-        return true;
-    }
-    Key::in_cluster(ctx)
-        && epoch::my_epoch(ctx)
-            .is_some_and(|e| fence <= now_us.saturating_add(e.saturating_mul(1 << 34)))
 }
 
 /// A release's arguments after its key (release.lua's and fair_release.lua's ARGV).

@@ -43,15 +43,19 @@ pub fn module_path() -> PathBuf {
     .clone()
 }
 
-/// `--loadmodule PATH` for a server's command line (and `MODULE` allowed from loopback, for
-/// tests that unload it).
+/// `--loadmodule PATH [ARGS]` for a server's command line (and `MODULE` allowed from loopback,
+/// for tests that unload it). ARGS: the module's load arguments in `FENCELOCK_MODULE_ARGS`
+/// (split on whitespace, e.g. `release-deletes yes`), none by default.
 pub fn load_args() -> Vec<String> {
-    vec![
+    let mut args = vec![
         "--loadmodule".to_owned(),
         module_path().display().to_string(),
-        "--enable-module-command".to_owned(),
-        "local".to_owned(),
-    ]
+    ];
+    if let Ok(extra) = std::env::var("FENCELOCK_MODULE_ARGS") {
+        args.extend(extra.split_whitespace().map(str::to_owned));
+    }
+    args.extend(["--enable-module-command".to_owned(), "local".to_owned()]);
+    args
 }
 
 impl Standalone {
