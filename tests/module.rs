@@ -837,7 +837,7 @@ async fn the_watchdog_renews_and_reentries_go_through_the_module() {
 
 #[test]
 fn the_module_releases_as_the_script_does() {
-    let server = Standalone::start_with_module();
+    let server = Standalone::start_with_module_args(&[]);
     let now = server_ms(&server);
     let lease = format!("{}", now + 5000);
     let plain = ["me", "", "p", "60000"];
@@ -1021,7 +1021,7 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
 
     // A server without the argument still reads a floor (one written while it was on, or by a
     // master that has it on): a grant of a lock without a key starts above it.
-    let off = Standalone::start_with_module();
+    let off = Standalone::start_with_module_args(&[]);
     let _: () = off.node.cmd(redis::cmd("SET").arg(&floor).arg(high));
     let reply = ints(
         off.node.cmd(
@@ -1043,6 +1043,88 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let cluster =
         fencelock_module_refuses(&["release-deletes", "yes"], &["--cluster-enabled", "yes"]);
     assert!(cluster.contains("for standalone servers"), "{cluster}");
+}
+
+/// Standalone, `release-deletes yes`: the floor reaches a replica with the key's deletion, and
+/// a replica promoted with its clock 5 s behind grants a lock whose key the old master deleted
+/// above the deleted fence through the module (it reads the replicated floor). Through the
+/// scripts, which do not read the floor, the same grant comes from the replica's clock and is
+/// below it: the limit `docs/safety.md` states ("Deleted keys and the floor"), shown here.
+#[test]
+fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence() {
+    let shim = common::netns::ClockShim::build();
+    let master = Standalone::start_with_module_args(&["release-deletes", "yes"]);
+    let mut args = common::module::load_args(false);
+    args.splice(2..2, ["release-deletes".to_owned(), "yes".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let replica = common::Node::spawn_launched(&args, shim.launch(common::Launch::default()));
+    common::netns::set_clock_offset(&replica, -5000);
+    let _: () = replica.cmd(
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.node.port),
+    );
+    common::wait_until("the replica in sync", Duration::from_secs(10), || {
+        replica
+            .info("replication")
+            .contains("master_link_status:up")
+    });
+
+    let grant = |node: &common::Node, key: &str, owner: &str| -> Vec<i64> {
+        ints(
+            node.cmd(
+                redis::cmd("fencelock.acquire")
+                    .arg(key)
+                    .arg(owner)
+                    .arg(5000)
+                    .arg(0)
+                    .arg("clock")
+                    .arg(60_000),
+            ),
+        )
+    };
+    let (a, b) = ("fencelock:{promoted-a}:lock", "fencelock:{promoted-b}:lock");
+    let mut fences = Vec::new();
+    for key in [a, b] {
+        fences.push(grant(&master.node, key, "me")[0]);
+        let released: i64 = master.node.cmd(
+            redis::cmd("fencelock.release")
+                .arg(key)
+                .arg("me")
+                .arg("")
+                .arg("p")
+                .arg(60_000),
+        );
+        assert_eq!(released, 1);
+    }
+    let acked: i64 = master.node.cmd(redis::cmd("WAIT").arg(1).arg(5000));
+    assert_eq!(acked, 1);
+    let exists: i64 = replica.cmd(redis::cmd("EXISTS").arg(a).arg(b));
+    let floor: Option<String> = replica.cmd(redis::cmd("GET").arg(FLOOR_KEY));
+    assert_eq!((exists, floor), (0, Some(fences[1].to_string())));
+
+    let _: () = replica.cmd(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+    let by_module = grant(&replica, a, "you");
+    assert_eq!(by_module[..2], [1, fences[1] + 1], "{by_module:?}");
+    let script = fencelock::lua_scripts()
+        .find(|s| s.name == "acquire")
+        .expect("the script");
+    let by_script: i64 = replica.cmd(
+        redis::cmd("EVAL")
+            .arg(script.source)
+            .arg(1)
+            .arg(b)
+            .arg("you")
+            .arg(5000)
+            .arg(0)
+            .arg("clock")
+            .arg(60_000),
+    );
+    assert!(
+        by_script < fences[1],
+        "the replica's clock is 5 s behind: {by_script} vs {}",
+        fences[1]
+    );
 }
 
 /// Starts `redis-server server_args… --loadmodule PATH module_args…` (a unix socket, no TCP

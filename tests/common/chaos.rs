@@ -418,7 +418,7 @@ impl Env {
     fn start(fault: Fault, module: bool) -> Env {
         let (mut net, mut runtimes, mut shim) = (None, Vec::new(), None);
         let extra = if module {
-            super::module::load_args()
+            super::module::load_args(fault == Fault::StandaloneRestartEmpty)
         } else {
             Vec::new()
         };

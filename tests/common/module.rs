@@ -44,30 +44,38 @@ pub fn module_path() -> PathBuf {
 }
 
 /// `--loadmodule PATH [ARGS]` for a server's command line (and `MODULE` allowed from loopback,
-/// for tests that unload it). ARGS: the module's load arguments in `FENCELOCK_MODULE_ARGS`
-/// (split on whitespace, e.g. `release-deletes yes`), none by default.
-pub fn load_args() -> Vec<String> {
+/// for tests that unload it). ARGS, for a standalone server (`standalone`) only: the module's
+/// load arguments in `FENCELOCK_MODULE_ARGS` (split on whitespace, e.g. `release-deletes yes`,
+/// which a node in cluster mode refuses), none by default.
+pub fn load_args(standalone: bool) -> Vec<String> {
     let mut args = vec![
         "--loadmodule".to_owned(),
         module_path().display().to_string(),
     ];
-    if let Ok(extra) = std::env::var("FENCELOCK_MODULE_ARGS") {
-        args.extend(extra.split_whitespace().map(str::to_owned));
+    if standalone {
+        if let Ok(extra) = std::env::var("FENCELOCK_MODULE_ARGS") {
+            args.extend(extra.split_whitespace().map(str::to_owned));
+        }
     }
     args.extend(["--enable-module-command".to_owned(), "local".to_owned()]);
     args
 }
 
 impl Standalone {
-    /// A standalone server that loads the module.
+    /// A standalone server that loads the module (with `FENCELOCK_MODULE_ARGS`, see
+    /// `load_args`).
     pub fn start_with_module() -> Self {
-        Self::start_with_module_args(&[])
+        let args = load_args(true);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self {
+            node: Node::spawn_launched(&args, Launch::default()),
+        }
     }
 
-    /// A standalone server that loads the module with load arguments `module_args` (e.g.
-    /// `release-deletes yes`).
+    /// A standalone server that loads the module with exactly the load arguments `module_args`
+    /// (e.g. `release-deletes yes`; `FENCELOCK_MODULE_ARGS` ignored).
     pub fn start_with_module_args(module_args: &[&str]) -> Self {
-        let mut args = load_args();
+        let mut args = load_args(false);
         args.splice(2..2, module_args.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Self {
@@ -79,6 +87,6 @@ impl Standalone {
 impl Cluster {
     /// A 3-master/3-replica cluster whose nodes all load the module.
     pub fn start_with_module() -> Self {
-        Self::start_with_args(&load_args(), |_| Launch::default())
+        Self::start_with_args(&load_args(false), |_| Launch::default())
     }
 }
