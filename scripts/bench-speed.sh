@@ -11,7 +11,8 @@
 # With MODULE=/path/to/libfencelock_module.so (scripts/build-module.sh) every server loads
 # fencelock's Redis module (issue 24): the `fencelock` lines then go through it (the client's
 # default, ModuleUse::Auto), and (a) and (c) also measure `fencelock-scripts` (the module off)
-# in the same run.
+# in the same run. MODULE_ARGS (e.g. "release-deletes yes", docs/module.md) are the standalone
+# server's module load arguments (a cluster's nodes refuse that one and load the module without).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -39,9 +40,11 @@ fencelock=$tdir/release/fencelock
 
 module_args=""; libs=fencelock,rslock
 if [ -n "${MODULE:-}" ]; then module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock; fi
+standalone_module_args=$module_args
+if [ -n "${MODULE:-}" ]; then standalone_module_args="$module_args ${MODULE_ARGS:-}"; fi
 # shellcheck disable=SC2086
 redis-server --port "$base" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
-  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" $module_args
+  --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" $standalone_module_args
 until redis-cli -p "$base" ping >/dev/null 2>&1; do sleep 0.05; done
 REDIS_ARGS="$module_args" scripts/cluster.sh up --base-port "$cport" >/dev/null
 

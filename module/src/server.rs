@@ -125,7 +125,7 @@ pub enum Kind {
     Empty,
     /// A hash (a lock of either layout, or a queue's fields only).
     Hash,
-    /// A string (a slot's floor, floor.rs).
+    /// A string (the floor, floor.rs).
     String,
     /// Anything else: the scripts' `HGET` fails with WRONGTYPE.
     Other,
