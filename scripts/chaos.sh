@@ -14,8 +14,8 @@
 # shim tests/common/clockshim.c); restart-empty, standalone-restart-empty (restarts without
 # persistence). --fence runs each fault once per fence mode (clock, epoch, counter, epoch-clock;
 # default: the library default, epoch-clock). --module on: every server loads fencelock's Redis
-# module (built with scripts/build-module.sh unless FENCELOCK_MODULE names the .so), with the load
-# arguments in FENCELOCK_MODULE_ARGS (e.g. "release-deletes yes"), which the clients then use
+# module (built with scripts/build-module.sh unless FENCELOCK_MODULE names the .so), a standalone
+# server with the load arguments in FENCELOCK_MODULE_ARGS (e.g. "release-deletes yes"), which the clients then use
 # where it serves (issue 24); --workers 1 (default 4 per lane) leaves a lane's
 # lock uncontended. Contended, the mutex lane's waiters queue on the server, and the module
 # serves their places and the handoffs too.

@@ -216,7 +216,8 @@ impl LockKeys {
 
     /// The lock's key: a hash with the last fence granted and the current owner and lease end
     /// (removed on release). In clock mode the key expires once its lease and fence are past by
-    /// the client's expiry grace; in counter and epoch modes it has no TTL.
+    /// the client's expiry grace (or is deleted at its release, by a standalone server whose
+    /// module was loaded with `release-deletes yes`); in counter and epoch modes it has no TTL.
     pub fn lock_key(&self) -> &str {
         &self.text[..self.key_len]
     }

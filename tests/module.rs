@@ -959,7 +959,7 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     // A resent release finds no key: no live lease, as for a key kept free.
     assert_eq!(release(key, "me", "60000"), 0);
 
-    // A floor ahead of the clock: the next grant of a lock without a key in that slot is
+    // A floor ahead of the clock: the next grant of a lock without a key under that prefix is
     // above it (reported as ahead of the clock), and its release keeps the key.
     let high = 5_000_000_000_000_000_i64;
     let _: () = node.cmd(
@@ -1003,6 +1003,25 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     acquire(kept, "me", "");
     assert_eq!(release(kept, "me", ""), 1);
     assert_eq!(exists(kept), 1);
+    // And a grant without a grace does not read the floor: a counter starts at 1, as the
+    // script's does.
+    let counter: i64 = node.cmd(
+        redis::cmd("fencelock.acquire")
+            .arg("fencelock:{fl}:counter:lock")
+            .arg("me")
+            .arg(5000)
+            .arg(0)
+            .arg("counter")
+            .arg(""),
+    );
+    assert_eq!(counter, 1);
+
+    // Another field in the key (here a forced unlock's mark of another owner): kept.
+    let marked = "fencelock:{fl}:marked:lock";
+    acquire(marked, "me", "60000");
+    let _: () = node.cmd(redis::cmd("HSET").arg(marked).arg("forced").arg("other"));
+    assert_eq!(release(marked, "me", "60000"), 1);
+    assert_eq!(exists(marked), 1);
 
     // Waiters: kept (with their mark gone, as the script leaves it).
     let busy = "fencelock:{fl}:fifth:lock";
@@ -1127,16 +1146,19 @@ fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence()
     );
 }
 
-/// Starts `redis-server server_args… --loadmodule PATH module_args…` (a unix socket, no TCP
-/// port) and returns its log once it has exited: the module refused to load. A server still
+/// Starts `redis-server server_args… --loadmodule PATH module_args…` (on a free port of
+/// 127.0.0.1, its cluster bus port free too) and returns its log once it has exited: the module refused to load. A server still
 /// running after 20 s is stopped by its pid and the test fails.
 fn fencelock_module_refuses(module_args: &[&str], server_args: &[&str]) -> String {
     let dir = std::env::temp_dir().join(format!("fencelock-module-args-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let log = dir.join("redis.log");
+    let port = common::free_port();
     let mut child = std::process::Command::new("redis-server")
         .arg("--port")
-        .arg("0")
+        .arg(port.to_string())
+        .arg("--bind")
+        .arg("127.0.0.1")
         .arg("--save")
         .arg("")
         .arg("--unixsocket")

@@ -8,13 +8,15 @@
 //! head or, with no live place, to the caller (queue.rs, `acquire_free`). The rest answers
 //! `-FALLBACK <reason>` before any write, for the client to send through the script: a
 //! re-entered lock's leftover holds, a queue whose fields the scripts would read otherwise and
-//! a key of layout 1.
+//! a key of layout 1. One difference from the script: on a standalone server a grant in a clock
+//! mode of a lock without a state takes the floor (floor.rs) as its last fence, where the
+//! script, which does not read it, takes 0.
 
 use crate::epoch;
 use crate::floor;
 use crate::queue;
 use crate::rules::{self, Expiry};
-use crate::server::{Key, Kind, Reply};
+use crate::server::{Key, Reply};
 use crate::state::{self, Buf, State};
 
 /// Serves one call; `args` are the command's arguments after its name (key first).
@@ -54,7 +56,7 @@ pub fn run(
     let mut value = None;
     let (lock, missing) = match key.read_state(&mut value) {
         Ok(Some(lock)) => (lock, false),
-        Ok(None) => (State::free(), key.kind() == Kind::Empty),
+        Ok(None) => (State::free(), true),
         Err(reply) => return reply,
     };
     let live = lock.live(now_ms);
@@ -98,8 +100,9 @@ pub fn run(
             waiters = None;
         }
     }
-    // A lock without a key: its last fence, if a release deleted the key, is in the floor.
-    let stored = if missing {
+    // A lock without a state in a clock mode (a grace given): its last fence, if a release
+    // deleted the key, is in the floor.
+    let stored = if missing && grace.is_some() {
         floor::read(ctx, key.name_bytes())
     } else {
         lock.fence

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use crate::server::{self, Key, Kind, Owned};
-use crate::state::{parse_u64, Buf};
+use crate::state::Buf;
 
 /// Whether releases delete freed locks' keys (the module's load argument `release-deletes`).
 static RELEASE_DELETES: AtomicBool = AtomicBool::new(false);
@@ -94,7 +94,7 @@ pub fn read(ctx: *mut RedisModuleCtx, lock_key: &[u8]) -> u64 {
     };
     let key = Key::open_read(ctx, name);
     match key.kind() {
-        Kind::String => key.string_value().and_then(parse_u64).unwrap_or(0),
+        Kind::String => key.string_u64().unwrap_or(0),
         _ => 0,
     }
 }
@@ -110,7 +110,7 @@ pub fn raise(ctx: *mut RedisModuleCtx, lock_key: &[u8], fence: u64, expires_ms: 
     let key = Key::open(ctx, name);
     let (stored, expiry) = match key.kind() {
         Kind::Empty => (None, -1),
-        Kind::String => match key.string_value().and_then(parse_u64) {
+        Kind::String => match key.string_u64() {
             Some(n) => (Some(n), key.expire_time()),
             None => return false,
         },

@@ -14,7 +14,8 @@
 //! Safety inside the server: every argument is validated with an error reply, every call runs
 //! under `catch_unwind` (a panic becomes an error reply, never unwinds into Redis), and the
 //! effects are replicated as the commands the scripts run (`HSET`, `HDEL`, `PEXPIREAT`,
-//! `PERSIST`), never the command itself: it reads the clock.
+//! `PERSIST`; with `release-deletes yes` also `SET … PXAT` of the floor and `DEL`, floor.rs),
+//! never the command itself: it reads the clock.
 
 mod acquire;
 mod batch;

@@ -7,7 +7,9 @@
 //! (`waiters` `q`), the grant to the queue's head announced on its client's channel (queue.rs,
 //! the handoff of issue 25); another owner's or an expired lock answered as the script does. A
 //! key of layout 1, and a queue whose fields the scripts would read otherwise, answer
-//! `-FALLBACK <reason>` before any write.
+//! `-FALLBACK <reason>` before any write. One difference from the script: loaded with
+//! `release-deletes yes` on a standalone server, the module deletes a freed lock's key and keeps
+//! its fence in the floor (floor.rs, `delete_freed`) where the script keeps the key.
 //! Allowed at maxmemory: it writes no more than it frees.
 
 use crate::floor;
@@ -120,9 +122,10 @@ pub fn run(
 
 /// Deletes the key of a lock this release frees, its fence kept in the floor (floor.rs), when
 /// the module was loaded with `release-deletes yes` on a standalone server, nothing else is in
-/// the key (only `until`), a grace was given (a clock mode: counter and epoch modes keep their
-/// keys for good), the key has an expiry and the fence is not ahead of the server's clock;
-/// false, nothing written, otherwise.
+/// the key (only `until`), a grace was given (taken for a clock mode: fencelock's clients pass
+/// none in counter and epoch modes, whose keys are kept for good; a caller that passes one in
+/// those modes gets its keys deleted too), the key has an expiry and the fence is not ahead of
+/// the server's clock; false, nothing written, otherwise.
 fn delete_freed(
     ctx: *mut redis_module::raw::RedisModuleCtx,
     key: &Key,

@@ -1,7 +1,8 @@
 //! The server calls the commands make, through the module API's raw functions: the lock key
-//! opened once per call, its hash field read and written, its expiry, replication of the effects
-//! (never the command: it reads the clock), and the replies. Every function pointer used here is
-//! checked when the module loads (`check_api`), so none is missing at call time.
+//! opened once per call (and the floor key, floor.rs), its hash field read and written, its
+//! expiry, replication of the effects (never the command: it reads the clock), and the replies.
+//! Every function pointer used here is checked when the module loads (`check_api`), so none is
+//! missing at call time.
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_longlong};
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
 use crate::rules::Expiry;
-use crate::state::State;
+use crate::state::{parse_u64, State};
 
 /// Calls a module API function; its presence was checked at load (`check_api`).
 macro_rules! api {
@@ -131,7 +132,8 @@ pub enum Kind {
     Other,
 }
 
-/// The lock key, open for reading and writing for the whole call; closed on drop.
+/// A key the call opened (the lock key, for reading and writing for the whole call; the floor
+/// key, floor.rs); closed on drop.
 pub struct Key {
     ctx: *mut RedisModuleCtx,
     key: *mut RedisModuleKey,
@@ -171,17 +173,17 @@ impl Key {
         Key { ctx, key, name }
     }
 
-    /// The value of a string key (`GET`; the key must be a string).
-    pub fn string_value(&self) -> Option<&[u8]> {
+    /// The value of a string key read as a decimal number (`GET`; the key must be a string);
+    /// `None` when it is not one.
+    pub fn string_u64(&self) -> Option<u64> {
         let mut len: usize = 0;
-        // SAFETY: an open string key; the buffer is valid while the key is open and unchanged,
-        // and the returned slice borrows the key.
+        // SAFETY: an open string key; the buffer is read before anything else touches the key.
         unsafe {
             let p = api!(RedisModule_StringDMA)(self.key, &mut len, raw::REDISMODULE_READ as c_int);
             if p.is_null() {
                 return None;
             }
-            Some(std::slice::from_raw_parts(p.cast::<u8>(), len))
+            parse_u64(std::slice::from_raw_parts(p.cast::<u8>(), len))
         }
     }
 

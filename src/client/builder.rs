@@ -219,7 +219,9 @@ impl ClientBuilder {
     /// and storage then rejects every new holder. Set this to the highest token storage has
     /// accepted ([`StaleFence::highest`](crate::StaleFence::highest),
     /// [`FenceGate::highest`](crate::FenceGate::highest), the highest fence
-    /// `fencelock list --json` shows before the move) on every client of the deployment until
+    /// `fencelock list --json` shows before the move, and on a standalone server whose module
+    /// deletes released locks' keys the value of its floor key, `<prefix>:{floor}:floor`, which
+    /// `list` does not show) on every client of the deployment until
     /// the new fences have passed it. Clients detect such a regression when they saw the old
     /// fences ([`Stats::fence_regressions`](crate::Stats::fence_regressions)).
     ///

@@ -52,7 +52,7 @@ fn port_free(port: u16) -> bool {
 }
 
 /// A port whose cluster bus port (+10000) is free too.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let _ = NEXT.compare_exchange(
         0,
