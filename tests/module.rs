@@ -909,6 +909,33 @@ fn the_module_releases_as_the_script_does() {
 /// The floor key of the locks under the prefix `fencelock`.
 const FLOOR_KEY: &str = "fencelock:{floor}:floor";
 
+/// `fencelock.acquire key owner 5000 0 clock grace` on `node`: the reply as integers.
+fn clock_acquire(node: &common::Node, key: &str, owner: &str, grace: &str) -> Vec<i64> {
+    ints(
+        node.cmd(
+            redis::cmd("fencelock.acquire")
+                .arg(key)
+                .arg(owner)
+                .arg(5000)
+                .arg(0)
+                .arg("clock")
+                .arg(grace),
+        ),
+    )
+}
+
+/// `fencelock.release key owner "" p grace` on `node` (the hold the acquire granted).
+fn plain_release(node: &common::Node, key: &str, owner: &str, grace: &str) -> i64 {
+    node.cmd(
+        redis::cmd("fencelock.release")
+            .arg(key)
+            .arg(owner)
+            .arg("")
+            .arg("p")
+            .arg(grace),
+    )
+}
+
 /// With `release-deletes yes` (a standalone server), a release the module serves that frees a
 /// lock with nothing else in its key, with a grace (a clock mode) and a fence not ahead of the
 /// clock, deletes the key and raises the prefix's floor key to the fence, its expiry to the lock
@@ -921,29 +948,8 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
     let node = &server.node;
     let (key, floor) = ("fencelock:{fl}:lock", FLOOR_KEY.to_owned());
-    let acquire = |key: &str, owner: &str, grace: &str| -> Vec<i64> {
-        ints(
-            node.cmd(
-                redis::cmd("fencelock.acquire")
-                    .arg(key)
-                    .arg(owner)
-                    .arg(5000)
-                    .arg(0)
-                    .arg("clock")
-                    .arg(grace),
-            ),
-        )
-    };
-    let release = |key: &str, owner: &str, grace: &str| -> i64 {
-        node.cmd(
-            redis::cmd("fencelock.release")
-                .arg(key)
-                .arg(owner)
-                .arg("")
-                .arg("p")
-                .arg(grace),
-        )
-    };
+    let acquire = |key: &str, owner: &str, grace: &str| clock_acquire(node, key, owner, grace);
+    let release = |key: &str, owner: &str, grace: &str| plain_release(node, key, owner, grace);
     let exists = |key: &str| -> i64 { node.cmd(redis::cmd("EXISTS").arg(key)) };
     let get = |key: &str| -> Option<String> { node.cmd(redis::cmd("GET").arg(key)) };
     let expiry = |key: &str| -> i64 { node.cmd(redis::cmd("PEXPIRETIME").arg(key)) };
@@ -1042,17 +1048,7 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     // master that has it on): a grant of a lock without a key starts above it.
     let off = Standalone::start_with_module_args(&[]);
     let _: () = off.node.cmd(redis::cmd("SET").arg(&floor).arg(high));
-    let reply = ints(
-        off.node.cmd(
-            redis::cmd("fencelock.acquire")
-                .arg(key)
-                .arg("me")
-                .arg(5000)
-                .arg(0)
-                .arg("clock")
-                .arg("60000"),
-        ),
-    );
+    let reply = clock_acquire(&off.node, key, "me", "60000");
     assert_eq!(&reply[..2], &[1, high + 1], "{reply:?}");
 
     // A bad load argument, or the argument in cluster mode: the module does not load, and the
@@ -1089,32 +1085,11 @@ fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence()
             .contains("master_link_status:up")
     });
 
-    let grant = |node: &common::Node, key: &str, owner: &str| -> Vec<i64> {
-        ints(
-            node.cmd(
-                redis::cmd("fencelock.acquire")
-                    .arg(key)
-                    .arg(owner)
-                    .arg(5000)
-                    .arg(0)
-                    .arg("clock")
-                    .arg(60_000),
-            ),
-        )
-    };
     let (a, b) = ("fencelock:{promoted-a}:lock", "fencelock:{promoted-b}:lock");
     let mut fences = Vec::new();
     for key in [a, b] {
-        fences.push(grant(&master.node, key, "me")[0]);
-        let released: i64 = master.node.cmd(
-            redis::cmd("fencelock.release")
-                .arg(key)
-                .arg("me")
-                .arg("")
-                .arg("p")
-                .arg(60_000),
-        );
-        assert_eq!(released, 1);
+        fences.push(clock_acquire(&master.node, key, "me", "60000")[0]);
+        assert_eq!(plain_release(&master.node, key, "me", "60000"), 1);
     }
     let acked: i64 = master.node.cmd(redis::cmd("WAIT").arg(1).arg(5000));
     assert_eq!(acked, 1);
@@ -1123,7 +1098,7 @@ fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence()
     assert_eq!((exists, floor), (0, Some(fences[1].to_string())));
 
     let _: () = replica.cmd(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
-    let by_module = grant(&replica, a, "you");
+    let by_module = clock_acquire(&replica, a, "you", "60000");
     assert_eq!(by_module[..2], [1, fences[1] + 1], "{by_module:?}");
     let script = fencelock::lua_scripts()
         .find(|s| s.name == "acquire")
