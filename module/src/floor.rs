@@ -36,11 +36,12 @@ pub fn set_release_deletes(on: bool) {
     RELEASE_DELETES.store(on, Ordering::Relaxed);
 }
 
-/// True when releases delete freed locks' keys (never in cluster mode); a grant on a standalone
-/// server reads the floor either way (a floor written while it was on, or by the master this
-/// server replicated, still counts).
-pub fn release_deletes(ctx: *mut RedisModuleCtx) -> bool {
-    RELEASE_DELETES.load(Ordering::Relaxed) && !Key::in_cluster(ctx)
+/// True when releases delete freed locks' keys (never in cluster mode: the load refuses the
+/// argument there, and cluster mode cannot change at run time); a grant on a standalone server
+/// reads the floor either way (a floor written while it was on, or by the master this server
+/// replicated, still counts).
+pub fn release_deletes() -> bool {
+    RELEASE_DELETES.load(Ordering::Relaxed)
 }
 
 /// What follows the prefix in a floor key's name.

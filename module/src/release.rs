@@ -133,7 +133,7 @@ fn delete_freed(
     grace: Option<u64>,
     now_us: u64,
 ) -> bool {
-    if grace.is_none() || fence > now_us || !floor::release_deletes(ctx) || key.len() != 1 {
+    if grace.is_none() || fence > now_us || !floor::release_deletes() || key.len() != 1 {
         return false;
     }
     let expires = key.expire_time();
