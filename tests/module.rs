@@ -938,9 +938,9 @@ fn plain_release(node: &common::Node, key: &str, owner: &str, grace: &str) -> i6
 
 /// With `release-deletes yes` (a standalone server), a release the module serves that frees a
 /// lock with nothing else in its key, with a grace (a clock mode) and a fence not ahead of the
-/// clock, deletes the key and raises the prefix's floor key to the fence, its expiry to the lock
-/// key's (each only when higher); a grant of a lock without a key, through the module, starts
-/// above that floor. A fence ahead of the clock, no grace, waiters, or a floor key that is not a
+/// clock, deletes the key and makes the prefix's floor key cover it (a value at least the fence,
+/// an expiry at least the lock key's; written only when it does not yet, then as the server's
+/// clock); a grant of a lock without a key, through the module, starts above that floor. A fence ahead of the clock, no grace, waiters, or a floor key that is not a
 /// number keep the key. Without the argument the key is kept (the differential test above); a
 /// server in cluster mode refuses the argument.
 #[test]
@@ -954,16 +954,39 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let get = |key: &str| -> Option<String> { node.cmd(redis::cmd("GET").arg(key)) };
     let expiry = |key: &str| -> i64 { node.cmd(redis::cmd("PEXPIRETIME").arg(key)) };
 
-    // Granted, released: the key is gone, the floor holds the fence until the key's expiry.
+    // Granted, released: the key is gone; the floor is the server's clock at the release (not
+    // below the fence), its expiry the key's moved on by the time since the grant (at most 1 s).
     let fence = acquire(key, "me", "60000")[0];
     let key_expiry = expiry(key);
     assert!(key_expiry > 0);
     assert_eq!(release(key, "me", "60000"), 1);
+    let after_ms = server_ms(&server);
     assert_eq!(exists(key), 0, "a freed lock's key is deleted");
-    assert_eq!(get(&floor), Some(fence.to_string()));
-    assert_eq!(expiry(&floor), key_expiry);
+    let raised: i64 = get(&floor).expect("a floor").parse().expect("a number");
+    assert!(
+        raised >= fence && raised / 1000 <= after_ms,
+        "{raised} {fence} {after_ms}"
+    );
+    let floor_expiry = expiry(&floor);
+    assert_eq!(
+        floor_expiry,
+        key_expiry + (raised / 1000 - fence / 1000).min(1000)
+    );
     // A resent release finds no key: no live lease, as for a key kept free.
     assert_eq!(release(key, "me", "60000"), 0);
+    // A lock that floor covers (a fence not above it, an expiry not after its own, as for a
+    // lock granted before that release): deleted, the floor left as it is.
+    let covered = "fencelock:{fl}:covered:lock";
+    let _: () = node.cmd(redis::cmd("HSET").arg(covered).arg("until").arg(format!(
+        "{} {} me",
+        after_ms + 5000,
+        raised
+    )));
+    let _: () = node.cmd(redis::cmd("PEXPIREAT").arg(covered).arg(floor_expiry));
+    assert_eq!(release(covered, "me", "60000"), 1);
+    assert_eq!(exists(covered), 0);
+    assert_eq!(get(&floor), Some(raised.to_string()));
+    assert_eq!(expiry(&floor), floor_expiry);
 
     // A floor ahead of the clock: the next grant of a lock without a key under that prefix is
     // above it (reported as ahead of the clock), and its release keeps the key.
@@ -982,7 +1005,8 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let state: Option<String> = node.cmd(redis::cmd("HGET").arg(other).arg("until"));
     assert_eq!(state.as_deref(), Some(format!("0 {} ", high + 1).as_str()));
 
-    // A floor above a released fence keeps its value; only its expiry is raised.
+    // A floor above a released fence but expiring before its key: set to the clock, its expiry
+    // the key's and (for a fence long past) 1 s more.
     let now = server_ms(&server);
     let lower = "fencelock:{fl}:third:lock";
     let _: () = node.cmd(
@@ -1001,8 +1025,9 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let _: () = node.cmd(redis::cmd("PEXPIREAT").arg(lower).arg(now + 900_000));
     assert_eq!(release(lower, "me", "60000"), 1);
     assert_eq!(exists(lower), 0);
-    assert_eq!(get(&floor).as_deref(), Some("200000000"));
-    assert_eq!(expiry(&floor), now + 900_000);
+    let raised: i64 = get(&floor).expect("a floor").parse().expect("a number");
+    assert!(raised / 1000 >= now, "{raised} {now}");
+    assert_eq!(expiry(&floor), now + 900_000 + 1000);
 
     // No grace (counter and epoch modes keep their keys for good): kept.
     let kept = "fencelock:{fl}:fourth:lock";
@@ -1095,11 +1120,13 @@ fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence()
     assert_eq!(acked, 1);
     let exists: i64 = replica.cmd(redis::cmd("EXISTS").arg(a).arg(b));
     let floor: Option<String> = replica.cmd(redis::cmd("GET").arg(FLOOR_KEY));
-    assert_eq!((exists, floor), (0, Some(fences[1].to_string())));
+    let floor: i64 = floor.expect("a floor").parse().expect("a number");
+    assert_eq!(exists, 0);
+    assert!(floor >= fences[1], "{floor} {fences:?}");
 
     let _: () = replica.cmd(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
     let by_module = clock_acquire(&replica, a, "you", "60000");
-    assert_eq!(by_module[..2], [1, fences[1] + 1], "{by_module:?}");
+    assert_eq!(by_module[..2], [1, floor + 1], "{by_module:?}");
     let script = fencelock::lua_scripts()
         .find(|s| s.name == "acquire")
         .expect("the script");

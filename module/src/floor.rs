@@ -4,10 +4,10 @@
 //! A release that frees a lock with nothing else in its key (no waiters, holds, queue or forced
 //! mark), in a clock mode (an expiry grace given), whose fence is not ahead of the server's
 //! clock, deletes the lock key instead of keeping "`0 <fence> `" until the key expires, and
-//! raises one string key per key prefix, `<prefix>:{floor}:floor` (the lock key's text before
-//! its first `{`, then `{floor}:floor`), to the fence when that is higher, its expiry to the lock
-//! key's when that is later. A grant of a lock without a key on a standalone server takes that
-//! floor as the lock's last fence. So a released name takes no memory.
+//! makes one string key per key prefix, `<prefix>:{floor}:floor` (the lock key's text before
+//! its first `{`, then `{floor}:floor`), cover it: a value at least the fence, an expiry at
+//! least the lock key's (`raise`). A grant of a lock without a key on a standalone server takes
+//! that floor as the lock's last fence. So a released name takes no memory.
 //!
 //! Why a script-made grant that does not read the floor (a client with the module off, or an
 //! older one) still gets a higher fence: the key is only deleted when the fence is not above
@@ -100,11 +100,26 @@ pub fn read(ctx: *mut RedisModuleCtx, lock_key: &[u8]) -> u64 {
     }
 }
 
-/// Raises the floor of `lock_key` to `fence` and its expiry to `expires_ms` (each only when
-/// higher), replicated as `SET floor fence PXAT ms` or `PEXPIREAT floor ms`. False, with nothing
-/// written, when the floor key holds something other than a number: the lock key must then be
-/// kept.
-pub fn raise(ctx: *mut RedisModuleCtx, lock_key: &[u8], fence: u64, expires_ms: i64) -> bool {
+/// The most a raise moves the floor's expiry past the deleted key's (see `raise`), in ms.
+const MAX_LEAD_MS: u64 = 1000;
+
+/// Makes the floor of `lock_key` cover a deleted lock: its value at least `fence`, its expiry
+/// at least `expires_ms` (the lock key's). Nothing is written when it already does: so, under a
+/// stream of releases, most of them delete their key and leave the floor as it is. When it does
+/// not, the floor is set to the server's clock (`now_us`, not below `fence`: the caller deletes
+/// no fence ahead of the clock) and its expiry to the key's moved on by the time since the
+/// grant (`now_us` less `fence`, at most `MAX_LEAD_MS`), so it also covers the locks granted
+/// until now with leases no longer than this one's; replicated as `SET floor value PXAT ms`.
+/// A grant of a lock without a key takes `max(floor + 1, clock)`, which the clock term decides
+/// while the clock does not step back. False, with nothing written, when the floor key holds
+/// something other than a number: the lock key must then be kept.
+pub fn raise(
+    ctx: *mut RedisModuleCtx,
+    lock_key: &[u8],
+    fence: u64,
+    expires_ms: i64,
+    now_us: u64,
+) -> bool {
     let Some(name) = name_for(lock_key) else {
         return false;
     };
@@ -118,23 +133,21 @@ pub fn raise(ctx: *mut RedisModuleCtx, lock_key: &[u8], fence: u64, expires_ms: 
         _ => return false,
     };
     // A floor without an expiry (written by hand) keeps none.
-    let at = if stored.is_some() && expiry == -1 {
+    let lasting = stored.is_some() && expiry == -1;
+    if stored.is_some_and(|n| n >= fence) && (lasting || expiry >= expires_ms) {
+        return true;
+    }
+    let lead = (now_us / 1000)
+        .saturating_sub(fence / 1000)
+        .min(MAX_LEAD_MS) as i64;
+    let at = if lasting {
         -1
     } else {
-        expires_ms.max(expiry)
+        expires_ms.saturating_add(lead).max(expiry)
     };
-    match stored {
-        Some(n) if n >= fence => {
-            if at != -1 && expiry < at {
-                key.expire_at(at);
-            }
-        }
-        _ => {
-            let mut digits = Buf::new();
-            digits.push_u64(fence);
-            key.set_string(digits.bytes(), at);
-        }
-    }
+    let mut digits = Buf::new();
+    digits.push_u64(stored.unwrap_or(0).max(now_us).max(fence));
+    key.set_string(digits.bytes(), at);
     true
 }
 

@@ -137,7 +137,7 @@ fn delete_freed(
         return false;
     }
     let expires = key.expire_time();
-    if expires == -1 || !floor::raise(ctx, key.name_bytes(), fence, expires) {
+    if expires == -1 || !floor::raise(ctx, key.name_bytes(), fence, expires, now_us) {
         return false;
     }
     key.delete();
