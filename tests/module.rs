@@ -1087,9 +1087,10 @@ fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
 
 /// Standalone, `release-deletes yes`: the floor reaches a replica with the key's deletion, and
 /// a replica promoted with its clock 5 s behind grants a lock whose key the old master deleted
-/// above the deleted fence through the module (it reads the replicated floor). Through the
-/// scripts, which do not read the floor, the same grant comes from the replica's clock and is
-/// below it: the limit `docs/safety.md` states ("Deleted keys and the floor"), shown here.
+/// above the deleted fence through the module (it reads the replicated floor) and through
+/// `acquire_floor` (the script a client sends such a server). Through `acquire`, which clients
+/// with the module off and older clients send, the same grant comes from the replica's clock
+/// and is below it: the limit `docs/safety.md` states ("Deleted keys and the floor").
 #[test]
 fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence() {
     let shim = common::netns::ClockShim::build();
@@ -1110,42 +1111,155 @@ fn a_promoted_replica_whose_clock_is_behind_grants_above_a_deleted_locks_fence()
             .contains("master_link_status:up")
     });
 
-    let (a, b) = ("fencelock:{promoted-a}:lock", "fencelock:{promoted-b}:lock");
+    let (a, b, c) = (
+        "fencelock:{promoted-a}:lock",
+        "fencelock:{promoted-b}:lock",
+        "fencelock:{promoted-c}:lock",
+    );
     let mut fences = Vec::new();
-    for key in [a, b] {
+    for key in [a, b, c] {
         fences.push(clock_acquire(&master.node, key, "me", "60000")[0]);
         assert_eq!(plain_release(&master.node, key, "me", "60000"), 1);
     }
     let acked: i64 = master.node.cmd(redis::cmd("WAIT").arg(1).arg(5000));
     assert_eq!(acked, 1);
-    let exists: i64 = replica.cmd(redis::cmd("EXISTS").arg(a).arg(b));
+    let exists: i64 = replica.cmd(redis::cmd("EXISTS").arg(a).arg(b).arg(c));
     let floor: Option<String> = replica.cmd(redis::cmd("GET").arg(FLOOR_KEY));
     let floor: i64 = floor.expect("a floor").parse().expect("a number");
     assert_eq!(exists, 0);
-    assert!(floor >= fences[1], "{floor} {fences:?}");
+    assert!(floor >= fences[2], "{floor} {fences:?}");
 
     let _: () = replica.cmd(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
     let by_module = clock_acquire(&replica, a, "you", "60000");
     assert_eq!(by_module[..2], [1, floor + 1], "{by_module:?}");
-    let script = fencelock::lua_scripts()
-        .find(|s| s.name == "acquire")
-        .expect("the script");
-    let by_script: i64 = replica.cmd(
-        redis::cmd("EVAL")
-            .arg(script.source)
-            .arg(1)
-            .arg(b)
-            .arg("you")
-            .arg(5000)
-            .arg(0)
-            .arg("clock")
-            .arg(60_000),
-    );
+    // The script today's clients send a standalone server that may load the module reads the
+    // floor too; the one clients with the module off and older clients send does not.
+    let args = ["you", "5000", "0", "clock", "60000"];
+    let by_script = common::grant_values(eval_script(&replica, "acquire_floor", &[b], &args));
+    assert_eq!(by_script[..2], [1, floor + 1], "{by_script:?}");
+    let by_older = common::grant_values(eval_script(&replica, "acquire", &[c], &args));
     assert!(
-        by_script < fences[1],
-        "the replica's clock is 5 s behind: {by_script} vs {}",
-        fences[1]
+        by_older[1] < fences[2],
+        "the replica's clock is 5 s behind: {by_older:?} vs {}",
+        fences[2]
     );
+}
+
+/// `EVAL` of fencelock's script `name` (as `lua_scripts` lists it) on `node`.
+fn eval_script(node: &common::Node, name: &str, keys: &[&str], args: &[&str]) -> redis::Value {
+    let script = fencelock::lua_scripts()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no script {name}"));
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script.source).arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    node.cmd(&mut cmd)
+}
+
+/// The scripts a client sends a standalone server that may load the module (`acquire_floor`,
+/// its batch twin and `lock_all_floor`) read the module's floor key as the module's grants do:
+/// a lock without a key, in a clock mode (a grace given), is granted above the floor; a floor
+/// that is not a number, or not a string, counts as 0; a counter (no grace) starts at 1.
+/// `acquire` and `lock_all`, which clients with the module off and older clients send, do not
+/// read it. A client's multi-lock of one slot, which the module does not serve, is granted
+/// above the floor.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scripts_sent_to_a_standalone_server_with_the_module_read_its_floor() {
+    let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
+    let node = &server.node;
+    let high: i64 = 5_000_000_000_000_000;
+    let set_floor = |value: &str| {
+        let _: () = node.cmd(
+            redis::cmd("SET")
+                .arg(FLOOR_KEY)
+                .arg(value)
+                .arg("PX")
+                .arg(60_000),
+        );
+    };
+    set_floor(&high.to_string());
+    let grant = |name: &str, key: &str, mode: &str, grace: &str| -> Vec<i64> {
+        let reply = eval_script(node, name, &[key], &["me", "5000", "0", mode, grace]);
+        common::grant_values(reply)
+    };
+
+    // Above the floor (reported as ahead of the clock), through acquire_floor; from the clock,
+    // below it, through acquire.
+    let granted = grant("acquire_floor", "fencelock:{sf}:a:lock", "clock", "60000");
+    assert_eq!(&granted[..2], &[1, high + 1], "{granted:?}");
+    assert!(granted[2] > 0, "ahead of the clock: {granted:?}");
+    let plain = grant("acquire", "fencelock:{sf}:b:lock", "clock", "60000");
+    assert!(plain[0] == 1 && plain[1] < high, "{plain:?}");
+    // A lock with a key keeps its own fence.
+    assert_eq!(
+        grant("acquire_floor", "fencelock:{sf}:b:lock", "clock", "60000")[..2],
+        [2, plain[1]]
+    );
+    // A counter (no grace) does not read the floor.
+    let counter = grant("acquire_floor", "fencelock:{sf}:c:lock", "counter", "");
+    assert_eq!(&counter[..2], &[1, 1], "{counter:?}");
+
+    // The batch twin: every key without a state above the floor.
+    let mut batch: Vec<&str> = Vec::new();
+    for key in ["fencelock:{sf}:d:lock", "fencelock:{sf}:e:lock"] {
+        batch.extend([key, "5", "me", "5000", "0", "clock", "60000"]);
+    }
+    let replies: Vec<redis::Value> = match eval_script(
+        node,
+        "acquire_floor_batch",
+        &["fencelock:{sf}:d:lock"],
+        &batch,
+    ) {
+        redis::Value::Array(items) => items,
+        other => panic!("not an array: {other:?}"),
+    };
+    let fences: Vec<i64> = replies
+        .into_iter()
+        .map(|reply| common::grant_values(reply)[1])
+        .collect();
+    assert_eq!(fences, [high + 1, high + 1]);
+
+    // lock_all_floor and lock_all: {1, behind, fence_1, fence_2}.
+    let all = |name: &str, keys: &[&str]| -> Vec<i64> {
+        ints(eval_script(
+            node,
+            name,
+            keys,
+            &["me", "5000", "0", "clock", "60000"],
+        ))
+    };
+    let floor_keys = ["fencelock:{sf}:f:lock", "fencelock:{sf}:g:lock"];
+    assert_eq!(
+        all("lock_all_floor", &floor_keys)[2..],
+        [high + 1, high + 1]
+    );
+    let plain_keys = ["fencelock:{sf}:h:lock", "fencelock:{sf}:i:lock"];
+    let plain_all = all("lock_all", &plain_keys);
+    assert!(plain_all[2..].iter().all(|&f| f < high), "{plain_all:?}");
+
+    // A floor that is not a number, or a key of another type: 0.
+    set_floor("not a number");
+    let odd = grant("acquire_floor", "fencelock:{sf}:j:lock", "clock", "60000");
+    assert!(odd[0] == 1 && odd[1] < high, "{odd:?}");
+    let _: () = node.cmd(redis::cmd("DEL").arg(FLOOR_KEY));
+    let _: () = node.cmd(redis::cmd("HSET").arg(FLOOR_KEY).arg("x").arg(high));
+    let hashed = grant("acquire_floor", "fencelock:{sf}:k:lock", "clock", "60000");
+    assert!(hashed[0] == 1 && hashed[1] < high, "{hashed:?}");
+
+    // A client's multi-lock of one slot (lock_all_floor: the module has no multi-lock).
+    let _: () = node.cmd(redis::cmd("DEL").arg(FLOOR_KEY));
+    set_floor(&high.to_string());
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(10)).tag("mt");
+    let guard = client.lock_all(&["x", "y"], &options).await.unwrap();
+    let fences: Vec<u64> = guard.fences().into_iter().map(|(_, f)| f.get()).collect();
+    assert_eq!(fences, [high as u64 + 1, high as u64 + 1], "{fences:?}");
+    guard.release().await.unwrap();
 }
 
 /// Starts `redis-server server_args… --loadmodule PATH module_args…` (on a free port of

@@ -9,11 +9,14 @@
 //! least the lock key's (`raise`). A grant of a lock without a key on a standalone server takes
 //! that floor as the lock's last fence. So a released name takes no memory.
 //!
+//! The scripts a client sends a standalone server that may load the module (`acquire_floor`,
+//! `lock_all_floor`: `src/script/lua/floor_read.lua`) read the floor as a grant here does.
 //! Why a script-made grant that does not read the floor (a client with the module off, or an
 //! older one) still gets a higher fence: the key is only deleted when the fence is not above
 //! the server's clock at the release, and every clock-mode grant is above its own clock, which
 //! does not fall unless the clock steps back; the floor key, kept as long as the lock key would
-//! have been, covers a step back for the grants the module makes, as the key did before.
+//! have been, covers a step back for the grants the module and those scripts make, as the key
+//! did before.
 //!
 //! Not in cluster mode: the floor key is not among a command's declared keys, so during a slot
 //! migration a lock the source no longer has is served by the target (`ASK`), which would write

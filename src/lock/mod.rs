@@ -20,7 +20,7 @@ use crate::keys::LockKeys;
 use crate::kind::Kind;
 use crate::options::{instant_after, LockOptions};
 use crate::owner;
-use crate::script::{ttl_ms, ScriptCall, ACQUIRE};
+use crate::script::{ttl_ms, ScriptCall, ACQUIRE, ACQUIRE_FLOOR};
 
 pub use guard::LockGuard;
 pub(crate) use guard::MUTEX;
@@ -135,7 +135,12 @@ impl Request for Acquire<'_> {
             None => granting,
         };
         let args = if self.place.is_some() { 6 } else { 5 };
-        let mut call = ScriptCall::start(&ACQUIRE, &[key], args, bytes)
+        let script = if core.reads_floor() {
+            &ACQUIRE_FLOOR
+        } else {
+            &ACQUIRE
+        };
+        let mut call = ScriptCall::start(script, &[key], args, bytes)
             .arg(owner)
             .arg(ttl_ms(granting.lease()))
             .arg(core.floor(options))

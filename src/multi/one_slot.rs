@@ -12,7 +12,7 @@ use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::lock::{LockGuard, MUTEX};
 use crate::options::LockOptions;
-use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL};
+use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, LOCK_ALL, LOCK_ALL_FLOOR};
 
 /// The one-slot request: every key granted by one script call, or none.
 pub(super) struct AcquireAll<'a> {
@@ -58,8 +58,13 @@ impl Request for AcquireAll<'_> {
         let ttl_ms = ttl_millis(lease);
         let floor = core.floor(options).to_string();
         let lock_keys: Vec<&str> = keys.iter().map(LockKeys::lock_key).collect();
+        let script = if core.reads_floor() {
+            &LOCK_ALL_FLOOR
+        } else {
+            &LOCK_ALL
+        };
         let call = ScriptCall::new(
-            &LOCK_ALL,
+            script,
             &lock_keys,
             &[&owner, &ttl_ms, &floor, core.fence_arg(), core.expiry()],
         );

@@ -11,7 +11,9 @@ use crate::fence::FenceToken;
 use crate::held::{Grant, Held};
 use crate::keys::LockKeys;
 use crate::options::{instant_after, LockOptions};
-use crate::script::{parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, QUORUM_COMMIT};
+use crate::script::{
+    parse_fence, parse_reply, ttl_millis, ScriptCall, ACQUIRE, ACQUIRE_FLOOR, QUORUM_COMMIT,
+};
 
 use super::guard::{NodeRelease, QuorumGuard, QUORUM};
 use super::race::{gather, Progress, Race};
@@ -171,8 +173,13 @@ impl Rounds<'_> {
         let (nodes, name, owner, majority) = (self.nodes, self.name, self.owner, self.majority);
         let round = Race::new(nodes.iter().map(|node| async move {
             let (core, keys) = node.as_ref()?;
+            let script = if core.reads_floor() {
+                &ACQUIRE_FLOOR
+            } else {
+                &ACQUIRE
+            };
             let call = ScriptCall::new(
-                &ACQUIRE,
+                script,
                 &[keys.lock_key()],
                 &[owner, ttl_ms, floor, "clock", core.expiry()],
             );

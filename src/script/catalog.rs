@@ -17,7 +17,8 @@ use super::assemble::{inline_at, inline_at_queue, inline_fence, LuaScript};
 /// assert_eq!(
 ///     names,
 ///     [
-///         "acquire", "acquire_batch", "lock_all", "release", "release_batch", "handoff",
+///         "acquire", "acquire_batch", "acquire_floor", "acquire_floor_batch", "lock_all",
+///         "lock_all_floor", "release", "release_batch", "handoff",
 ///         "extend", "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
 ///         "rw_read", "rw_read_batch", "rw_write", "rw_write_batch", "rw_release",
@@ -37,6 +38,8 @@ use super::assemble::{inline_at, inline_at_queue, inline_fence, LuaScript};
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
+    /// `acquire_floor` and `lock_all_floor` (`acquire` and the multi-lock's `lock_all` reading
+    /// the floor key a Redis module that deletes released locks' keys keeps: standalone only),
     /// `inspect`, `force_unlock`, `quorum_commit` (the quorum lock's second round), or a
     /// primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock), `fair_*`,
     /// `semaphore_*`, `latch_*`. `<name>_batch` runs script `<name>` for many keys of one node
@@ -55,7 +58,9 @@ pub struct ScriptSource {
 pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
     [
         &*ACQUIRE,
+        &*ACQUIRE_FLOOR,
         &*LOCK_ALL,
+        &*LOCK_ALL_FLOOR,
         &*RELEASE,
         &*HANDOFF,
         &*EXTEND,
@@ -282,22 +287,52 @@ fn semaphore_batchable(
 // The mutex.
 
 /// Grant the lock to an owner and advance its fence. Contract: `script/lua/acquire.lua`.
-pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| {
+pub(crate) static ACQUIRE: LazyLock<LuaScript> = LazyLock::new(|| acquire("acquire", FENCE_RULE));
+
+/// [`ACQUIRE`] whose grant of a lock without a key, in a clock mode, takes the floor key of a
+/// module that deletes released locks' keys as the lock's last fence: sent to a standalone
+/// server that may load the module (the module serves both with `fencelock.acquire`).
+/// Contract: `script/lua/acquire.lua`, `script/lua/floor_read.lua`.
+pub(crate) static ACQUIRE_FLOOR: LazyLock<LuaScript> =
+    LazyLock::new(|| acquire("acquire_floor", &FLOOR_RULE));
+
+/// The mutex's acquire on the fence rule `rule` ([`FENCE_RULE`] or [`FLOOR_RULE`]).
+fn acquire(name: &'static str, rule: &'static str) -> LuaScript {
     LuaScript::batchable(
-        "acquire",
+        name,
         &[],
         with_queue(inline_fence(
             with_clear(with_expiry(include_str!("lua/acquire.lua"))),
-            FENCE_RULE,
+            rule,
         )),
     )
     .served_by("fencelock.acquire", 6, true)
+}
+
+/// The fence rule with the floor key's read (`script/lua/floor_read.lua`) at its `--@floor`
+/// line.
+static FLOOR_RULE: LazyLock<&'static str> = LazyLock::new(|| {
+    inline_at(
+        FENCE_RULE,
+        "--@floor",
+        &[include_str!("lua/floor_read.lua")],
+    )
 });
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
 /// Contract: `script/lua/lock_all.lua`.
 pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
     LazyLock::new(|| fenced("lock_all", include_str!("lua/lock_all.lua")));
+
+/// [`LOCK_ALL`] reading the floor key as [`ACQUIRE_FLOOR`] does.
+/// Contract: `script/lua/lock_all.lua`, `script/lua/floor_read.lua`.
+pub(crate) static LOCK_ALL_FLOOR: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "lock_all_floor",
+        &[*FLOOR_RULE, KEEP],
+        include_str!("lua/lock_all.lua"),
+    )
+});
 
 /// End one hold; the last frees the lock. Replies an [`Outcome`](super::Outcome) code.
 /// Contract: `script/lua/release.lua`.

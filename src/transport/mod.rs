@@ -119,6 +119,14 @@ impl Transport {
         self.endpoint().topology
     }
 
+    /// Whether grants should read the floor key of fencelock's Redis module (which, loaded
+    /// with `release-deletes yes`, deletes released locks' keys and keeps their fences there):
+    /// on a standalone server the client does not know to lack the module, with the module not
+    /// turned off. A cluster's nodes never delete (the module refuses the option there).
+    pub(crate) fn reads_floor(&self) -> bool {
+        self.topology() == Topology::Standalone && self.modules.may_serve_standalone()
+    }
+
     /// The deadline of one call.
     pub(crate) fn request_timeout(&self) -> Duration {
         self.request_timeout

@@ -193,6 +193,16 @@ impl Modules {
     }
 
     /// Whether the client requires the module.
+    /// Whether the module may serve a standalone server's calls: not turned off, and the
+    /// server (node 0) not found without `fencelock.acquire` lately.
+    pub(super) fn may_serve_standalone(&self) -> bool {
+        match self.setting {
+            ModuleUse::Off => false,
+            ModuleUse::Required => true,
+            ModuleUse::Auto => !self.absent.lacks(Some(0), "fencelock.acquire"),
+        }
+    }
+
     pub(super) fn required(&self) -> bool {
         self.setting == ModuleUse::Required
     }

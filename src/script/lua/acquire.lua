@@ -4,6 +4,10 @@
 -- mutex_queue.lua, inlined at its `--@queue` line; an uncontended grant inlines keep.lua's
 -- rule too, and so creates no function at all).
 --
+-- `acquire_floor` is this script with the floor read of `floor_read.lua` in its fence rule (a
+-- lock without a key, in a clock mode, takes the floor key of a module that deletes released
+-- locks' keys as its last fence): the same KEYS, ARGV and replies.
+--
 -- KEYS[1] the lock key (hash).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: the token granted is above it
 --   (decimal, 0 for none, below 2^53), ARGV[4] fence mode: `clock` (raise the floor to TIME in

@@ -4,6 +4,10 @@
 -- key layout 2: prologue.lua; a key of layout 1 other than KEYS[1], which the prologue
 -- converts, gets an error reply, no write).
 --
+-- `lock_all_floor` is this script with the floor read of `floor_read.lua` in its fence rule (a
+-- key without a fence, in a clock mode, takes the floor key of a module that deletes released
+-- locks' keys as its last fence): the same KEYS, ARGV and replies.
+--
 -- KEYS[1..n] the lock keys (hashes, all in one slot, no duplicates).
 -- ARGV[1] owner token, ARGV[2] TTL in ms, ARGV[3] floor: every token granted is above it
 --   (decimal, 0 for none, below 2^53), ARGV[4] fence mode (as `acquire`),
