@@ -189,10 +189,10 @@ impl Core {
         &self.expiry
     }
 
-    /// Whether grants of mutex keys (the mutex's, the multi-lock's, the quorum lock's) read the
-    /// floor key of a Redis module that deletes released locks' keys (`acquire_floor`,
-    /// `lock_all_floor`): in a clock mode (an expiry grace given) on a standalone server that
-    /// may load the module.
+    /// Whether grants of mutex keys (the mutex's and its in-client handoff's, the multi-lock's, the
+    /// quorum lock's) read the floor key of a Redis module that deletes released locks' keys
+    /// (`acquire_floor`, `handoff_floor`, `lock_all_floor`): in a clock mode (an expiry grace
+    /// given) on a standalone server that may load the module.
     pub(crate) fn reads_floor(&self) -> bool {
         !self.expiry.is_empty() && self.transport.reads_floor()
     }

@@ -936,13 +936,13 @@ fn plain_release(node: &common::Node, key: &str, owner: &str, grace: &str) -> i6
     )
 }
 
-/// With `release-deletes yes` (a standalone server), a release the module serves that frees a
-/// lock with nothing else in its key, with a grace (a clock mode) and a fence not ahead of the
-/// clock, deletes the key and makes the prefix's floor key cover it (a value at least the fence,
-/// an expiry at least the lock key's; written only when it does not yet, then as the server's
-/// clock); a grant of a lock without a key, through the module, starts above that floor. A fence ahead of the clock, no grace, waiters, or a floor key that is not a
-/// number keep the key. Without the argument the key is kept (the differential test above); a
-/// server in cluster mode refuses the argument.
+/// With `release-deletes yes` (a standalone server), a release the module serves that frees a lock
+/// with nothing else in its key, with a grace (a clock mode) and a fence not ahead of the clock,
+/// deletes the key and makes the prefix's floor key cover it (a value at least the fence, an expiry
+/// at least the lock key's; written only when it does not yet, then as the server's clock); a grant
+/// of a lock without a key, through the module, starts above that floor. A fence ahead of the
+/// clock, no grace, waiters, or a floor key that is not a number keep the key. Without the argument
+/// the key is kept (the differential test above); a server in cluster mode refuses the argument.
 #[test]
 fn the_module_deletes_a_freed_locks_key_and_keeps_its_fence_in_the_floor() {
     let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
@@ -1162,7 +1162,7 @@ fn eval_script(node: &common::Node, name: &str, keys: &[&str], args: &[&str]) ->
 }
 
 /// The scripts a client sends a standalone server that may load the module (`acquire_floor`,
-/// its batch twin and `lock_all_floor`) read the module's floor key as the module's grants do:
+/// its batch twin, `handoff_floor` and `lock_all_floor`) read the module's floor key as the module's grants do:
 /// a lock without a key, in a clock mode (a grace given), is granted above the floor; a floor
 /// that is not a number, or not a string, counts as 0; a counter (no grace) starts at 1.
 /// `acquire` and `lock_all`, which clients with the module off and older clients send, do not
@@ -1195,11 +1195,12 @@ async fn the_scripts_sent_to_a_standalone_server_with_the_module_read_its_floor(
     assert!(granted[2] > 0, "ahead of the clock: {granted:?}");
     let plain = grant("acquire", "fencelock:{sf}:b:lock", "clock", "60000");
     assert!(plain[0] == 1 && plain[1] < high, "{plain:?}");
-    // A lock with a key keeps its own fence.
-    assert_eq!(
-        grant("acquire_floor", "fencelock:{sf}:b:lock", "clock", "60000")[..2],
-        [2, plain[1]]
-    );
+    // A free lock with a key takes its own fence, not the floor: from the clock here.
+    let free = "fencelock:{sf}:free:lock";
+    let _: () = node.cmd(redis::cmd("HSET").arg(free).arg("until").arg("0 123 "));
+    let _: () = node.cmd(redis::cmd("PEXPIRE").arg(free).arg(60_000));
+    let own = grant("acquire_floor", free, "clock", "60000");
+    assert!(own[0] == 1 && own[1] > 123 && own[1] < high, "{own:?}");
     // A counter (no grace) does not read the floor.
     let counter = grant("acquire_floor", "fencelock:{sf}:c:lock", "counter", "");
     assert_eq!(&counter[..2], &[1, 1], "{counter:?}");
@@ -1241,6 +1242,27 @@ async fn the_scripts_sent_to_a_standalone_server_with_the_module_read_its_floor(
     let plain_keys = ["fencelock:{sf}:h:lock", "fencelock:{sf}:i:lock"];
     let plain_all = all("lock_all", &plain_keys);
     assert!(plain_all[2..].iter().all(|&f| f < high), "{plain_all:?}");
+
+    // handoff_floor: a releasing holder whose lease ended and whose key the module deleted
+    // hands the lock to its client's waiter above the floor ({code 0, handed 1, fence, behind}).
+    let handed = ints(eval_script(
+        node,
+        "handoff_floor",
+        &["fencelock:{sf}:hand:lock"],
+        &[
+            "aaaaaaaa-1",
+            "",
+            "",
+            "aaaaaaaa-2",
+            "5000",
+            "0",
+            "clock",
+            "100",
+            "1",
+            "60000",
+        ],
+    ));
+    assert_eq!(handed[..3], [0, 1, high + 1], "{handed:?}");
 
     // A floor that is not a number, or a key of another type: 0.
     set_floor("not a number");

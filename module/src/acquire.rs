@@ -8,9 +8,9 @@
 //! head or, with no live place, to the caller (queue.rs, `acquire_free`). The rest answers
 //! `-FALLBACK <reason>` before any write, for the client to send through the script: a
 //! re-entered lock's leftover holds, a queue whose fields the scripts would read otherwise and
-//! a key of layout 1. One difference from the script: on a standalone server a grant in a clock
-//! mode of a lock without a state takes the floor (floor.rs) as its last fence, where the
-//! script, which does not read it, takes 0.
+//! a key of layout 1. One difference from `acquire.lua`: on a standalone server a grant in a
+//! clock mode of a lock without a state takes the floor (floor.rs) as its last fence, where that
+//! script takes 0 (`acquire_floor`, the same script with `floor_read.lua`, reads it as here).
 
 use crate::epoch;
 use crate::floor;

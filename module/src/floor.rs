@@ -10,7 +10,8 @@
 //! that floor as the lock's last fence. So a released name takes no memory.
 //!
 //! The scripts a client sends a standalone server that may load the module (`acquire_floor`,
-//! `lock_all_floor`: `src/script/lua/floor_read.lua`) read the floor as a grant here does.
+//! `handoff_floor`, `lock_all_floor`: `src/script/lua/floor_read.lua`) read the floor as a grant
+//! here does.
 //! Why a script-made grant that does not read the floor (a client with the module off, or an
 //! older one) still gets a higher fence: the key is only deleted when the fence is not above
 //! the server's clock at the release, and every clock-mode grant is above its own clock, which

@@ -40,7 +40,7 @@ use crate::held::{Grant, Handing, Held};
 use crate::keys::LockKeys;
 use crate::local_queue::{Entered, Handed, Turn, Waiter};
 use crate::options::LockOptions;
-use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, HANDOFF};
+use crate::script::{parse_fence, parse_reply, ttl_ms, ScriptCall, HANDOFF, HANDOFF_FLOOR};
 use crate::stats::Counters;
 
 use super::guard::{LockGuard, MUTEX};
@@ -119,7 +119,12 @@ pub(crate) async fn release_to(
     let take = queued.saturating_add(1).min(RESERVE);
     // Two owners, hold id, announce, TTL, floor, mode, yield, fences, grace; numbers ≤ 70 bytes.
     let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 72;
-    let call = ScriptCall::start(&HANDOFF, &[key], 10, bytes + expiry.len())
+    let script = if core.reads_floor() {
+        &HANDOFF_FLOOR
+    } else {
+        &HANDOFF
+    };
+    let call = ScriptCall::start(script, &[key], 10, bytes + expiry.len())
         .arg(owner)
         .arg(hold)
         .arg(announce)

@@ -18,7 +18,7 @@ use super::assemble::{inline_at, inline_at_queue, inline_fence, LuaScript};
 ///     names,
 ///     [
 ///         "acquire", "acquire_batch", "acquire_floor", "acquire_floor_batch", "lock_all",
-///         "lock_all_floor", "release", "release_batch", "handoff",
+///         "lock_all_floor", "release", "release_batch", "handoff", "handoff_floor",
 ///         "extend", "extend_batch", "reenter", "reenter_batch", "renew", "fenced_set",
 ///         "latch_set", "latch_count_down", "latch_state",
 ///         "rw_read", "rw_read_batch", "rw_write", "rw_write_batch", "rw_release",
@@ -38,8 +38,9 @@ use super::assemble::{inline_at, inline_at_queue, inline_fence, LuaScript};
 #[non_exhaustive]
 pub struct ScriptSource {
     /// What the script does: `acquire`, `release`, `extend`, `reenter`, `renew`, `fenced_set`,
-    /// `acquire_floor` and `lock_all_floor` (`acquire` and the multi-lock's `lock_all` reading
-    /// the floor key a Redis module that deletes released locks' keys keeps: standalone only),
+    /// `acquire_floor`, `lock_all_floor` and `handoff_floor` (`acquire`, the multi-lock's
+    /// `lock_all` and `handoff` reading the floor key a Redis module that deletes released
+    /// locks' keys keeps: standalone only),
     /// `inspect`, `force_unlock`, `quorum_commit` (the quorum lock's second round), or a
     /// primitive's script named `<primitive>_<operation>`: `rw_*` (read-write lock), `fair_*`,
     /// `semaphore_*`, `latch_*`. `<name>_batch` runs script `<name>` for many keys of one node
@@ -63,6 +64,7 @@ pub fn lua_scripts() -> impl Iterator<Item = ScriptSource> {
         &*LOCK_ALL_FLOOR,
         &*RELEASE,
         &*HANDOFF,
+        &*HANDOFF_FLOOR,
         &*EXTEND,
         &*REENTER,
         &*RENEW,
@@ -349,6 +351,17 @@ pub(crate) static RELEASE: LazyLock<LuaScript> = LazyLock::new(|| {
 /// is sent on its own (`Transport::run_direct`). Contract: `script/lua/handoff.lua`.
 pub(crate) static HANDOFF: LazyLock<LuaScript> =
     LazyLock::new(|| fenced("handoff", with_queue(include_str!("lua/handoff.lua"))));
+
+/// [`HANDOFF`] reading the floor key as [`ACQUIRE_FLOOR`] does (a lock whose key a module
+/// deleted after the releasing holder's lease ended). Contract: `script/lua/handoff.lua`,
+/// `script/lua/floor_read.lua`.
+pub(crate) static HANDOFF_FLOOR: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets(
+        "handoff_floor",
+        &[*FLOOR_RULE, KEEP],
+        with_queue(include_str!("lua/handoff.lua")),
+    )
+});
 
 /// Move an owner's lease end to now + TTL. Contract: `script/lua/extend.lua`.
 pub(crate) static EXTEND: LazyLock<LuaScript> = LazyLock::new(|| {

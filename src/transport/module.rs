@@ -192,7 +192,6 @@ impl Modules {
         }
     }
 
-    /// Whether the client requires the module.
     /// Whether the module may serve a standalone server's calls: not turned off, and the
     /// server (node 0) not found without `fencelock.acquire` lately.
     pub(super) fn may_serve_standalone(&self) -> bool {
@@ -203,6 +202,7 @@ impl Modules {
         }
     }
 
+    /// Whether the client requires the module.
     pub(super) fn required(&self) -> bool {
         self.setting == ModuleUse::Required
     }

@@ -21,7 +21,7 @@
 -- `stored`, `floor`, `mode`, `count`, `fence` (= stored + 1) and `behind` (= 0) are locals, so
 -- its grant creates no function; on failure they leave `fence` nil and `behind` the error.
 -- The `--@floor` line is where the scripts that read the module's floor key (`acquire_floor`,
--- `lock_all_floor`) insert floor_read.lua; in the others it is a comment.
+-- `lock_all_floor`, `handoff_floor`) insert floor_read.lua; in the others it is a comment.
 local function next_fence(stored, floor, mode, count)
   local fence, behind = stored + 1, 0
 --@fence

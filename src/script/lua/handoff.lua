@@ -3,6 +3,10 @@
 -- rule and keep.lua first; a call that meets a queue runs raise.lua and the queue snippet fair.lua, inlined
 -- at its `--@queue` line). A grant costs one call when the next holder waits in the releasing client.
 --
+-- `handoff_floor` is this script with the floor read of `floor_read.lua` in its fence rule (a
+-- lock without a key, in a clock mode, takes the floor key of a module that deletes released
+-- locks' keys as its last fence): the same KEYS, ARGV and replies.
+--
 -- KEYS[1] the lock key. ARGV[1] owner A's token, ARGV[2] A's hold id (empty for the hold the
 -- acquire granted), ARGV[3] announce: `s` SPUBLISH, `p` PUBLISH, empty for none; ARGV[4] owner
 -- B's token (same client: same first 8 characters as A's), ARGV[5] B's TTL in ms, ARGV[6] B's
