@@ -137,7 +137,7 @@ impl fmt::Display for Inspection {
 
 /// What [`Client::list_locks`] found: every primitive's key under the client's prefix.
 ///
-/// With the `serde` feature it serializes as an object of these three fields.
+/// With the `serde` feature it serializes as an object of these fields.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -153,6 +153,11 @@ pub struct LockList {
     /// program wrote them, e.g. a string where a lock's hash belongs: `WRONGTYPE`), skipped;
     /// each is also logged as a `tracing` warning.
     pub skipped: Vec<String>,
+    /// The value of the prefix's floor key, `<prefix>:{floor}:floor`, when one was found: where
+    /// a standalone server whose Redis module deletes released locks' keys (`release-deletes
+    /// yes`, `docs/module.md`) keeps their last fence. A highest fence taken from this list for
+    /// [`ClientBuilder::fence_floor`](crate::ClientBuilder::fence_floor) must include it.
+    pub floor: Option<u64>,
 }
 
 /// Whether inspecting a key failed because the key is not the primitive's (another type, or a
@@ -309,7 +314,8 @@ impl Client {
     /// [`LockList::truncated`]. Keys whose names do not decode back to the same key (another
     /// program's keys under the prefix) are skipped; so are keys with a primitive's name that
     /// do not hold that primitive's state (another type, or fields it does not read), listed in
-    /// [`LockList::skipped`] and logged as warnings.
+    /// [`LockList::skipped`] and logged as warnings. The prefix's floor key (kept by a Redis
+    /// module that deletes released locks' keys) is read into [`LockList::floor`].
     ///
     /// # Errors
     ///
@@ -352,7 +358,25 @@ impl Client {
                 }
             }
         }
+        let floor_key = format!("{}{{floor}}:floor", prefix_part(&core.prefix));
         for key in keys {
+            if key == floor_key {
+                // Only a standalone server's module keeps one (a hand-written one elsewhere, or
+                // one that is not a number, is not reported).
+                if core.transport.topology() == Topology::Standalone {
+                    let mut get = redis::cmd("GET");
+                    get.arg(&key);
+                    list.floor = match core.transport.run_on_master(0, get, Operation::Scan).await {
+                        Ok(value) => redis::from_redis_value::<Option<String>>(value)
+                            .ok()
+                            .flatten()
+                            .and_then(|text| text.parse().ok()),
+                        Err(err) if is_foreign(&err) => None,
+                        Err(err) => return Err(err),
+                    };
+                }
+                continue;
+            }
             let Some((kind, name, placement)) = parse_key(&core.prefix, &key) else {
                 continue;
             };

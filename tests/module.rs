@@ -1167,7 +1167,7 @@ fn eval_script(node: &common::Node, name: &str, keys: &[&str], args: &[&str]) ->
 /// that is not a number, or not a string, counts as 0; a counter (no grace) starts at 1.
 /// `acquire` and `lock_all`, which clients with the module off and older clients send, do not
 /// read it. A client's multi-lock of one slot, which the module does not serve, is granted
-/// above the floor.
+/// above the floor; `list_locks` and `fencelock list` report the floor.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_scripts_sent_to_a_standalone_server_with_the_module_read_its_floor() {
     let server = Standalone::start_with_module_args(&["release-deletes", "yes"]);
@@ -1282,6 +1282,26 @@ async fn the_scripts_sent_to_a_standalone_server_with_the_module_read_its_floor(
     let fences: Vec<u64> = guard.fences().into_iter().map(|(_, f)| f.get()).collect();
     assert_eq!(fences, [high as u64 + 1, high as u64 + 1], "{fences:?}");
     guard.release().await.unwrap();
+
+    // `list_locks` reports the floor key's value (none without one), and `fencelock list`
+    // notes it on stderr.
+    assert_eq!(
+        client.list_locks(10_000).await.unwrap().floor,
+        Some(high as u64)
+    );
+    let listed = std::process::Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env_remove("FENCELOCK_URL")
+        .args(["--url", &server.url(), "list"])
+        .output()
+        .expect("run fencelock");
+    assert!(listed.status.success(), "{listed:?}");
+    let stderr = String::from_utf8_lossy(&listed.stderr);
+    assert!(
+        stderr.contains(&format!("the floor key holds {high}")),
+        "{stderr}"
+    );
+    let _: () = node.cmd(redis::cmd("DEL").arg(FLOOR_KEY));
+    assert_eq!(client.list_locks(10_000).await.unwrap().floor, None);
 }
 
 /// Starts `redis-server server_args… --loadmodule PATH module_args…` (on a free port of

@@ -54,6 +54,13 @@ pub async fn run(builder: ClientBuilder, args: ListArgs) -> ExitCode {
                 }
             }
             truncation_note(&list);
+            if let Some(floor) = list.floor {
+                eprintln!(
+                    "fencelock: note: the floor key holds {floor}, the last fence of locks whose \
+                     keys the Redis module deleted: a fence floor taken from this list must be \
+                     at least that"
+                );
+            }
             for key in &list.skipped {
                 eprintln!(
                     "fencelock: warning: skipped key {key:?}: it has a lock's name under the \
