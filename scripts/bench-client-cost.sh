@@ -50,7 +50,7 @@ if [ -n "${MODULE:-}" ]; then
 fi
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${load_module[@]}"
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+wait_for_server "$port" "$dir/redis.log"
 
 # Total instructions of one run of `speed latency --pairs $2` for library $1.
 count() {

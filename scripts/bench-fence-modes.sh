@@ -18,7 +18,7 @@ stop() {
   rm -rf "$dir"
 }
 trap stop EXIT
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+wait_for_server "$port" "$dir/redis.log"
 redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
 until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.05; done
 cargo build --quiet --release --bin fencelock

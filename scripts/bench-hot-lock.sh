@@ -46,7 +46,7 @@ if [ -n "${MODULE:-}" ]; then
 fi
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${load_module[@]}"
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+wait_for_server "$port" "$dir/redis.log"
 url="redis://127.0.0.1:$port"
 if [ "$target" = cluster ]; then
   REDIS_ARGS="${load_module[*]}" scripts/cluster.sh up --base-port $((port + 1)) >/dev/null

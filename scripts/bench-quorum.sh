@@ -43,7 +43,7 @@ for port in $(seq "$base" $((base + 4))); do
     --daemonize yes --pidfile "$dir/$port.pid" --logfile "$dir/$port.log"
 done
 for port in $(seq "$base" $((base + 4))); do
-  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+  wait_for_server "$port" "$dir/$port.log"
 done
 scripts/cluster.sh up --base-port "$cport" >/dev/null
 

@@ -39,13 +39,18 @@ speed=$tdir/release/examples/speed
 fencelock=$tdir/release/fencelock
 
 module_args=""; libs=fencelock,rslock
-if [ -n "${MODULE:-}" ]; then module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock; fi
+if [ -n "${MODULE:-}" ]; then
+  [ -f "$MODULE" ] || { echo "MODULE=$MODULE: no such file" >&2; exit 1; }
+  # Absolute: the servers run in directories of their own.
+  MODULE=$(cd "$(dirname "$MODULE")" && pwd)/$(basename "$MODULE")
+  module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock
+fi
 standalone_module_args=$module_args
 if [ -n "${MODULE:-}" ]; then standalone_module_args="$module_args ${MODULE_ARGS:-}"; fi
 # shellcheck disable=SC2086
 redis-server --port "$base" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" $standalone_module_args
-until redis-cli -p "$base" ping >/dev/null 2>&1; do sleep 0.05; done
+wait_for_server "$base" "$dir/redis.log"
 REDIS_ARGS="$module_args" scripts/cluster.sh up --base-port "$cport" >/dev/null
 
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)," \

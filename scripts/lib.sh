@@ -49,6 +49,21 @@ free_port() {
   echo "$port"
 }
 
+# Waits until the server on port $1 answers PING, at most 20 s; otherwise prints the end of its
+# log file $2 (a server that aborted at start, e.g. a module it could not load) and fails.
+wait_for_server() {
+  local port=$1 log=$2 tries=400
+  until redis-cli -p "$port" ping >/dev/null 2>&1; do
+    tries=$((tries - 1))
+    if [ "$tries" -le 0 ]; then
+      echo "redis-server on port $port did not answer within 20 s; the end of $log:" >&2
+      tail -n 5 "$log" >&2 2>/dev/null || true
+      return 1
+    fi
+    sleep 0.05
+  done
+}
+
 # Stops the server whose pid file is $1/redis.pid (if any) and waits until it has exited.
 stop_server_in() {
   local pid

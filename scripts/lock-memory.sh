@@ -26,7 +26,7 @@ measure() { # $1 label, rest: extra redis-server args
   rm -rf "$dir"/*
   redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
     --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@"
-  until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.05; done
+  wait_for_server "$port" "$dir/redis.log"
   pid=$(cat "$dir/redis.pid")
   if [ "$*" != "" ]; then
     redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
