@@ -46,7 +46,7 @@ fi
 
 load_module=()
 if [ -n "${MODULE:-}" ]; then
-  load_module=(--loadmodule "$(cd "$(dirname "$MODULE")" && pwd)/$(basename "$MODULE")")
+  load_module=(--loadmodule "$(module_path "$MODULE")")
 fi
 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
   --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "${load_module[@]}"

@@ -70,7 +70,7 @@ fi
 module=${MODULE:-}
 load_module=()
 if [ -n "$module" ]; then
-  load_module=(--loadmodule "$(cd "$(dirname "$module")" && pwd)/$(basename "$module")")
+  load_module=(--loadmodule "$(module_path "$module")")
   # shellcheck disable=SC2206
   load_module+=(${MODULE_ARGS:-})
 fi

@@ -40,9 +40,7 @@ fencelock=$tdir/release/fencelock
 
 module_args=""; libs=fencelock,rslock
 if [ -n "${MODULE:-}" ]; then
-  [ -f "$MODULE" ] || { echo "MODULE=$MODULE: no such file" >&2; exit 1; }
-  # Absolute: the servers run in directories of their own.
-  MODULE=$(cd "$(dirname "$MODULE")" && pwd)/$(basename "$MODULE")
+  MODULE=$(module_path "$MODULE")
   module_args="--loadmodule $MODULE"; libs=fencelock,fencelock-scripts,rslock
 fi
 standalone_module_args=$module_args

@@ -49,6 +49,13 @@ free_port() {
   echo "$port"
 }
 
+# Prints the absolute path of the module file $1 (servers run in directories of their own, so
+# a relative path would not load); fails with a message when there is no such file.
+module_path() {
+  [ -f "$1" ] || { echo "MODULE=$1: no such file" >&2; return 1; }
+  echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+}
+
 # Waits until the server on port $1 answers PING, at most 20 s; otherwise prints the end of its
 # log file $2 (a server that aborted at start, e.g. a module it could not load) and fails.
 wait_for_server() {
