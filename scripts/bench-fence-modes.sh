@@ -20,7 +20,7 @@ stop() {
 trap stop EXIT
 wait_for_server "$port" "$dir/redis.log"
 redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
-until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.05; done
+wait_for_cluster_ok "$port" "$dir/redis.log"
 cargo build --quiet --release --bin fencelock
 sha=$(redis-cli -p "$port" script load "$(target/release/fencelock script acquire)")
 echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $requests calls, 50 clients"

@@ -401,9 +401,13 @@ valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
   --cluster-enabled yes --cluster-config-file "$dir/nodes.conf" >"$dir/valgrind-cluster.log" 2>&1 &
 pid=$!
 port=$cluster_port
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+until redis-cli -p "$port" ping >/dev/null 2>&1; do
+  if ! kill -0 "$pid" 2>/dev/null; then cat "$dir/valgrind-cluster.log" >&2; pid=; exit 1; fi
+  sleep 0.2
+done
 cli cluster addslotsrange 0 16383 >/dev/null
-until cli cluster info | grep -q 'cluster_state:ok'; do sleep 0.2; done
+# Under callgrind the node is slow: 60 s.
+wait_for_cluster_ok "$port" "$dir/valgrind-cluster.log" 60
 acquire=$(cli script load "$($fencelock script acquire)")
 release=$(cli script load "$($fencelock script release)")
 acquire_batch=$(cli script load "$($fencelock script acquire_batch)")

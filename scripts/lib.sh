@@ -56,19 +56,35 @@ module_path() {
   echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 }
 
-# Waits until the server on port $1 answers PING, at most 20 s; otherwise prints the end of its
-# log file $2 (a server that aborted at start, e.g. a module it could not load) and fails.
-wait_for_server() {
-  local port=$1 log=$2 tries=400
-  until redis-cli -p "$port" ping >/dev/null 2>&1; do
+# Runs the command $4... every 50 ms until it succeeds, at most $1 seconds; then prints "$2
+# within $1 s" and the end of the log file $3 (a server that aborted at start, e.g. a module it
+# could not load) and fails.
+poll_until() {
+  local seconds=$1 what=$2 log=$3 tries=$(($1 * 20))
+  shift 3
+  until "$@"; do
     tries=$((tries - 1))
     if [ "$tries" -le 0 ]; then
-      echo "redis-server on port $port did not answer within 20 s; the end of $log:" >&2
+      echo "$what within $seconds s; the end of $log:" >&2
       tail -n 5 "$log" >&2 2>/dev/null || true
       return 1
     fi
     sleep 0.05
   done
+}
+
+answers_ping() { redis-cli -p "$1" ping >/dev/null 2>&1; }
+cluster_state_ok() { redis-cli -p "$1" cluster info 2>/dev/null | grep -q cluster_state:ok; }
+
+# Waits until the server on port $1 answers PING, at most 20 s (else shows the end of its log $2).
+wait_for_server() {
+  poll_until 20 "redis-server on port $1 did not answer" "$2" answers_ping "$1"
+}
+
+# Waits until the single-node cluster on port $1 reports cluster_state:ok (its slots just
+# assigned), at most $3 seconds (default 20; else shows the end of its log $2).
+wait_for_cluster_ok() {
+  poll_until "${3:-20}" "the cluster node on port $1 did not reach cluster_state:ok" "$2" cluster_state_ok "$1"
 }
 
 # Stops the server whose pid file is $1/redis.pid (if any) and waits until it has exited.

@@ -30,7 +30,7 @@ measure() { # $1 label, rest: extra redis-server args
   pid=$(cat "$dir/redis.pid")
   if [ "$*" != "" ]; then
     redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
-    until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.05; done
+    wait_for_cluster_ok "$port" "$dir/redis.log"
   fi
   local sha before keys held released
   sha=$(redis-cli -p "$port" script load "$acquire")
