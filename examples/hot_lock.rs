@@ -1,6 +1,8 @@
 //! A hot lock across processes (issue 25): ONE lock, N separate client processes with one task
 //! each, each acquiring (waiting), holding `--hold-ms` (0 by default) and releasing in a loop,
-//! for the fencelock mutex (`fencelock`), the fencelock fair lock (`fair`) and rslock, in one run.
+//! for the fencelock mutex (`fencelock`), the mutex with `LockOptions::linger` (`linger`: a
+//! released hot lock stays with its process for a run of grants), the fencelock fair lock
+//! (`fair`) and rslock, in one run. A fencelock child calls `Client::shutdown` before it exits.
 //!
 //! The parent spawns N copies of itself (its own executable, `child` subcommand), waits until
 //! every child has connected and warmed up, starts them at once, and sums the grants they print.
@@ -26,7 +28,7 @@
 //! until granted). Servers: `scripts/bench-hot-lock.sh` starts its own.
 //!
 //! ```text
-//! cargo run --release --example hot_lock -- --url redis://127.0.0.1:7400 --procs 8 --libs fencelock,fair,rslock
+//! cargo run --release --example hot_lock -- --url redis://127.0.0.1:7400 --procs 8 --libs fencelock,linger,fair,rslock
 //! ```
 
 use std::collections::BTreeMap;
@@ -81,6 +83,8 @@ enum Target {
 enum Lib {
     /// The fencelock mutex (`Client::lock`).
     Fencelock,
+    /// The fencelock mutex with `LockOptions::linger(true)`.
+    Linger,
     /// The fencelock fair lock (`Client::fair_lock`).
     Fair,
     Rslock,
@@ -90,6 +94,7 @@ impl Lib {
     fn label(self) -> &'static str {
         match self {
             Lib::Fencelock => "fencelock",
+            Lib::Linger => "linger",
             Lib::Fair => "fair",
             Lib::Rslock => "rslock",
         }
@@ -153,7 +158,7 @@ impl Job {
     async fn new(args: &Args, lib: Lib) -> Self {
         let ttl = Duration::from_secs(10);
         let locker = match lib {
-            Lib::Fencelock | Lib::Fair => Locker::Fencelock(
+            Lib::Fencelock | Lib::Linger | Lib::Fair => Locker::Fencelock(
                 Client::builder(args.urls.clone())
                     .connect()
                     .await
@@ -169,7 +174,10 @@ impl Job {
         Job {
             lib,
             locker,
-            options: LockOptions::new().ttl(ttl).timeout(Duration::from_secs(60)),
+            options: LockOptions::new()
+                .ttl(ttl)
+                .timeout(Duration::from_secs(60))
+                .linger(lib == Lib::Linger),
             ttl,
         }
     }
@@ -223,6 +231,10 @@ async fn child(args: &Args, name: &str) {
         }
         job.release(hold).await;
         grants += 1;
+    }
+    if let Locker::Fencelock(client) = &job.locker {
+        // Lingering releases (and any other background release) reach Redis before the exit.
+        client.shutdown().await.expect("shutdown");
     }
     println!(
         "grants {grants} cpu_ns {}",

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 25: a hot lock across processes. ONE lock, N separate client processes with one task
-# each (N = 2, 8, 32), for the fencelock mutex, the fencelock fair lock and rslock side by side
-# in one run (examples/hot_lock.rs). Starts its own standalone server on a free port from
-# BASE_PORT (default 7400) and stops it (by pid) on exit.
+# each (N = 2, 8, 32), for the fencelock mutex, the mutex with LockOptions::linger (`linger`),
+# the fencelock fair lock and rslock side by side in one run (examples/hot_lock.rs). Starts its
+# own standalone server on a free port from BASE_PORT (default 7400) and stops it (by pid) on exit.
 #   BASE_PORT=7400 SECONDS_PER_RUN=10 HOLD_MS=0 PROCS="2 8 32" [HOT_LOCK=binary] [TARGET=cluster] [SPAWNED=1] scripts/bench-hot-lock.sh
+# LIBS=fencelock,linger,fair,rslock (the default) chooses the libraries (a binary built before
+# `linger` existed takes LIBS=fencelock,fair,rslock).
 # SPAWNED=1 runs each client's loop as a spawned task (hot_lock --spawned) instead of on the
 # process's main thread. MODULE=/path/to/libfencelock_module.so loads fencelock's module into
 # the server(s) (scripts/build-module.sh builds it): the fencelock clients then use it.
@@ -57,7 +59,7 @@ echo "redis $(redis-server --version | grep -o 'v=[0-9.]*'), $(nproc) cores, loa
   "port $port, target $target, hold ${hold} ms, ${seconds}s per measurement${MODULE:+, module loaded}"
 for n in $procs; do
   "$hot" --url "$url" --target "$target" --seconds "$seconds" --hold-ms "$hold" --procs "$n" "${spawned[@]}" \
-    --libs fencelock,fair,rslock
+    --libs ${LIBS:-fencelock,linger,fair,rslock}
 done | tee "$dir/lines"
 
 echo "== ratios (this run)"
@@ -67,7 +69,7 @@ field() { # field LIB PROCS KEY
 }
 for n in $procs; do
   r=$(field rslock "$n" grants/s)
-  for lib in fencelock fair; do
+  for lib in fencelock linger fair; do
     f=$(field $lib "$n" grants/s)
     if [ -n "$f" ] && [ -n "$r" ] && [ "$r" != 0 ]; then
       echo "ratio procs=$n ${lib}/rslock=$(echo "scale=2; $f / $r" | bc -l) ($f / $r)"

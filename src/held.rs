@@ -147,12 +147,15 @@ pub(crate) struct Grant {
 /// How a hold's release hands the lock to the client's next waiting task in the same call (the
 /// mutex's: `lock/handoff.rs`): releases `owner`'s hold `hold` (empty for the first) on `keys`'
 /// lock and grants it to `waiter`, or tells the waiter to ask Redis; returns the release's code.
+/// `cohort` is the hold's [`Held::cohort`] mark: the waiter is then handed the lock ahead of
+/// other clients' queued places, with fences reserved for further handoffs within the client.
 pub(crate) type HandOver = for<'a> fn(
     &'a Arc<Core>,
     &'a LockKeys,
     &'a str,
     &'a str,
     Waiter,
+    bool,
 ) -> Pin<Box<dyn Future<Output = Result<i64>> + Send + 'a>>;
 
 /// How a mutex hold registered in the local queue hands the lock to the client's next waiting
@@ -214,7 +217,17 @@ pub(crate) struct Held {
     shared: AtomicBool,
     /// The weight of its calls in a batch (see [`Grant::weight`]).
     weight: u32,
+    /// Granted by Redis after the call waited behind other clients' places: its release may
+    /// start a cohort (see [`cohort`](Self::cohort)).
+    cohort: bool,
+    /// Its release may linger ([`LockOptions::linger`]).
+    linger: bool,
 }
+
+/// How many times a lingering release lets the runtime run its other ready tasks before it asks
+/// Redis (see `Held::release`): enough for the releasing task to come back for the lock when it
+/// does so at once, without a timer (whose 1 ms resolution would hold the lock from others).
+const LINGER_YIELDS: usize = 3;
 
 impl Held {
     /// The hold `grant` made, watched when `options` turn the watchdog on. A grant by Redis
@@ -238,7 +251,9 @@ impl Held {
             .watchdog
             .then(|| Self::watch(core, kind, &grant, options))
             .flatten();
-        Self::following(core, kind, grant, watched)
+        let mut held = Self::following(core, kind, grant, watched);
+        held.linger = options.linger;
+        held
     }
 
     /// The hold `grant` made, following `watched` (another hold's watch) if any.
@@ -265,6 +280,8 @@ impl Held {
             last: grant.fence,
             shared: AtomicBool::new(false),
             weight: grant.weight,
+            cohort: false,
+            linger: false,
         }
     }
 
@@ -279,6 +296,17 @@ impl Held {
     /// the lock on within itself under the same owner token.
     pub(crate) fn reserved(mut self, last: FenceToken) -> Self {
         self.last = last.max(self.fence);
+        self
+    }
+
+    /// This mutex hold was granted by Redis after the call waited behind other clients' queued
+    /// places (a hot lock): its release hands the lock to this client's next waiting task ahead
+    /// of those places and reserves fences for further handoffs within the client, a *cohort*
+    /// of at most `lock/handoff.rs`'s `RESERVE` grants before the next client's turn; with
+    /// [`LockOptions::linger`] and no task waiting yet it lingers for a moment (see
+    /// [`release`](Self::release)).
+    pub(crate) fn cohort(mut self) -> Self {
+        self.cohort = true;
         self
     }
 
@@ -458,6 +486,16 @@ impl Held {
     }
 
     /// Releases the hold and stops its watch (see `LockGuard::release`).
+    ///
+    /// A mutex hold with [`LockOptions::linger`] that could hand the lock on within the client
+    /// (fences reserved for its owner token left, or a [`cohort`](Self::cohort) hold) with no
+    /// task of the client waiting yet *lingers*: it stays in the client's local queue while the runtime runs its other
+    /// ready tasks [`LINGER_YIELDS`] times, so a task that asks for the lock at once (the
+    /// releasing one, in a loop) is handed it (with no call while reserved fences last), and
+    /// otherwise a background task releases it. It lingers only while its lease has most of
+    /// its TTL left (as a handoff within the client needs): the lock was surely held until the
+    /// release, which answers `Ok` before Redis is told; a loss the background call finds (a
+    /// failover that lost the grant) is logged and counted as lost, not returned.
     pub(crate) async fn release(self) -> Result<()> {
         let span = self.span("fencelock.release");
         self.release_unspanned().instrument(span).await
@@ -476,19 +514,91 @@ impl Held {
         )
     }
 
-    async fn release_unspanned(mut self) -> Result<()> {
-        if let Some(handing) = self.handing {
+    async fn release_unspanned(self) -> Result<()> {
+        if self.handing.is_some()
+            && self.core.handoffs.waiting(&self.keys) == 0
+            && self.may_linger()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            self.linger();
+            return Ok(());
+        }
+        self.release_now().await
+    }
+
+    /// Whether a release of this hold may linger (see [`release`](Self::release)).
+    fn may_linger(&self) -> bool {
+        self.linger
+            && (self.cohort || self.last > self.fence)
+            && self.hold.is_empty()
+            && !self.shared.load(Ordering::Relaxed)
+            && self.lease_mostly_left()
+    }
+
+    /// Leaves this hold in the client's local queue for the next task that asks for the lock,
+    /// and a background task that releases it unless one does (see [`release`](Self::release)).
+    fn linger(self) {
+        let (core, keys) = (Arc::clone(&self.core), self.keys.clone());
+        let ticket = core.handoffs.linger(&keys, Box::new(self));
+        let lingering = Lingering { core, keys, ticket };
+        let transport = Arc::clone(&lingering.core.transport);
+        transport.spawn_detached(async move {
+            for _ in 0..LINGER_YIELDS {
+                tokio::task::yield_now().await;
+            }
+            let Some(held) = lingering.take() else {
+                return;
+            };
+            let name = held.keys.name().to_owned();
+            if let Err(err) = held.release_now().await {
+                tracing::debug!(lock = name, error = %err, "lingering release failed");
+            }
+        });
+    }
+
+    /// Hands the lock to `waiter`, a task of this client that asked for it while this hold's
+    /// release lingered (see `lock/handoff.rs`), as a release with `waiter` queued would.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Self::release)'s call; the waiter is told to ask Redis (or given the
+    /// lock) either way.
+    pub(crate) async fn hand_to(mut self, waiter: Waiter) -> Result<()> {
+        let Some(handing) = self.handing else {
+            let _ = waiter.to.send(Handed::Turn);
+            return self.release_call_now().await;
+        };
+        let Some(waiter) = self.hand_within(handing, waiter) else {
+            return self.released(1);
+        };
+        self.no_hand_within();
+        self.unwatch();
+        let over = handing.over;
+        let cohort = self.cohort;
+        let code = over(
+            &self.core,
+            &self.keys,
+            &self.owner,
+            &self.hold,
+            waiter,
+            cohort,
+        )
+        .await?;
+        self.released(code)
+    }
+
+    /// The release, handing the lock to this client's next waiting task if there is one.
+    async fn release_now(self) -> Result<()> {
+        if self.handing.is_some() {
             if let Some(waiter) = self.core.handoffs.next(&self.keys) {
-                let Some(waiter) = self.hand_within(handing, waiter) else {
-                    return self.released(1);
-                };
-                self.no_hand_within();
-                self.unwatch();
-                let over = handing.over;
-                let code = over(&self.core, &self.keys, &self.owner, &self.hold, waiter).await?;
-                return self.released(code);
+                return self.hand_to(waiter).await;
             }
         }
+        self.release_call_now().await
+    }
+
+    /// The release call (no task of this client to hand the lock to).
+    async fn release_call_now(mut self) -> Result<()> {
         self.no_hand_within();
         self.unwatch();
         let call = self.release_call();
@@ -560,12 +670,7 @@ impl Held {
             }
             None => !options.watchdog,
         };
-        let left = self.valid_until().saturating_duration_since(Instant::now());
-        let lease_left = if self.watched.is_some() {
-            left >= self.ttl / 2
-        } else {
-            left >= self.ttl.mul_f64(0.9)
-        };
+        let lease_left = self.lease_mostly_left();
         let possible = self.hold.is_empty()
             && !self.shared.load(Ordering::Relaxed)
             && next <= self.last.get()
@@ -596,6 +701,8 @@ impl Held {
             last: self.last,
             shared: AtomicBool::new(false),
             weight: self.weight,
+            cohort: false,
+            linger: options.linger,
         };
         Counters::add(&self.core.counters.grants, self.metric_kind(), 1);
         Counters::add(&self.core.counters.handoffs, self.metric_kind(), 1);
@@ -603,6 +710,17 @@ impl Held {
         // A waiter gone meanwhile drops the guard, which hands the lock on or releases it.
         let _ = waiter.to.send(Handed::Granted((handing.wrap)(held)));
         None
+    }
+
+    /// Whether the lease has most of its TTL left, as a handoff within the client needs: half
+    /// under a watchdog (which goes on renewing it), 90% without one.
+    fn lease_mostly_left(&self) -> bool {
+        let left = self.valid_until().saturating_duration_since(Instant::now());
+        if self.watched.is_some() {
+            left >= self.ttl / 2
+        } else {
+            left >= self.ttl.mul_f64(0.9)
+        }
     }
 
     /// A call that releases this hold is about to go out: from now on the hold is never handed
@@ -633,9 +751,9 @@ impl Held {
         };
         self.unwatch();
         let (core, keys) = (Arc::clone(&self.core), self.keys.clone());
-        let (owner, hold) = (self.owner.clone(), self.hold.clone());
+        let (owner, hold, cohort) = (self.owner.clone(), self.hold.clone(), self.cohort);
         self.core.transport.spawn_detached(async move {
-            if let Err(err) = (handing.over)(&core, &keys, &owner, &hold, waiter).await {
+            if let Err(err) = (handing.over)(&core, &keys, &owner, &hold, waiter, cohort).await {
                 tracing::debug!(lock = keys.name(), error = %err, "background release failed");
             }
         });
@@ -668,6 +786,30 @@ impl Held {
                 Err(lost)
             }
         }
+    }
+}
+
+/// A hold whose release lingers in the client's local queue under `ticket`: released by the
+/// background task unless a task of the client took it, or when that task is dropped (its
+/// runtime shut down) before it ran.
+struct Lingering {
+    core: Arc<Core>,
+    keys: LockKeys,
+    ticket: u64,
+}
+
+impl Lingering {
+    /// The hold, unless a task of the client took it meanwhile.
+    fn take(&self) -> Option<Held> {
+        let hold = self.core.handoffs.unlinger(&self.keys, self.ticket)?;
+        hold.downcast::<Held>().ok().map(|held| *held)
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        // Dropped, the hold releases in the background (a runtime still running) like any.
+        drop(self.take());
     }
 }
 

@@ -1,6 +1,8 @@
 //! The client's local queues: per lock key that a task of this client holds or asks Redis for
 //! (its *turn*), the client's other tasks that want it, in arrival order. Only the task with the
 //! turn asks Redis; the holder's release hands the lock to the first waiter or passes the turn.
+//! A release may also leave its hold *lingering* here for a moment (see `Held`'s release): the
+//! client's next task to enter takes it and is handed the lock by it.
 //!
 //! The queues know nothing of a primitive: what a release hands over travels type-erased, so
 //! the queues sit below [`crate::core::Core`], which keeps them, and the primitive that uses
@@ -9,6 +11,7 @@
 use std::any::Any;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
@@ -20,7 +23,17 @@ use crate::options::LockOptions;
 /// turn for.
 #[derive(Default)]
 pub(crate) struct LocalQueues {
-    locks: Mutex<HashMap<Key, VecDeque<Waiter>, ByFingerprint>>,
+    locks: Mutex<HashMap<Key, Line, ByFingerprint>>,
+    /// The last ticket given to a lingering hold.
+    tickets: AtomicU64,
+}
+
+/// One lock's line in this client: the tasks waiting, and a hold whose release lingers.
+#[derive(Default)]
+struct Line {
+    waiters: VecDeque<Waiter>,
+    /// A released hold kept for the next task that enters, type-erased, with its ticket.
+    lingering: Option<(u64, Box<dyn Any + Send>)>,
 }
 
 /// A lock's keys, compared by the lock key and hashed by its fingerprint, computed once with
@@ -66,6 +79,9 @@ pub(crate) enum Entered {
     Turn(Turn),
     /// Queued behind the task that holds or asks for it.
     Queued(oneshot::Receiver<Handed>),
+    /// A hold of this client whose release lingered (type-erased): the entering task has it
+    /// hand the lock over to it.
+    Lingering(Box<dyn Any + Send>),
 }
 
 /// The turn of one task of this client to ask Redis for a lock; the others queue behind it.
@@ -102,7 +118,7 @@ impl Drop for Turn {
 }
 
 impl LocalQueues {
-    fn locks(&self) -> MutexGuard<'_, HashMap<Key, VecDeque<Waiter>, ByFingerprint>> {
+    fn locks(&self) -> MutexGuard<'_, HashMap<Key, Line, ByFingerprint>> {
         self.locks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -120,15 +136,18 @@ impl LocalQueues {
         owner: impl FnOnce() -> String,
     ) -> Entered {
         let mut locks = self.locks();
-        let queue = match locks.entry(Key(keys.clone())) {
-            Entry::Occupied(queue) => queue.into_mut(),
+        let line = match locks.entry(Key(keys.clone())) {
+            Entry::Occupied(line) => line.into_mut(),
             Entry::Vacant(vacant) => {
-                vacant.insert(VecDeque::new());
+                vacant.insert(Line::default());
                 return Entered::Turn(Turn::new(self, keys));
             }
         };
+        if let Some((_, hold)) = line.lingering.take() {
+            return Entered::Lingering(hold);
+        }
         let (to, from) = oneshot::channel();
-        queue.push_back(Waiter {
+        line.waiters.push_back(Waiter {
             keys: keys.clone(),
             owner: owner(),
             options: options.clone(),
@@ -140,8 +159,8 @@ impl LocalQueues {
     /// The first waiter still waiting for `keys`' lock.
     pub(crate) fn next(&self, keys: &LockKeys) -> Option<Waiter> {
         let mut locks = self.locks();
-        let queue = locks.get_mut(&Key(keys.clone()))?;
-        while let Some(waiter) = queue.pop_front() {
+        let line = locks.get_mut(&Key(keys.clone()))?;
+        while let Some(waiter) = line.waiters.pop_front() {
             if !waiter.to.is_closed() {
                 return Some(waiter);
             }
@@ -153,7 +172,35 @@ impl LocalQueues {
     pub(crate) fn waiting(&self, keys: &LockKeys) -> usize {
         self.locks()
             .get(&Key(keys.clone()))
-            .map_or(0, VecDeque::len)
+            .map_or(0, |line| line.waiters.len())
+    }
+
+    /// Keeps `hold`, a hold of this client on `keys`' lock whose release lingers, for the next
+    /// task that enters; returns its ticket for [`unlinger`](Self::unlinger).
+    pub(crate) fn linger(&self, keys: &LockKeys, hold: Box<dyn Any + Send>) -> u64 {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut locks = self.locks();
+        let line = locks.entry(Key(keys.clone())).or_default();
+        line.lingering = Some((ticket, hold));
+        ticket
+    }
+
+    /// The hold lingering on `keys`' lock, if one does (for a task's one attempt, which never
+    /// queues).
+    pub(crate) fn take_lingering(&self, keys: &LockKeys) -> Option<Box<dyn Any + Send>> {
+        let mut locks = self.locks();
+        let line = locks.get_mut(&Key(keys.clone()))?;
+        line.lingering.take().map(|(_, hold)| hold)
+    }
+
+    /// The hold lingering under `ticket` on `keys`' lock, if no task took it meanwhile.
+    pub(crate) fn unlinger(&self, keys: &LockKeys, ticket: u64) -> Option<Box<dyn Any + Send>> {
+        let mut locks = self.locks();
+        let line = locks.get_mut(&Key(keys.clone()))?;
+        match &line.lingering {
+            Some((at, _)) if *at == ticket => line.lingering.take().map(|(_, hold)| hold),
+            _ => None,
+        }
     }
 
     /// The task holding or asking for `keys`' lock let go without handing it over: the next
@@ -161,14 +208,17 @@ impl LocalQueues {
     pub(crate) fn pass(&self, keys: &LockKeys) {
         let key = Key(keys.clone());
         let mut locks = self.locks();
-        let Some(queue) = locks.get_mut(&key) else {
+        let Some(line) = locks.get_mut(&key) else {
             return;
         };
-        while let Some(waiter) = queue.pop_front() {
+        while let Some(waiter) = line.waiters.pop_front() {
             if waiter.to.send(Handed::Turn).is_ok() {
                 return;
             }
         }
+        // Only the hold that has the lock passes it, so none lingers here; one that did is
+        // dropped (and so released) once the table is unlocked: its drop enters the table.
+        let lingering = line.lingering.take();
         if locks.len() == 1 {
             // The usual case, one lock at a time: emptying the table leaves no tombstone, which
             // would make a later insert of another key rehash the table in place.
@@ -176,6 +226,8 @@ impl LocalQueues {
         } else {
             locks.remove(&key);
         }
+        drop(locks);
+        drop(lingering);
     }
 }
 

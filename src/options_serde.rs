@@ -5,7 +5,7 @@
 //! ```text
 //! { "ttl": "30s", "timeout": "10s", "wait_replicas": { "replicas": 1, "timeout": "100ms" },
 //!   "slot": 12739, "tag": "orders", "floor": 42, "watchdog": true,
-//!   "renew_every": "5s", "max_hold": "1h" }
+//!   "renew_every": "5s", "max_hold": "1h", "linger": true }
 //! ```
 //!
 //! Durations are humantime strings (`"300ms"`, `"1m 30s"`, `"2h 15m"`), as the CLI takes them,
@@ -79,6 +79,12 @@ struct Repr {
     renew_every: Option<Human>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_hold: Option<Human>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    linger: bool,
+}
+
+fn is_false(on: &bool) -> bool {
+    !on
 }
 
 impl Serialize for LockOptions {
@@ -101,6 +107,7 @@ impl Serialize for LockOptions {
             watchdog: Some(self.watchdog),
             renew_every: self.renew_every.map(Human),
             max_hold: self.max_hold.map(Human),
+            linger: self.linger,
         }
         .serialize(serializer)
     }
@@ -135,6 +142,7 @@ impl<'de> Deserialize<'de> for LockOptions {
             watchdog: repr.watchdog.unwrap_or(defaults.watchdog),
             renew_every: repr.renew_every.map(|h| h.0),
             max_hold: repr.max_hold.map(|h| h.0),
+            linger: repr.linger,
             on_wait: None,
         })
     }

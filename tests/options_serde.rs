@@ -17,6 +17,7 @@ fn lock_options_round_trip_with_humantime_durations() {
         .watchdog(true)
         .renew_every(Duration::from_secs(5))
         .max_hold(Duration::from_secs(90))
+        .linger(true)
         .on_wait(|_| {});
     let value = serde_json::to_value(&options).unwrap();
     assert_eq!(
@@ -30,6 +31,7 @@ fn lock_options_round_trip_with_humantime_durations() {
             "watchdog": true,
             "renew_every": "5s",
             "max_hold": "1m 30s",
+            "linger": true,
         })
     );
     let back: LockOptions = serde_json::from_value(value.clone()).unwrap();

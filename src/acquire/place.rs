@@ -138,6 +138,12 @@ impl Place {
         }
     }
 
+    /// Whether an attempt of this call answered busy: it waited behind another holder (and,
+    /// with a place, behind other clients' places).
+    pub(crate) fn was_busy(&self) -> bool {
+        self.lock_busy_sent().is_some()
+    }
+
     /// Whether a grant to this call's place has been announced and not yet taken.
     pub(crate) fn handed_pending(&self) -> bool {
         self.core.wakeups.has_message(&self.channel, &self.owner)

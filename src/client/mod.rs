@@ -131,9 +131,11 @@ impl Client {
     }
 
     /// Waits for this client's background work to finish: the releases of guards dropped
-    /// without [`release`](crate::LockGuard::release) and the undos of cancelled acquisitions, which
-    /// run as background tasks. Call it before the process exits, so that a lock whose guard
-    /// was just dropped is free at once instead of staying held until its TTL ends.
+    /// without [`release`](crate::LockGuard::release), the releases that linger
+    /// ([`LockOptions::linger`](crate::LockOptions::linger)) and the undos of cancelled
+    /// acquisitions, which run as background tasks. Call it before the process exits, so that a
+    /// lock whose guard was just dropped is free at once instead of staying held until its TTL
+    /// ends.
     ///
     /// Waits at most one request timeout (each background release is itself bounded by it);
     /// see [`shutdown_within`](Self::shutdown_within) for another bound. The client stays

@@ -18,6 +18,8 @@ pub(crate) static MUTEX: Scripts = Scripts {
 /// Release it with [`release`](Self::release) to learn whether the hold was intact. Dropping an
 /// unreleased guard releases the lock in the background on the current Tokio runtime (when there
 /// is one); it never blocks or panics. Without a runtime the lock simply expires after its TTL.
+/// With [`LockOptions::linger`](crate::LockOptions::linger) a release of a hot lock may answer
+/// before Redis is told, keeping the lock for this client's next task for a moment.
 ///
 /// # Examples
 ///

@@ -27,10 +27,13 @@
 //! A queued waiter also looks at Redis itself after the wait loop's re-check period, so a
 //! holder that never releases (a leaked guard) costs time, never liveness.
 
+use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use crate::acquire::{InFlight, Local};
 use crate::core::Core;
@@ -83,9 +86,10 @@ pub(crate) async fn wait(
     let owner = || crate::owner::token(core.tag());
     let from = match core.handoffs.enter(keys, options, owner) {
         Entered::Turn(turn) => return Local::Ask(Some(turn)),
-        Entered::Queued(from) => from,
+        Entered::Queued(from) => tokio::time::timeout_at(until.into(), from).await,
+        Entered::Lingering(hold) => return taken(core, keys, options, hold).await,
     };
-    match tokio::time::timeout_at(until.into(), from).await {
+    match from {
         Ok(Ok(Handed::Granted(guard))) => match guard.downcast::<LockGuard>() {
             Ok(guard) => Local::Granted(*guard),
             // Only the mutex hands over here; anything else is dropped (and so released).
@@ -96,9 +100,63 @@ pub(crate) async fn wait(
     }
 }
 
+/// The lock a hold of this client whose release lingers on `keys`' lock hands to a task that
+/// makes one attempt ([`Client::try_lock`](crate::Client::try_lock)), if one lingers: granted,
+/// or the turn to ask Redis. `None` when none lingers.
+///
+/// # Cancel safety
+///
+/// As [`wait`].
+pub(crate) async fn lingering(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+) -> Option<Local<LockGuard>> {
+    if options.wait.is_some() {
+        return None;
+    }
+    let hold = core.handoffs.take_lingering(keys)?;
+    Some(taken(core, keys, options, hold).await)
+}
+
+/// Has `hold`, a lingering hold of this client taken from the local queue, hand the lock to
+/// the calling task (see `Held::hand_to`).
+async fn taken(
+    core: &Arc<Core>,
+    keys: &LockKeys,
+    options: &LockOptions,
+    hold: Box<dyn Any + Send>,
+) -> Local<LockGuard> {
+    let Ok(held) = hold.downcast::<Held>() else {
+        // Only a mutex hold lingers; anything else was dropped (and so released).
+        return Local::Ask(None);
+    };
+    let (to, from) = oneshot::channel();
+    let waiter = Waiter {
+        keys: keys.clone(),
+        owner: crate::owner::token(core.tag()),
+        options: options.clone(),
+        to,
+    };
+    if let Err(err) = held.hand_to(waiter).await {
+        tracing::debug!(lock = keys.name(), error = %err, "lingering release failed");
+    }
+    // Answered by now (granted, or told to ask): no bound needed, even for a try.
+    match from.await {
+        Ok(Handed::Granted(guard)) => match guard.downcast::<LockGuard>() {
+            Ok(guard) => Local::Granted(*guard),
+            Err(_) => Local::Ask(None),
+        },
+        Ok(Handed::Turn) => Local::Ask(Some(Turn::new(&core.handoffs, keys))),
+        Err(_) => Local::Ask(None),
+    }
+}
+
 /// Releases `owner`'s hold `hold` on `keys`' lock and hands the lock to `waiter` in the same
 /// call; tells the waiter to ask Redis when the lock was not handed. Returns the release's code
-/// (as the release script's).
+/// (as the release script's). A `cohort` hold (granted by Redis after it waited behind other
+/// clients' places) hands the lock to the waiter ahead of those places and takes [`RESERVE`]
+/// fences, so this client goes on handing it within itself for that many grants at most.
 ///
 /// # Cancel safety
 ///
@@ -110,21 +168,27 @@ pub(crate) async fn release_to(
     owner: &str,
     hold: &str,
     waiter: Waiter,
+    cohort: bool,
 ) -> Result<i64> {
     let (name, key) = (keys.name(), keys.lock_key());
     let lease = waiter.options.first_lease();
     let floor = core.floor(&waiter.options);
     let (announce, mode, expiry) = (core.transport.announce(), core.fence_arg(), core.expiry());
     let queued = u64::try_from(core.handoffs.waiting(keys)).unwrap_or(u64::MAX);
-    let take = queued.saturating_add(1).min(RESERVE);
-    // Two owners, hold id, announce, TTL, floor, mode, yield, fences, grace; numbers ≤ 70 bytes.
-    let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 72;
+    let take = if cohort {
+        RESERVE
+    } else {
+        queued.saturating_add(1).min(RESERVE)
+    };
+    // Two owners, hold id, announce, TTL, floor, mode, yield, fences, cohort, grace; numbers
+    // ≤ 70 bytes.
+    let bytes = key.len() + owner.len() + hold.len() + waiter.owner.len() + mode.len() + 74;
     let script = if core.reads_floor() {
         &HANDOFF_FLOOR
     } else {
         &HANDOFF
     };
-    let call = ScriptCall::start(script, &[key], 10, bytes + expiry.len())
+    let call = ScriptCall::start(script, &[key], 11, bytes + expiry.len())
         .arg(owner)
         .arg(hold)
         .arg(announce)
@@ -134,6 +198,7 @@ pub(crate) async fn release_to(
         .arg(mode)
         .arg(ttl_ms(YIELD))
         .arg(take)
+        .arg(if cohort { "c" } else { "" })
         .arg(expiry);
     let in_flight = InFlight::release(core, &MUTEX, key, &waiter.owner, "");
     let sent = Instant::now();
@@ -206,6 +271,7 @@ pub(crate) fn hand_over<'a>(
     owner: &'a str,
     hold: &'a str,
     waiter: Waiter,
+    cohort: bool,
 ) -> Pin<Box<dyn Future<Output = Result<i64>> + Send + 'a>> {
-    Box::pin(release_to(core, keys, owner, hold, waiter))
+    Box::pin(release_to(core, keys, owner, hold, waiter, cohort))
 }

@@ -61,11 +61,15 @@ impl<'a> Acquire<'a> {
     }
 
     /// The guard of a grant: handed on within this client by its release when the grant is
-    /// the client's own (no replicas to wait for).
+    /// the client's own (no replicas to wait for), as a cohort's first (see `Held::cohort`)
+    /// when the call waited behind other clients' places.
     fn guard(&self, core: &Arc<Core>, grant: Grant) -> LockGuard {
         let mut held = Held::new(core, &MUTEX, grant, self.options);
         if self.options.wait.is_none() {
             held = held.handing(&handoff::HANDING);
+            if self.place.as_ref().is_some_and(Place::was_busy) {
+                held = held.cohort();
+            }
             core.handoffs.hold(self.keys);
         }
         LockGuard::new(held)
@@ -225,9 +229,21 @@ impl Client {
             kind = crate::kind::Kind::Mutex.as_str(),
             slot = keys.slot()
         );
-        acquire::once(self.core(), &Acquire::new(&keys, options))
-            .instrument(span)
+        let request = Acquire::new(&keys, options);
+        // A release of this client's that lingers hands the lock over, or the turn to ask.
+        let turn = match handoff::lingering(self.core(), &keys, options)
+            .instrument(span.clone())
             .await
+        {
+            Some(Local::Granted(guard)) => return Ok(guard),
+            Some(Local::Ask(turn)) => turn,
+            Some(Local::NotHeld) | None => None,
+        };
+        let outcome = acquire::once(self.core(), &request).instrument(span).await;
+        if let (Some(turn), Ok(_)) = (turn, &outcome) {
+            turn.granted();
+        }
+        outcome
     }
 
     /// Acquires lock `name`, waiting while another owner holds it or Redis is briefly

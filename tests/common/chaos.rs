@@ -298,7 +298,7 @@ impl Kind {
 
     fn describe(self) -> &'static str {
         match self {
-            Kind::Mutex => "fencelock mutex",
+            Kind::Mutex => "fencelock mutex (odd workers linger)",
             Kind::RwLock => "fencelock rwlock (writes + reads)",
             Kind::Fair => "fencelock fair lock",
             Kind::Semaphore => "fencelock semaphore, 2 permits",
@@ -850,8 +850,10 @@ impl Lane {
         let mut lockers: Vec<(usize, Locker)> = Vec::new();
         match kind {
             Kind::Mutex => {
+                // Odd workers' releases linger (LockOptions::linger): a hot lock's cohorts.
                 for i in 0..plan.workers {
-                    lockers.push((i, Locker::Mutex(client(i), options.clone())));
+                    let options = options.clone().linger(i % 2 == 1);
+                    lockers.push((i, Locker::Mutex(client(i), options)));
                 }
             }
             Kind::RwLock => {

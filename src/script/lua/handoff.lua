@@ -12,12 +12,18 @@
 -- B's token (same client: same first 8 characters as A's), ARGV[5] B's TTL in ms, ARGV[6] B's
 -- floor, ARGV[7] fence mode (as acquire's ARGV[3] and ARGV[4]); ARGV[8] yield in ms; ARGV[9]
 -- fences to take for B (1, or more to reserve the next ones for B's client to hand on within
--- itself under B's token: the stored `fence` is then the last of them); ARGV[10] expiry grace.
+-- itself under B's token: the stored `fence` is then the last of them); ARGV[10] `c` for a
+-- cohort (A's hold was granted after A waited behind other clients' places, so B is handed the
+-- lock ahead of the queue once, see below), else empty; ARGV[11] expiry grace.
 --
 -- The lock is handed to B only while no other client waits: `waiters` is unset or names this
 -- client (the first 8 characters of an owner token, `y` before them for a yield), or is `q` with
 -- no live place queued. With a live place queued (acquire.lua) the lock goes to the head place
--- as release.lua hands it, and B asks on its own (it takes a place). Else it is
+-- as release.lua hands it, and B asks on its own (it takes a place), unless ARGV[10] is `c`:
+-- then B is granted ahead of the places, the queue and its `q` mark stay (the release that ends
+-- B's fences hands the lock to the head), and the key's expiry is only raised (`raise`: the
+-- places' leases need it). So a client that waited its turn keeps the lock for at most the
+-- fences this call takes before the next client's turn. Else it is
 -- freed and announced as by release, and the state's waiters mark is left as `y<client>` with
 -- its lease end ARGV[8] ms ahead: until then acquires of this client find it busy (and the release of whoever takes
 -- it meanwhile announces), so the other client's woken waiter gets in first.
@@ -49,6 +55,18 @@ local others
 if lock[5] == 'q' then
 --@queue
   if head() then
+    if ARGV[10] == 'c' then
+      local take = tonumber(ARGV[9]) or 1
+      local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take)
+      if fence then
+        if lock[4] then clear(KEYS[1], lock) end
+        local ends = now_ms + ARGV[5]
+        local last = fence + take - 1
+        store(KEYS[1], {ARGV[4], ends, last, nil, 'q'})
+        raise(last, ends)
+        return {code, 1, fence, behind}
+      end
+    end
     clear(KEYS[1], lock)
     hand_head(ARGV[3], lock[3])
     return {code, 2, 0, 0}

@@ -1,0 +1,257 @@
+//! Cohorts on a hot mutex (issue 25) on real servers, with the scripts and with the module: a
+//! hold granted after its call waited behind other clients' places hands the lock to its own
+//! client's next task ahead of those places, with fences reserved for a run of at most 16 grants
+//! (all but the first without a call), and then the next client's place gets it; with
+//! `LockOptions::linger` a release with no task waiting yet stays in the client for a moment,
+//! so the releasing task's next `lock`/`try_lock` is handed it, and otherwise reaches Redis in
+//! the background (`Client::shutdown` waits for it).
+//!
+//! The tests run on a current-thread runtime: a task spawned there runs only when the test's
+//! task waits, so which task is queued in the client when is decided by the code, not by timing.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{eventually, Standalone};
+use fencelock::{Client, LockGuard, LockOptions};
+
+/// The most grants one cohort takes (`lock/handoff.rs`'s `RESERVE`) besides its first.
+const RESERVE: usize = 16;
+
+async fn connect(url: &str) -> Client {
+    Client::connect([url.to_owned()]).await.unwrap()
+}
+
+fn places(node: &common::Node, key: &str) -> usize {
+    let fields: Vec<String> = node.cmd(redis::cmd("HKEYS").arg(key));
+    fields.iter().filter(|f| f.starts_with("q:")).count()
+}
+
+/// Both servers every test runs on: plain, and loading the module.
+fn servers() -> [(&'static str, Standalone); 2] {
+    [
+        ("scripts", Standalone::start()),
+        ("module", Standalone::start_with_module()),
+    ]
+}
+
+/// Grants in the order they were made: who got it, with which fence.
+type Log = Arc<Mutex<Vec<(&'static str, u64)>>>;
+
+/// Checks that `log`'s fences rise in grant order and returns how many of `who`'s grants came
+/// before the first of `other`'s.
+fn run_before(log: &Log, who: &str, other: &str) -> usize {
+    let log = log.lock().unwrap();
+    for pair in log.windows(2) {
+        assert!(pair[0].1 < pair[1].1, "fences rise in grant order: {log:?}");
+    }
+    let first_other = log.iter().position(|(w, _)| *w == other).expect("granted");
+    log[..first_other].iter().filter(|(w, _)| *w == who).count()
+}
+
+/// Spawns a task that takes lock `name` `times` times with `options` through `client`, logging
+/// each grant as `who`'s and releasing it at once.
+fn takes(
+    client: &Client,
+    name: &'static str,
+    options: &LockOptions,
+    log: &Log,
+    who: &'static str,
+    times: usize,
+) -> tokio::task::JoinHandle<()> {
+    let (client, options, log) = (client.clone(), options.clone(), Arc::clone(log));
+    tokio::spawn(async move {
+        for _ in 0..times {
+            let guard = client.lock(name, &options).await.unwrap();
+            log.lock().unwrap().push((who, guard.fence().get()));
+            guard.release().await.unwrap();
+        }
+    })
+}
+
+/// Waits until `n` places are queued on the lock `key`.
+async fn queued(server: &Standalone, key: &str, n: usize) {
+    eventually("the places", Duration::from_secs(5), || {
+        places(&server.node, key) == n
+    })
+    .await;
+}
+
+/// Two clients, `mine` and `other`, and a third that holds lock `name` for them to queue behind.
+struct Scene {
+    holder: Client,
+    guard: LockGuard,
+    mine: Client,
+    other: Client,
+    log: Log,
+}
+
+impl Scene {
+    async fn new(server: &Standalone, name: &str, options: &LockOptions) -> Self {
+        let holder = connect(&server.url()).await;
+        let guard = holder.try_lock(name, options).await.unwrap();
+        Scene {
+            holder,
+            guard,
+            mine: connect(&server.url()).await,
+            other: connect(&server.url()).await,
+            log: Arc::default(),
+        }
+    }
+}
+
+fn options() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .timeout(Duration::from_secs(20))
+}
+
+#[tokio::test]
+async fn a_hold_that_waited_hands_the_lock_to_its_clients_tasks_for_a_bounded_run() {
+    for (label, server) in servers() {
+        let (name, key, options) = ("sale", "fencelock:{sale}:lock", options());
+        let Scene {
+            guard,
+            mine,
+            other,
+            log,
+            ..
+        } = Scene::new(&server, name, &options).await;
+        // This client's first task queues on the server, then the other client's.
+        let mut tasks = vec![takes(&mine, name, &options, &log, "mine", 1)];
+        queued(&server, key, 1).await;
+        let theirs = takes(&other, name, &options, &log, "other", 1);
+        queued(&server, key, 2).await;
+        // 24 more tasks of this client queue behind its first, in the client (one yield runs
+        // each spawned task up to its wait).
+        tasks.extend((0..24).map(|_| takes(&mine, name, &options, &log, "mine", 1)));
+        tokio::task::yield_now().await;
+        guard.release().await.unwrap();
+        theirs.await.unwrap();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let run = run_before(&log, "mine", "other");
+        assert_eq!(
+            run,
+            1 + RESERVE,
+            "{label}: the waited grant and the run it reserved come before the next client"
+        );
+        assert_eq!(log.lock().unwrap().len(), 26, "{label}");
+        assert!(
+            mine.stats().handoffs >= RESERVE as u64,
+            "{label}: {:?}",
+            mine.stats()
+        );
+        assert_eq!(places(&server.node, key), 0, "{label}");
+    }
+}
+
+#[tokio::test]
+async fn a_lingering_release_is_taken_by_the_same_tasks_next_lock_for_a_bounded_run() {
+    for (label, server) in servers() {
+        let (name, key, options) = ("flash", "fencelock:{flash}:lock", options());
+        let Scene {
+            holder,
+            guard,
+            mine,
+            other,
+            log,
+        } = Scene::new(&server, name, &options).await;
+        let lingering = options.clone().linger(true);
+        let looping = takes(&mine, name, &lingering, &log, "mine", 40);
+        queued(&server, key, 1).await;
+        let theirs = takes(&other, name, &options, &log, "other", 1);
+        queued(&server, key, 2).await;
+        guard.release().await.unwrap();
+        looping.await.unwrap();
+        theirs.await.unwrap();
+        mine.shutdown().await.unwrap();
+        let run = run_before(&log, "mine", "other");
+        assert_eq!(run, 1 + RESERVE, "{label}: {:?}", log.lock().unwrap());
+        let stats = mine.stats();
+        assert!(
+            stats.handoffs >= RESERVE as u64 && stats.grants == 40,
+            "{label}: {stats:?}"
+        );
+        // After the shutdown nothing of the loop's is left: the lock is free.
+        holder
+            .try_lock(name, &options)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
+/// A grant of lock `name` (key `key`) that waited behind another client's hold (a cohort's
+/// first), with `options`: the other client (the holder, now free of it), this client, the
+/// guard.
+async fn waited_grant(
+    server: &Standalone,
+    name: &'static str,
+    key: &str,
+    options: &LockOptions,
+) -> (Client, Client, LockGuard) {
+    let holder = connect(&server.url()).await;
+    let guard = holder.try_lock(name, options).await.unwrap();
+    let mine = connect(&server.url()).await;
+    let waited = {
+        let (mine, options) = (mine.clone(), options.clone());
+        tokio::spawn(async move { mine.lock(name, &options).await.unwrap() })
+    };
+    queued(server, key, 1).await;
+    guard.release().await.unwrap();
+    (holder, mine, waited.await.unwrap())
+}
+
+#[tokio::test]
+async fn a_lingering_release_is_handed_to_a_try_lock_or_reaches_redis_on_its_own() {
+    for (label, server) in servers() {
+        let (name, key) = ("hot", "fencelock:{hot}:lock");
+        let options = options().linger(true);
+        let (holder, mine, first) = waited_grant(&server, name, key, &options).await;
+        let fence = first.fence();
+        first.release().await.unwrap();
+        // The same task's one attempt is handed the lingering hold: granted, not busy.
+        let again = mine.try_lock(name, &options).await.unwrap();
+        assert!(again.fence() > fence, "{label}");
+        assert_eq!(mine.stats().handoffs, 1, "{label}: {:?}", mine.stats());
+        // A hold from the run lingers again, and with no lock after it the background task
+        // releases it: another client gets the lock while this one stays idle.
+        again.release().await.unwrap();
+        let next = holder.lock(name, &options).await.unwrap();
+        assert!(next.fence() > fence, "{label}");
+        next.release().await.unwrap();
+        eventually(
+            "the lingering releases counted",
+            Duration::from_secs(5),
+            || mine.stats().releases == 2,
+        )
+        .await;
+        assert_eq!(mine.stats().lost, 0, "{label}");
+        holder.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn without_linger_a_release_reaches_redis_before_it_returns() {
+    for (label, server) in servers() {
+        let (name, key) = ("strict", "fencelock:{strict}:lock");
+        let options = options();
+        let (holder, _mine, waited) = waited_grant(&server, name, key, &options).await;
+        // A waited grant (a cohort's first) released with no task of its client waiting:
+        // free at once for another client's single attempt.
+        waited.release().await.unwrap();
+        holder
+            .try_lock(name, &options)
+            .await
+            .unwrap_or_else(|err| panic!("{label}: {err}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}
