@@ -212,6 +212,9 @@ pub(crate) struct Held {
     /// The last fence reserved for the owner token: `fence` itself, or more when the grant took
     /// further fences for the client to hand the lock on within itself (see [`Handing`]).
     last: FenceToken,
+    /// Until when those fences may be handed out without a call ([`RESERVED_FOR`] after the
+    /// call that reserved them was sent).
+    reserved_until: Instant,
     /// A [`Reentry`](crate::Reentry) handle shares the owner token: the hold is never handed on
     /// under it within the client.
     shared: AtomicBool,
@@ -223,6 +226,14 @@ pub(crate) struct Held {
     /// Its release may linger ([`LockOptions::linger`]).
     linger: bool,
 }
+
+/// How long after the call that reserved them a hold's reserved fences may be handed out
+/// within the client without a call. A hold Redis lost behind the client's back (a failover
+/// or restart that lost the reserving call's write) would hand out fences below a grant the
+/// new master made meanwhile; that takes the loss and another client's grant by the new
+/// master within this time of the reserving call (docs/safety.md). A run of 16 handoffs
+/// takes about 0.1 ms on the benchmark machine; one that takes longer goes on with calls.
+pub(crate) const RESERVED_FOR: Duration = Duration::from_millis(2);
 
 /// How many times a lingering release lets the runtime run its other ready tasks before it asks
 /// Redis (see `Held::release`): enough for the releasing task to come back for the lock when it
@@ -278,6 +289,7 @@ impl Held {
             handing: None,
             ttl: grant.ttl,
             last: grant.fence,
+            reserved_until: grant.sent,
             shared: AtomicBool::new(false),
             weight: grant.weight,
             cohort: false,
@@ -292,10 +304,12 @@ impl Held {
         self
     }
 
-    /// The grant also took the fences after this hold's up to `last`, for the client to hand
-    /// the lock on within itself under the same owner token.
-    pub(crate) fn reserved(mut self, last: FenceToken) -> Self {
+    /// The grant, by the call sent at `sent`, also took the fences after this hold's up to
+    /// `last`, for the client to hand the lock on within itself under the same owner token
+    /// during [`RESERVED_FOR`].
+    pub(crate) fn reserved(mut self, last: FenceToken, sent: Instant) -> Self {
         self.last = last.max(self.fence);
+        self.reserved_until = sent + RESERVED_FOR;
         self
     }
 
@@ -440,8 +454,10 @@ impl Held {
     async fn extend_unspanned(&mut self, ttl: Duration) -> Result<Instant> {
         let extended = self.extend_call(ttl).await;
         if extended.is_err() {
-            // The hold may be lost: only a call to Redis may hand it on.
+            // The hold may be lost: only a call to Redis may hand it on, and its release must
+            // not linger.
             self.no_hand_within();
+            self.cohort = false;
         }
         extended
     }
@@ -529,9 +545,10 @@ impl Held {
     /// Whether a release of this hold may linger (see [`release`](Self::release)).
     fn may_linger(&self) -> bool {
         self.linger
-            && (self.cohort || self.last > self.fence)
+            && (self.cohort || (self.last > self.fence && Instant::now() < self.reserved_until))
             && self.hold.is_empty()
             && !self.shared.load(Ordering::Relaxed)
+            && self.is_valid()
             && self.lease_mostly_left()
     }
 
@@ -652,7 +669,7 @@ impl Held {
 
     /// Hands the lock to `waiter` within the client when it can go without a call: a first hold
     /// (no re-entry, no [`Reentry`](crate::Reentry) handle), a fence left in the range reserved
-    /// for its owner token, a lease with at least half its TTL left under a watchdog (which goes
+    /// for its owner token within [`RESERVED_FOR`] of the call that reserved it, a lease with at least half its TTL left under a watchdog (which goes
     /// on renewing it under the same token) or 90% without one, and a waiter asking for the same
     /// lease, renewal and no maximum hold or a floor below the next fence. The waiter is given a
     /// hold of the same owner token, lease and watch with the next fence; this hold is done (its
@@ -674,6 +691,7 @@ impl Held {
         let possible = self.hold.is_empty()
             && !self.shared.load(Ordering::Relaxed)
             && next <= self.last.get()
+            && Instant::now() < self.reserved_until
             && watch_matches
             && lease_left
             && options.wait.is_none()
@@ -699,6 +717,7 @@ impl Held {
             handing: self.handing,
             ttl: self.ttl,
             last: self.last,
+            reserved_until: self.reserved_until,
             shared: AtomicBool::new(false),
             weight: self.weight,
             cohort: false,

@@ -181,7 +181,12 @@ impl LocalQueues {
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
         let mut locks = self.locks();
         let line = locks.entry(Key(keys.clone())).or_default();
-        line.lingering = Some((ticket, hold));
+        // Another hold lingering here (one Redis lost behind the client's back, while a later
+        // grant's lingers too) is dropped, and so released, once the table is unlocked: its
+        // drop enters the table.
+        let older = line.lingering.replace((ticket, hold));
+        drop(locks);
+        drop(older);
         ticket
     }
 

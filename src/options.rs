@@ -210,8 +210,9 @@ impl LockOptions {
     /// A mutex hold granted after the call waited behind other clients (or handed on within
     /// this client with fences reserved for it) hands the lock to this client's next task that
     /// asks for it ahead of the other clients' queued places, for a run of at most 16 grants
-    /// (the fences one handoff reserves) before the next client's turn; all but the first of
-    /// them need no call to Redis. That needs a task that asks while the lock is released. With
+    /// (the fences one handoff reserves) before the next client's turn; those handed out within
+    /// 2 ms of that handoff need no call to Redis. That needs a task that asks while the lock is
+    /// released. With
     /// `linger` on, a release with no such task yet does not go to Redis at once: the hold
     /// stays in the client while the runtime runs its other ready tasks a few times, so the
     /// releasing task's own next [`Client::lock`](crate::Client::lock) or
@@ -226,7 +227,9 @@ impl LockOptions {
     /// returned), so the lock stays held a moment longer, and **a program must call
     /// [`Client::shutdown`](crate::Client::shutdown) before it exits** (it waits for lingering
     /// and other background releases): a runtime that stops first drops them, and the lock
-    /// stays held until its lease ends. Fences are unchanged: every grant in the run has its
+    /// stays held until its lease ends. Likewise a runtime that is not running (a
+    /// current-thread runtime between two `block_on` calls) releases it only when it runs
+    /// again. Fences are unchanged: every grant in the run has its
     /// own fence, reserved by Redis, and every later grant is above them. Only the mutex's
     /// guards linger (not with [`wait_replicas`](Self::wait_replicas)).
     ///

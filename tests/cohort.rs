@@ -1,7 +1,7 @@
 //! Cohorts on a hot mutex (issue 25) on real servers, with the scripts and with the module: a
 //! hold granted after its call waited behind other clients' places hands the lock to its own
-//! client's next task ahead of those places, with fences reserved for a run of at most 16 grants
-//! (all but the first without a call), and then the next client's place gets it; with
+//! client's next task ahead of those places, with 16 fences reserved for a run (handed out
+//! without a call within 2 ms), and then the next client's place gets it; with
 //! `LockOptions::linger` a release with no task waiting yet stays in the client for a moment,
 //! so the releasing task's next `lock`/`try_lock` is handed it, and otherwise reaches Redis in
 //! the background (`Client::shutdown` waits for it).
@@ -18,10 +18,32 @@ use common::{eventually, Standalone};
 use fencelock::{Client, LockGuard, LockOptions};
 
 /// The most grants one cohort takes (`lock/handoff.rs`'s `RESERVE`) besides its first.
-const RESERVE: usize = 16;
+const RUN: usize = 16;
 
 async fn connect(url: &str) -> Client {
     Client::connect([url.to_owned()]).await.unwrap()
+}
+
+/// Calls clients sent that ran a script or a module command (`cmdstat_evalsha`, `cmdstat_eval`,
+/// `cmdstat_fencelock.*`), failed ones left out.
+fn lock_calls(node: &common::Node) -> u64 {
+    let info: String = node.cmd(redis::cmd("INFO").arg("commandstats"));
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.trim_end().split_once(':')?;
+            let name = name.strip_prefix("cmdstat_")?;
+            if !(name == "evalsha" || name == "eval" || name.starts_with("fencelock.")) {
+                return None;
+            }
+            let field = |key: &str| {
+                stats
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(key))
+                    .and_then(|n| n.parse::<u64>().ok())
+            };
+            Some(field("calls=")? - field("failed_calls=").unwrap_or(0))
+        })
+        .sum()
 }
 
 fn places(node: &common::Node, key: &str) -> usize {
@@ -128,23 +150,26 @@ async fn a_hold_that_waited_hands_the_lock_to_its_clients_tasks_for_a_bounded_ru
         // each spawned task up to its wait).
         tasks.extend((0..24).map(|_| takes(&mine, name, &options, &log, "mine", 1)));
         tokio::task::yield_now().await;
+        let before = lock_calls(&server.node);
         guard.release().await.unwrap();
         theirs.await.unwrap();
         for task in tasks {
             task.await.unwrap();
         }
+        let calls = lock_calls(&server.node) - before;
+        // The waited grant and the run it reserved (17) come before the next client, unless
+        // the reserved fences' 2 ms ran out first (a debug build, a loaded host) or a local
+        // waiter gave up waiting in the client (after 250 ms) and asked Redis: fewer, never more.
         let run = run_before(&log, "mine", "other");
-        assert_eq!(
-            run,
-            1 + RESERVE,
-            "{label}: the waited grant and the run it reserved come before the next client"
+        assert!(
+            (2..=1 + RUN).contains(&run),
+            "{label}: {run} grants of this client before the next client's"
         );
         assert_eq!(log.lock().unwrap().len(), 26, "{label}");
-        assert!(
-            mine.stats().handoffs >= RESERVE as u64,
-            "{label}: {:?}",
-            mine.stats()
-        );
+        // Without runs each of this client's tasks would queue on its own: an acquire, a
+        // release and more each.
+        assert!(calls < 52, "{label}: {calls} calls for 26 grants");
+        assert!(mine.stats().handoffs >= 2, "{label}: {:?}", mine.stats());
         assert_eq!(places(&server.node, key), 0, "{label}");
     }
 }
@@ -165,15 +190,25 @@ async fn a_lingering_release_is_taken_by_the_same_tasks_next_lock_for_a_bounded_
         queued(&server, key, 1).await;
         let theirs = takes(&other, name, &options, &log, "other", 1);
         queued(&server, key, 2).await;
+        let before = lock_calls(&server.node);
         guard.release().await.unwrap();
         looping.await.unwrap();
         theirs.await.unwrap();
         mine.shutdown().await.unwrap();
+        let calls = lock_calls(&server.node) - before;
+        // The waited grant, the handoff call and the reserved fences handed out within 2 ms
+        // (all 16 here in a release build, about 12 in a debug build): never more.
         let run = run_before(&log, "mine", "other");
-        assert_eq!(run, 1 + RESERVE, "{label}: {:?}", log.lock().unwrap());
+        assert!(
+            (2..=1 + RUN).contains(&run),
+            "{label}: {run} grants: {:?}",
+            log.lock().unwrap()
+        );
+        // Without lingering every grant of the loop costs a release and an acquire (80 calls).
+        assert!(calls < 80, "{label}: {calls} calls for 41 grants");
         let stats = mine.stats();
         assert!(
-            stats.handoffs >= RESERVE as u64 && stats.grants == 40,
+            stats.handoffs >= 2 && stats.grants == 40,
             "{label}: {stats:?}"
         );
         // After the shutdown nothing of the loop's is left: the lock is free.

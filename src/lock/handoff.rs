@@ -256,7 +256,7 @@ pub(crate) async fn release_to(
         replicas_acked: None,
     };
     let last = FenceToken::new(fence.get() + take - 1).unwrap_or(fence);
-    let held = Held::new(core, &MUTEX, grant, &options).reserved(last);
+    let held = Held::new(core, &MUTEX, grant, &options).reserved(last, sent);
     let guard = LockGuard::new(held.handing(&HANDING));
     // A waiter gone meanwhile drops the guard, which releases it and hands the lock on.
     let _ = to.send(Handed::Granted(Box::new(guard)));

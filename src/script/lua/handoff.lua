@@ -19,8 +19,8 @@
 -- The lock is handed to B only while no other client waits: `waiters` is unset or names this
 -- client (the first 8 characters of an owner token, `y` before them for a yield), or is `q` with
 -- no live place queued. With a live place queued (acquire.lua) the lock goes to the head place
--- as release.lua hands it, and B asks on its own (it takes a place), unless ARGV[10] is `c`:
--- then B is granted ahead of the places, the queue and its `q` mark stay (the release that ends
+-- as release.lua hands it, and B asks on its own (it takes a place), unless ARGV[10] is `c`
+-- and A's hold was live (code 1): then B is granted ahead of the places, the queue and its `q` mark stay (the release that ends
 -- B's fences hands the lock to the head), and the key's expiry is only raised (`raise`: the
 -- places' leases need it). So a client that waited its turn keeps the lock for at most the
 -- fences this call takes before the next client's turn. Else it is
@@ -55,7 +55,7 @@ local others
 if lock[5] == 'q' then
 --@queue
   if head() then
-    if ARGV[10] == 'c' then
+    if ARGV[10] == 'c' and code == 1 then
       local take = tonumber(ARGV[9]) or 1
       local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take)
       if fence then
