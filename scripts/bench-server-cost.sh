@@ -11,7 +11,10 @@
 # them on a standalone server (announce `p`). Issue 25: mutex-handoff-Q-queued, a hot lock's
 # server work per grant with Q waiters queued (a release that grants the head, and the
 # releaser's acquire that queues it again); fair-lock, the fair lock's uncontended pair, and
-# fair-handoff-Q-queued, its handoff as mutex-handoff-Q-queued. Issue 22
+# fair-handoff-Q-queued, its handoff as mutex-handoff-Q-queued; mutex-in-client-handoff, a
+# handoff call (handoff.lua: release A, grant B of the same client, 16 fences reserved) on a
+# lock nobody else waits for, and mutex-cohort-handoff-8-queued, the same call with `c` (a
+# cohort's handoff ahead of 8 queued places of other clients). Issue 22
 # item 3: the default fence mode
 # (epoch-clock, `hybrid` in the scripts) reads `CLUSTER INFO` only on a cluster, so the last
 # lines restart the server in cluster mode (one node serving every slot, on PORT + 1) and measure
@@ -126,6 +129,7 @@ sem_extend=$(cli script load "$($fencelock script semaphore_extend)")
 sem_renew=$(cli script load "$($fencelock script semaphore_renew)")
 latch_set=$(cli script load "$($fencelock script latch_set)")
 latch_count_down=$(cli script load "$($fencelock script latch_count_down)")
+handoff=$(cli script load "$($fencelock script handoff)")
 fair_acquire=$(cli script load "$($fencelock script fair_acquire)")
 fair_release=$(cli script load "$($fencelock script fair_release)")
 # The same four mutex scripts as Redis 7 functions (issue 22 item 1, FCALL against EVALSHA): each
@@ -310,6 +314,29 @@ for q in 8 32; do
   done >"$dir/hot$q"
 done
 
+# Handoffs within a client (issue 25): each "pair" is one handoff call from the holder to the
+# next owner of the same client (same first 8 characters), taking 16 fences: on a lock nobody
+# else waits for, and as a cohort's (`c`) ahead of 8 places of another client (setup: the first
+# owner holds, the 8 queue; not counted).
+cohort_owner() { printf 'cohorttt%024d' "$1"; }
+{
+  resp EVALSHA "$acquire" 1 "fencelock:{inclient}:lock" "$(cohort_owner 0)" "$ttl" 0 clock "$grace"
+} >"$dir/inclient_setup"
+{
+  resp EVALSHA "$acquire" 1 "fencelock:{cohort8}:lock" "$(cohort_owner 0)" "$ttl" 0 clock "$grace"
+  for ((k = 1; k <= 8; k++)); do
+    resp EVALSHA "$acquire" 1 "fencelock:{cohort8}:lock" "$(hot_owner "$k")" "$ttl" 0 clock 600000 "$grace"
+  done
+} >"$dir/cohort8_setup"
+for ((i = 0; i < n; i++)); do
+  resp EVALSHA "$handoff" 1 "fencelock:{inclient}:lock" "$(cohort_owner "$i")" "" p \
+    "$(cohort_owner $((i + 1)))" "$ttl" 0 clock 20 16 "" "$grace"
+done >"$dir/inclient"
+for ((i = 0; i < n; i++)); do
+  resp EVALSHA "$handoff" 1 "fencelock:{cohort8}:lock" "$(cohort_owner "$i")" "" p \
+    "$(cohort_owner $((i + 1)))" "$ttl" 0 clock 20 16 c "$grace"
+done >"$dir/cohort8"
+
 # The same handoff through the module's commands (MODULE set): the release that grants the head
 # is fencelock.release, the acquire that queues the releaser again fencelock.acquire.
 if [ -n "$module" ]; then
@@ -374,6 +401,8 @@ measure semaphore-renew-alone "$dir/sem_renew1" "$dir/sem_hold_setup"
 measure latch-count-down "$dir/latch" "$dir/latch_setup"
 measure mutex-handoff-8-queued "$dir/hot8" "$dir/hot8_setup"
 measure mutex-handoff-32-queued "$dir/hot32" "$dir/hot32_setup"
+measure mutex-in-client-handoff "$dir/inclient" "$dir/inclient_setup"
+measure mutex-cohort-handoff-8-queued "$dir/cohort8" "$dir/cohort8_setup"
 measure fair-lock "$dir/fair"
 measure fair-handoff-8-queued "$dir/fhot8" "$dir/fhot8_setup"
 measure fair-handoff-32-queued "$dir/fhot32" "$dir/fhot32_setup"
