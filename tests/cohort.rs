@@ -24,26 +24,9 @@ async fn connect(url: &str) -> Client {
     Client::connect([url.to_owned()]).await.unwrap()
 }
 
-/// Calls clients sent that ran a script or a module command (`cmdstat_evalsha`, `cmdstat_eval`,
-/// `cmdstat_fencelock.*`), failed ones left out.
+/// Calls that ran a script or a module command so far.
 fn lock_calls(node: &common::Node) -> u64 {
-    let info: String = node.cmd(redis::cmd("INFO").arg("commandstats"));
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.trim_end().split_once(':')?;
-            let name = name.strip_prefix("cmdstat_")?;
-            if !(name == "evalsha" || name == "eval" || name.starts_with("fencelock.")) {
-                return None;
-            }
-            let field = |key: &str| {
-                stats
-                    .split(',')
-                    .find_map(|kv| kv.strip_prefix(key))
-                    .and_then(|n| n.parse::<u64>().ok())
-            };
-            Some(field("calls=")? - field("failed_calls=").unwrap_or(0))
-        })
-        .sum()
+    node.script_calls() + node.module_calls()
 }
 
 fn places(node: &common::Node, key: &str) -> usize {

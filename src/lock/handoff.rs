@@ -84,19 +84,26 @@ pub(crate) async fn wait(
         return Local::NotHeld;
     }
     let owner = || crate::owner::token(core.tag());
-    let from = match core.handoffs.enter(keys, options, owner) {
-        Entered::Turn(turn) => return Local::Ask(Some(turn)),
-        Entered::Queued(from) => tokio::time::timeout_at(until.into(), from).await,
-        Entered::Lingering(hold) => return taken(core, keys, options, hold).await,
-    };
-    match from {
-        Ok(Ok(Handed::Granted(guard))) => match guard.downcast::<LockGuard>() {
+    match core.handoffs.enter(keys, options, owner) {
+        Entered::Turn(turn) => Local::Ask(Some(turn)),
+        Entered::Queued(from) => match tokio::time::timeout_at(until.into(), from).await {
+            Ok(handed) => told(core, keys, handed.ok()),
+            Err(_) => Local::Ask(None),
+        },
+        Entered::Lingering(hold) => taken(core, keys, options, hold).await,
+    }
+}
+
+/// What a waiter of this client makes of what it was told (`None`: nothing, its sender gone).
+fn told(core: &Arc<Core>, keys: &LockKeys, handed: Option<Handed>) -> Local<LockGuard> {
+    match handed {
+        Some(Handed::Granted(guard)) => match guard.downcast::<LockGuard>() {
             Ok(guard) => Local::Granted(*guard),
             // Only the mutex hands over here; anything else is dropped (and so released).
             Err(_) => Local::Ask(None),
         },
-        Ok(Ok(Handed::Turn)) => Local::Ask(Some(Turn::new(&core.handoffs, keys))),
-        Ok(Err(_)) | Err(_) => Local::Ask(None),
+        Some(Handed::Turn) => Local::Ask(Some(Turn::new(&core.handoffs, keys))),
+        None => Local::Ask(None),
     }
 }
 
@@ -142,14 +149,7 @@ async fn taken(
         tracing::debug!(lock = keys.name(), error = %err, "lingering release failed");
     }
     // Answered by now (granted, or told to ask): no bound needed, even for a try.
-    match from.await {
-        Ok(Handed::Granted(guard)) => match guard.downcast::<LockGuard>() {
-            Ok(guard) => Local::Granted(*guard),
-            Err(_) => Local::Ask(None),
-        },
-        Ok(Handed::Turn) => Local::Ask(Some(Turn::new(&core.handoffs, keys))),
-        Err(_) => Local::Ask(None),
-    }
+    told(core, keys, from.await.ok())
 }
 
 /// Releases `owner`'s hold `hold` on `keys`' lock and hands the lock to `waiter` in the same

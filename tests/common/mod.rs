@@ -545,6 +545,16 @@ impl Node {
         self.calls("evalsha") + self.calls("eval")
     }
 
+    /// Calls of the module's commands (`fencelock.*`) the server ran so far.
+    pub fn module_calls(&self) -> u64 {
+        self.info("commandstats")
+            .lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_fencelock."))
+            .filter_map(|rest| rest.split_once(":calls="))
+            .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     fn signal(&self, signal: &str) {
         let status = Command::new("kill")
             .args([signal, &self.pid().to_string()])
