@@ -1629,6 +1629,15 @@ fn the_module_serves_the_fair_lock_as_the_script_does() {
             .with("s:3", "me")
             .with("q:me", &fresh(3))
             .with("g:me", grant),
+        // A held lock's queue is not walked: the gone head at seq 1 stays for the release.
+        case("busy-gone-head", format!("{held} wq"), &wait)
+            .with("qseq", "2")
+            .with("s:1", "a")
+            .with("q:a", &format!("1 {}", now - 10))
+            .with("g:a", grant)
+            .with("s:2", "b")
+            .with("q:b", &fresh(2))
+            .with("g:b", grant),
         two("one-shot-busy", format!("{held} wq"), &once),
         two("one-shot-placed", format!("{held} wq"), &once)
             .with("qseq", "3")

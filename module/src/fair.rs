@@ -76,8 +76,13 @@ pub fn acquire(
         acquire::move_lease(&key, &lock, now_ms + ttl, grace);
         return Reply::Ints(vec![2, lock.fence as i64, 0, 0]);
     }
-    // Everything the walk and the busy path read, before the walk's writes.
-    let walk = match Walk::read(&key, now_ms) {
+    // Everything the walk and the busy path read, before the walk's writes; a held lock's
+    // queue is not walked (its release walks it).
+    let walk = match if live {
+        Walk::unwalked(&key)
+    } else {
+        Walk::read(&key, now_ms)
+    } {
         Ok(walk) => walk,
         Err(reply) => return reply,
     };

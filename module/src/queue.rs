@@ -400,6 +400,24 @@ impl Walk {
         })
     }
 
+    /// `qh` and `qseq` read as [`read`](Self::read) reads them, without walking (a busy call on
+    /// a held lock, fair_acquire.lua: the holder's release walks): stopped at `qh`, no head,
+    /// nothing to delete.
+    pub fn unwalked(key: &Key) -> Result<Walk, Reply> {
+        let start = counter(key, c"qh", 1)?;
+        let last = counter(key, c"qseq", 0)?;
+        if last >= MAX_SEQ || start >= MAX_SEQ {
+            return Err(fallback("a queue sequence past 10^14"));
+        }
+        Ok(Walk {
+            start,
+            stop: start,
+            last,
+            dead: Vec::new(),
+            head: None,
+        })
+    }
+
     /// True when entries remain at or after where the walk stopped.
     pub fn pending(&self) -> bool {
         self.stop <= self.last

@@ -57,11 +57,14 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
     end
     return {2, tonumber(lock[3]), 0}
   end
-  local wait, latest
+  local wait, latest, mine, last
   if live then
     wait, latest = expires - now_ms, expires
+    local at = redis.call('HMGET', KEYS[1], 'qseq', 'q:' .. me)
+    last, mine = tonumber(at[1]) or 0, at[2] or nil
   else
-    local q, pending, last = head()
+    local q, pending, _
+    q, pending, last, _, mine = head(me)
     if q and q.head ~= me then
       if place <= 0 then return {0, q.head_end - now_ms, 0} end
       wait, latest = q.head_end - now_ms, q.head_end
@@ -74,14 +77,13 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
       return {1, fence, behind}
     end
   end
-  local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
   local seq, queued = nil, 0
   if mine then
     seq = string.match(mine, '^(%d+) ')
   elseif redis.call('HLEN', KEYS[1]) >= 400 then
     return {0, wait, 0, -1}
   else
-    seq, queued = string.format('%d', redis.call('HINCRBY', KEYS[1], 'qseq', 1)), 1
+    seq, queued = string.format('%d', last + 1), 1
   end
   hold_place(me, seq, queued == 1, now_ms + place, latest)
   return {0, wait, 0, queued}

@@ -77,7 +77,8 @@ end
 local function handed(q, how, stored, mark, seq)
   if not q.head then return nil end
   local head = q.head
-  local args = redis.call('HGET', KEYS[1], 'g:' .. head)
+  local args = q.args
+  if args == nil then args = redis.call('HGET', KEYS[1], 'g:' .. head) end
   local ttl, place, floor, mode
   if args then ttl, place, floor, mode = string.match(args, '^(%d+) (%d+) (%d+) (%S+)$') end
   ttl, place = tonumber(ttl), tonumber(place)

@@ -16,10 +16,12 @@
 -- the head is found without reading the whole queue (mutex_queue.lua's `head`, which deletes
 -- the dead places it walks over; at most 64 index entries a call: a free lock whose first 64
 -- entries are all gone is not granted: the caller is told to try again in 1 ms, and that call
--- walks on). A queued caller's place carries its grant
+-- walks on; a call that finds the lock held does not walk: the holder's release will, and the
+-- head matters to no one before then). A queued caller's place carries its grant
 -- arguments, so that a release may grant it the lock on the server and announce the grant on
 -- its channel (`hand_head`); such a caller that polls instead gets {2, ...}. Otherwise the
--- caller is queued if it was not (seq = ++qseq, its arrival, and its index entry) and its
+-- caller is queued if it was not (seq = qseq + 1, its arrival, written with its index entry and
+-- `qseq`; a `qseq` that is not a number counts as 0) and its
 -- place's lease is moved to now + ARGV[5]. The queue's length is read from the hash's field
 -- count (three fields a place; a place whose lease ended counts until a walk or a scan deletes
 -- it): a caller without a place finding ARGV[6] places gets none (the queue's size bounds the
@@ -29,10 +31,11 @@
 -- acquire.lua's does); {2, fence, 0, 0} this owner holds it already (a resent script, or a grant
 -- a release handed it on the server): its lease end moves to now + ARGV[2], so the caller
 -- measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy:
--- wait ms is when the answer may change without an announcement (the holder's lease end, or the
--- head place's lease end while that place is not the caller's, whichever is first), places
--- ahead by the index (arrivals from the head's to the caller's, withdrawn ones included; the
--- queue's length for a caller without a place), queued 1 when this call created the caller's
+-- wait ms is when the answer may change without an announcement (while the lock is held, the
+-- holder's lease end; while it is free, the head place's lease end while that place is not the
+-- caller's), places ahead by the index (arrivals from the head's to the caller's, withdrawn ones
+-- included; from `qh` while the lock is held, whose queue the call does not walk; the queue's
+-- length for a caller without a place), queued 1 when this call created the caller's
 -- place, -1 when the queue was full (no place); an error reply as acquire's (its only writes
 -- before it are the walk's deletions of places that are gone). Not allow-oom.
 #!lua
@@ -61,7 +64,13 @@ if live and owner == ARGV[1] then
   return {2, tonumber(lock[3]), 0, 0}
 end
 local me = ARGV[1]
-local q, pending, last, walked = head()
+local q, pending, last, walked, mine
+if live then
+  local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq', 'q:' .. me)
+  walked, last, mine = tonumber(at[1]) or 1, tonumber(at[2]) or 0, at[3] or nil
+else
+  q, pending, last, walked, mine = head(me)
+end
 if not live and ((q and q.head == me) or (not q and not pending)) then
   -- The head (this caller), or no place is queued: granted.
   local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
@@ -82,7 +91,6 @@ elseif not live and not q then
   wait = 1
 end
 local place = tonumber(ARGV[5])
-local mine = redis.call('HGET', KEYS[1], 'q:' .. me)
 local seq = mine and tonumber(string.match(mine, '^(%d+) '))
 local count
 if not seq then count = math.max(0, math.floor((redis.call('HLEN', KEYS[1]) - 2) / 3)) end
@@ -97,7 +105,7 @@ if not seq then
     if wait > poll then wait = poll end
     return {0, wait, count, -1}
   end
-  seq = redis.call('HINCRBY', KEYS[1], 'qseq', 1)
+  seq = last + 1
   queued = 1
 end
 hold_place(me, string.format('%d', seq), queued == 1, now_ms + place, latest)

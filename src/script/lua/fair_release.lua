@@ -29,7 +29,7 @@ if lock[5] ~= 'q' then
   return 0
 end
 --@queue
-clear(KEYS[1], lock)
+if lock[4] then clear(KEYS[1], lock) end
 hand_head(ARGV[3], lock[3])
 if live then return 1 end
 return 0

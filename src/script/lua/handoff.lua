@@ -54,7 +54,8 @@ local tag = string.sub(ARGV[1], 1, 8)
 local others
 if lock[5] == 'q' then
 --@queue
-  if head() then
+  local q, pending, last = head()
+  if q then
     if ARGV[10] == 'c' and code == 1 then
       local take = tonumber(ARGV[9]) or 1
       local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take)
@@ -67,8 +68,8 @@ if lock[5] == 'q' then
         return {code, 1, fence, behind}
       end
     end
-    clear(KEYS[1], lock)
-    hand_head(ARGV[3], lock[3])
+    if lock[4] then clear(KEYS[1], lock) end
+    hand_head(ARGV[3], lock[3], q, pending, last)
     return {code, 2, 0, 0}
   end
   others = false

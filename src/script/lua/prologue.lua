@@ -49,7 +49,9 @@ do
   if state then u, f, o, marks = string.match(state, '^(%d+) (%d+) (%S*)(.*)$') end
   if u then
     local holds, waiters
-    if marks ~= '' then
+    if marks == ' wq' then
+      waiters = 'q'
+    elseif marks ~= '' then
       holds = string.match(marks, ' h(%d+)')
       waiters = string.match(marks, ' w(%S+)')
     end

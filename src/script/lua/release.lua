@@ -42,11 +42,13 @@ end
 if lock[4] then
 --@clear
 end
-redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ')
-if code == 0 or not lock[5] then return code end
-if lock[5] == 'q' then
+if code == 1 and lock[5] == 'q' then
 --@queue
+  -- hand_head writes the freed state (granted to the head, or free) itself: one write.
   if hand_head(ARGV[3], lock[3]) then return 1 end
+else
+  redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ')
+  if code == 0 or not lock[5] then return code end
 end
 if ARGV[3] == 's' then redis.call('SPUBLISH', KEYS[1], '')
 elseif ARGV[3] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
