@@ -267,7 +267,8 @@ pub(super) fn inline_fence(file: &'static str, fence_rule: &str) -> &'static str
 /// every call (about 1.4k instructions each on Redis 7.0: dropping the five the fair lock's
 /// release never calls cut its handoff by 6.7k, `scripts/bench-server-cost.sh`). A definition
 /// is a line `<indent>local function <name>(` through the first line after it that is
-/// `<indent>end` (or that line alone when it ends with ` end`); it goes when `<name>` occurs as
+/// `<indent>end` (or that line alone when its code ends with ` end`), every line between
+/// indented deeper (else its end is unknown and it stays); it goes when `<name>` occurs as
 /// a whole word in no other code (comments aside), and again until none goes, so a helper only a dropped one
 /// called goes too.
 fn without_unused_functions(source: String) -> String {
@@ -313,12 +314,20 @@ fn function_definitions(lines: &[&str]) -> Vec<(String, usize, usize)> {
         let Some((name, _)) = rest.split_once('(') else {
             continue;
         };
-        if line.trim_end().ends_with(" end") {
+        if code_of(line).trim_end().ends_with(" end") {
             defs.push((name.to_owned(), first, first));
             continue;
         }
         let end = format!("{indent}end");
-        if let Some(last) = (first + 1..lines.len()).find(|&at| lines[at].trim_end() == end) {
+        let Some(last) = (first + 1..lines.len()).find(|&at| lines[at].trim_end() == end) else {
+            continue;
+        };
+        // A body line indented no deeper than the definition (a snippet inlined at column 0
+        // inside it) leaves its real end unknown: such a definition is never dropped.
+        let nested = |body: &&str| {
+            body.trim().is_empty() || body.len() - body.trim_start().len() > indent.len()
+        };
+        if lines[first + 1..last].iter().all(nested) {
             defs.push((name.to_owned(), first, last));
         }
     }
@@ -440,6 +449,11 @@ mod tests {
             "-- mentioned() only in a comment",
             "local function tail() return '' end",
             "local s = 'a -- b' .. tail()",
+            "local function inlined() -- unused, but its end is not where its indentation says",
+            "do",
+            "end",
+            "  return 1",
+            "end",
             "return used(1)",
         ];
         // `dropped`, the helper only it called, and the one-line `mentioned`.
