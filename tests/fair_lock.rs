@@ -686,3 +686,54 @@ async fn a_release_keeps_the_lock_marked_queued_for_a_place_without_an_index_ent
         "free and still marked queued for the unindexed place: {state:?}"
     );
 }
+
+/// A busy call on a held lock walks the queue's index only when it spans more than the 64
+/// entries the holder's release walks: a short index is left to the release (which reaches its
+/// head), a long one is walked, so that places withdrawn during a hold cannot pile up past the
+/// release's reach.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_call_walks_a_held_locks_index_only_beyond_a_releases_reach() {
+    let server = Standalone::start();
+    let acquire = |key: &str, owner: &str| -> Vec<i64> {
+        common::grant_values(run_script(
+            &server.node,
+            "fair_acquire",
+            key,
+            &[owner, "5000", "0", "clock", "3000", "128", "10000"],
+        ))
+    };
+    let qh = |key: &str| -> Option<i64> { server.node.cmd(redis::cmd("HGET").arg(key).arg("qh")) };
+    for (name, gone, walked) in [("short", 10, false), ("long", 70, true)] {
+        let key = fair_key(name);
+        assert_eq!(acquire(&key, "holder")[0], 1, "{name}: free, granted");
+        // `gone` places queued, then withdrawn (their index entries stay until a walk).
+        for i in 0..gone {
+            let owner = format!("gone{i}");
+            assert_eq!(acquire(&key, &owner)[3], 1, "{name}: {owner} queued");
+            let withdrawn: i64 =
+                run_script(&server.node, "fair_withdraw", &key, &[&owner, "", "10000"]);
+            assert_eq!(withdrawn, 1);
+        }
+        let busy = acquire(&key, "late");
+        assert_eq!(
+            (busy[0], busy[3]),
+            (0, 1),
+            "{name}: queued behind the holder"
+        );
+        if walked {
+            assert_eq!(qh(&key), Some(65), "{name}: one walk of 64 entries");
+        } else {
+            assert_eq!(qh(&key), None, "{name}: not walked");
+        }
+        // Either way the holder's release reaches the late place and grants it.
+        let released: i64 = run_script(
+            &server.node,
+            "fair_release",
+            &key,
+            &["holder", "", "p", "10000"],
+        );
+        assert_eq!(released, 1);
+        let owner: String = server.node.cmd(redis::cmd("HGET").arg(&key).arg("until"));
+        assert!(owner.ends_with(" late"), "{name}: handed to late: {owner}");
+    }
+}

@@ -1597,8 +1597,11 @@ fn the_module_serves_the_fair_lock_as_the_script_does() {
             .with("g:b", grant)
     };
     let mut long_walk = case("long-walk", queued_free.clone(), &wait).with("qseq", "70");
+    // A held lock whose index spans more than a release's walk: walked by the busy call too.
+    let mut busy_long_walk = case("busy-long-walk", format!("{held} wq"), &wait).with("qseq", "70");
     for i in 1..=70 {
         long_walk = long_walk.with(named(format!("s:{i}")), "gone");
+        busy_long_walk = busy_long_walk.with(named(format!("s:{i}")), "gone");
     }
     let acquires = vec![
         case("no-key", String::new(), &wait),
@@ -1638,6 +1641,7 @@ fn the_module_serves_the_fair_lock_as_the_script_does() {
             .with("s:2", "b")
             .with("q:b", &fresh(2))
             .with("g:b", grant),
+        busy_long_walk,
         two("one-shot-busy", format!("{held} wq"), &once),
         two("one-shot-placed", format!("{held} wq"), &once)
             .with("qseq", "3")

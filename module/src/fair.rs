@@ -77,9 +77,16 @@ pub fn acquire(
         return Reply::Ints(vec![2, lock.fence as i64, 0, 0]);
     }
     // Everything the walk and the busy path read, before the walk's writes; a held lock's
-    // queue is not walked (its release walks it).
+    // queue is walked only when its index spans more than the entries the holder's release
+    // walks (fair_acquire.lua).
     let walk = match if live {
-        Walk::unwalked(&key)
+        Walk::unwalked(&key).and_then(|walk| {
+            if walk.spans_past_a_walk() {
+                Walk::read(&key, now_ms)
+            } else {
+                Ok(walk)
+            }
+        })
     } else {
         Walk::read(&key, now_ms)
     } {

@@ -234,7 +234,8 @@ pub fn leading_seq(place: &[u8]) -> Option<&[u8]> {
     (n > 0 && place.get(n) == Some(&b' ')).then(|| &place[..n])
 }
 
-/// The seq `HINCRBY qseq 1` would give; a value it refuses (not a canonical integer) or one
+/// The seq a new place takes, `qseq` + 1 (the scripts' `hold_place`); a `qseq` that is not a
+/// canonical integer (the scripts read it as Lua's `tonumber` does, a non-number as 0) or one
 /// past 10^14 is left to the script.
 pub fn next_seq(key: &Key) -> Result<u64, Reply> {
     match key.hget(c"qseq") {
@@ -401,8 +402,8 @@ impl Walk {
     }
 
     /// `qh` and `qseq` read as [`read`](Self::read) reads them, without walking (a busy call on
-    /// a held lock, fair_acquire.lua: the holder's release walks): stopped at `qh`, no head,
-    /// nothing to delete.
+    /// a held lock whose index one walk covers, fair_acquire.lua: the holder's release walks):
+    /// stopped at `qh`, no head, nothing to delete.
     pub fn unwalked(key: &Key) -> Result<Walk, Reply> {
         let start = counter(key, c"qh", 1)?;
         let last = counter(key, c"qseq", 0)?;
@@ -416,6 +417,12 @@ impl Walk {
             dead: Vec::new(),
             head: None,
         })
+    }
+
+    /// True when the index spans more than one walk's [`WALK`] entries from where this one
+    /// started (`qseq - qh >= 64`): a walk from there might stop short of the head.
+    pub fn spans_past_a_walk(&self) -> bool {
+        self.last.saturating_sub(self.start) >= WALK
     }
 
     /// True when entries remain at or after where the walk stopped.

@@ -16,8 +16,9 @@
 -- the head is found without reading the whole queue (mutex_queue.lua's `head`, which deletes
 -- the dead places it walks over; at most 64 index entries a call: a free lock whose first 64
 -- entries are all gone is not granted: the caller is told to try again in 1 ms, and that call
--- walks on; a call that finds the lock held does not walk: the holder's release will, and the
--- head matters to no one before then). A queued caller's place carries its grant
+-- walks on; a call that finds the lock held walks only while the index spans more than 64
+-- entries: the holder's release walks up to 64 and so reaches the head, which matters to no one
+-- before then). A queued caller's place carries its grant
 -- arguments, so that a release may grant it the lock on the server and announce the grant on
 -- its channel (`hand_head`); such a caller that polls instead gets {2, ...}. Otherwise the
 -- caller is queued if it was not (seq = qseq + 1, its arrival, written with its index entry and
@@ -31,10 +32,10 @@
 -- acquire.lua's does); {2, fence, 0, 0} this owner holds it already (a resent script, or a grant
 -- a release handed it on the server): its lease end moves to now + ARGV[2], so the caller
 -- measures the lease from this call as from a grant; {0, wait ms, places ahead, queued} busy:
--- wait ms is when the answer may change without an announcement (while the lock is held, the
--- holder's lease end; while it is free, the head place's lease end while that place is not the
--- caller's), places ahead by the index (arrivals from the head's to the caller's, withdrawn ones
--- included; from `qh` while the lock is held, whose queue the call does not walk; the queue's
+-- wait ms is when the answer may change without an announcement (the holder's lease end, or,
+-- when the call walked, the head place's lease end while that place is not the caller's,
+-- whichever is first), places ahead by the index (arrivals from the head's to the caller's,
+-- withdrawn ones included; from `qh` when a held lock's queue was not walked; the queue's
 -- length for a caller without a place), queued 1 when this call created the caller's
 -- place, -1 when the queue was full (no place); an error reply as acquire's (its only writes
 -- before it are the walk's deletions of places that are gone). Not allow-oom.
@@ -68,7 +69,10 @@ local q, pending, last, walked, mine
 if live then
   local at = redis.call('HMGET', KEYS[1], 'qh', 'qseq', 'q:' .. me)
   walked, last, mine = tonumber(at[1]) or 1, tonumber(at[2]) or 0, at[3] or nil
-else
+end
+if not live or last - walked >= 64 then
+  -- A held lock's queue is walked only when its index spans more than the 64 entries the
+  -- holder's release walks, so that the release reaches the head.
   q, pending, last, walked, mine = head(me)
 end
 if not live and ((q and q.head == me) or (not q and not pending)) then

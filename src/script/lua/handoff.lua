@@ -57,12 +57,12 @@ if lock[5] == 'q' then
   local q, pending, last = head()
   if q then
     if ARGV[10] == 'c' and code == 1 then
-      local take = tonumber(ARGV[9]) or 1
-      local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take)
+      local reserve = tonumber(ARGV[9]) or 1
+      local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve)
       if fence then
         if lock[4] then clear(KEYS[1], lock) end
         local ends = now_ms + ARGV[5]
-        local last = fence + take - 1
+        local last = fence + reserve - 1
         store(KEYS[1], {ARGV[4], ends, last, nil, 'q'})
         raise(last, ends)
         return {code, 1, fence, behind}
@@ -77,8 +77,8 @@ else
   others = lock[5] and lock[5] ~= tag and lock[5] ~= 'y' .. tag
 end
 local fence, behind
-local take = tonumber(ARGV[9]) or 1
-if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], take) end
+local reserve = tonumber(ARGV[9]) or 1
+if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve) end
 if not fence then
   clear(KEYS[1], lock)
   if others then store(KEYS[1], {nil, now_ms + ARGV[8], lock[3], nil, 'y' .. tag}) end
@@ -90,7 +90,7 @@ if not fence then
 end
 if lock[4] then clear(KEYS[1], lock) end
 local ends = now_ms + ARGV[5]
-local last = fence + take - 1
+local last = fence + reserve - 1
 store(KEYS[1], {ARGV[4], ends, last})
 keep(KEYS[1], last, ends)
 return {code, 1, fence, behind}
