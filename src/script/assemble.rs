@@ -2,6 +2,8 @@
 //! `script/lua/*.lua` file alone or from the shared prologue, then snippets, then the script's
 //! body, with the `--@key` split between what runs once per call and once per key.
 
+use std::collections::HashMap;
+
 /// One Lua script and its SHA1.
 #[derive(Debug)]
 pub(crate) struct LuaScript {
@@ -275,15 +277,12 @@ fn without_unused_functions(source: String) -> String {
     let mut lines: Vec<&str> = source.lines().collect();
     loop {
         let defs = function_definitions(&lines);
+        let uses = identifier_counts(&lines);
         let unused: Vec<&(String, usize, usize)> = defs
             .iter()
             .filter(|(name, _, _)| {
-                let uses = lines
-                    .iter()
-                    .map(|line| whole_words(code_of(line), name))
-                    .sum::<usize>();
                 let definitions = defs.iter().filter(|(other, _, _)| other == name).count();
-                uses == definitions
+                uses.get(name.as_str()) == Some(&definitions)
             })
             .collect();
         if unused.is_empty() {
@@ -357,16 +356,16 @@ fn code_of(line: &str) -> &str {
     line
 }
 
-/// How often `word` occurs in `line` as a whole identifier.
-fn whole_words(line: &str, word: &str) -> usize {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    line.match_indices(word)
-        .filter(|&(at, _)| {
-            let before = line[..at].chars().next_back();
-            let after = line[at + word.len()..].chars().next();
-            !before.is_some_and(ident) && !after.is_some_and(ident)
-        })
-        .count()
+/// How often each identifier occurs in the code of `lines` (comments aside), one pass.
+fn identifier_counts<'a>(lines: &[&'a str]) -> HashMap<&'a str, usize> {
+    let mut counts = HashMap::new();
+    for line in lines {
+        let words = code_of(line).split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        for word in words.filter(|w| w.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')) {
+            *counts.entry(word).or_insert(0) += 1;
+        }
+    }
+    counts
 }
 
 /// The `#!lua` line of `file` (header skipped) and the rest.
