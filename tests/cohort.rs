@@ -4,7 +4,8 @@
 //! without a call within 2 ms), and then the next client's place gets it; with
 //! `LockOptions::linger` a release with no task waiting yet stays in the client for a moment,
 //! so the releasing task's next `lock`/`try_lock` is handed it, and otherwise reaches Redis in
-//! the background (`Client::shutdown` waits for it).
+//! the background (`Client::shutdown` waits for it); a `lock` call dropped while it takes such a
+//! hold leaves the lock free and the client usable.
 //!
 //! The tests run on a current-thread runtime: a task spawned there runs only when the test's
 //! task waits, so which task is queued in the client when is decided by the code, not by timing.
@@ -271,5 +272,67 @@ async fn without_linger_a_release_reaches_redis_before_it_returns() {
             .release()
             .await
             .unwrap();
+    }
+}
+
+/// Where a `lock` call that takes a lingering hold is dropped.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// After its first poll: the hold was taken from the client's line and its handoff call
+    /// made, perhaps not yet sent.
+    FirstPoll,
+    /// After the server ran the handoff call (the lock granted to the dropped call's owner
+    /// token on Redis), before the call saw the reply.
+    ServerRan,
+}
+
+#[tokio::test]
+async fn a_lock_call_dropped_while_taking_a_lingering_hold_leaves_the_lock_free_and_the_client_usable(
+) {
+    for (label, server) in servers() {
+        for cut in [Cut::FirstPoll, Cut::ServerRan] {
+            let (name, key) = ("dropped", "fencelock:{dropped}:lock");
+            let options = options().linger(true);
+            let (holder, mine, first) = waited_grant(&server, name, key, &options).await;
+            let fence = first.fence();
+            first.release().await.unwrap();
+            let before = lock_calls(&server.node);
+            let mut call = Box::pin(mine.lock(name, &options));
+            let polled = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))
+            })
+            .await;
+            // The hold that waited hands the lock over in a call to Redis (it has no fences
+            // reserved), so the first poll cannot finish the call.
+            assert!(polled.is_pending(), "{label} {cut:?}");
+            if let Cut::ServerRan = cut {
+                eventually("the handoff call ran", Duration::from_secs(5), || {
+                    lock_calls(&server.node) > before
+                })
+                .await;
+            }
+            drop(call);
+            // Whatever the dropped call held is released in the background: another client
+            // gets the lock well before the lease (30 s) would end, with a higher fence.
+            let short = options.clone().timeout(Duration::from_secs(5));
+            let next = holder
+                .lock(name, &short)
+                .await
+                .unwrap_or_else(|err| panic!("{label} {cut:?}: {err}"));
+            let between = next.fence();
+            assert!(between > fence, "{label} {cut:?}");
+            next.release().await.unwrap();
+            // The client's line for the lock is not left taken: its next call asks and gets it.
+            let again = mine
+                .lock(name, &short)
+                .await
+                .unwrap_or_else(|err| panic!("{label} {cut:?}: {err}"));
+            assert!(again.fence() > between, "{label} {cut:?}");
+            again.release().await.unwrap();
+            mine.shutdown().await.unwrap();
+            assert_eq!(mine.stats().lost, 0, "{label} {cut:?}: {:?}", mine.stats());
+            holder.shutdown().await.unwrap();
+            assert_eq!(places(&server.node, key), 0, "{label} {cut:?}");
+        }
     }
 }
