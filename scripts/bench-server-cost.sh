@@ -37,6 +37,12 @@
 #     module-handoff-Q-queued and module-fair-handoff-Q-queued: mutex-handoff-Q-queued and
 #     fair-handoff-Q-queued as the module's commands; MODULE_ARGS="release-deletes yes" passes
 #     the module its load arguments: docs/module.md)
+# Issue 22's floor: calls-only-hash-single / -batched-16 run the calls of the mutex pair as the
+# scripts make them on fresh names (acquire: TIME, HGET, HEXISTS, HSET, PEXPIREAT; release: TIME,
+# HGET, HSET) with nothing else around them but the two numbers formatted, one script call per
+# operation and 16 per call as acquire_batch/release_batch wrap them; calls-only-string-* the same
+# with the state as a string value (acquire: TIME, GET, SET ... PXAT; release: TIME, GET,
+# SET ... KEEPTTL), the layout issue 22 suggests.
 # Results: docs/benchmarks.md, "What one grant costs the server" and "FCALL against EVALSHA".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -120,6 +126,34 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'until', ARGV[2], 'fence', ARGV[3]
 redis.call('PEXPIREAT', KEYS[1], ARGV[4]) return {1, ARGV[3], 0}")
 bare_release=$(cli script load "local l = redis.call('HMGET', KEYS[1], 'owner', 'until', 'fence', 'holds', 'waiters')
 if l[1] ~= ARGV[1] then return 0 end redis.call('HDEL', KEYS[1], 'owner', 'until', 'waiters') return 1")
+# Issue 22's floor (see the top): the calls of the mutex pair with no logic, alone and batched.
+clock_now="local now = redis.call('TIME') local us = now[1] * 1000000 + now[2] local ms = (us - us % 1000) / 1000"
+calls_hash_acquire="local s = redis.call('HGET', K, 'until') if not s then local x = redis.call('HEXISTS', K, 'fence') end
+redis.call('HSET', K, 'until', string.format('%d %d %s', ms + A[2], us, A[1]))
+redis.call('PEXPIREAT', K, string.format('%d', ms + A[2] + A[5])) return 1"
+calls_hash_release="local s = redis.call('HGET', K, 'until') redis.call('HSET', K, 'until', '0 1764000000000123 ') return 1"
+calls_string_acquire="local s = redis.call('GET', K)
+redis.call('SET', K, string.format('%d %d %s', ms + A[2], us, A[1]), 'PXAT', string.format('%d', ms + A[2] + A[5])) return 1"
+calls_string_release="local s = redis.call('GET', K) redis.call('SET', K, '0 1764000000000123 ', 'KEEPTTL') return 1"
+calls_single() { cli script load "local K, A = KEYS[1], ARGV $clock_now
+$1"; }
+calls_batched() { cli script load "local batch = ARGV $clock_now
+local function op(K, A) $1 end
+local replies, i = {}, 1
+while i <= #batch do
+  local n = tonumber(batch[i + 1])
+  local ok, reply = pcall(op, batch[i], {unpack(batch, i + 2, i + 1 + n)})
+  replies[#replies + 1] = reply
+  i = i + 2 + n
+end
+return replies"; }
+for layout in hash string; do
+  acquire_body=calls_${layout}_acquire release_body=calls_${layout}_release
+  printf -v "calls_${layout}_single_acquire" %s "$(calls_single "${!acquire_body}")"
+  printf -v "calls_${layout}_single_release" %s "$(calls_single "${!release_body}")"
+  printf -v "calls_${layout}_batched_acquire" %s "$(calls_batched "${!acquire_body}")"
+  printf -v "calls_${layout}_batched_release" %s "$(calls_batched "${!release_body}")"
+done
 rw_read=$(cli script load "$($fencelock script rw_read)")
 rw_write=$(cli script load "$($fencelock script rw_write)")
 rw_release=$(cli script load "$($fencelock script rw_release)")
@@ -192,6 +226,27 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_acquire" 1 "{b$i}:lock" "$owner" "$later" "$((later * 1000 + i))" "$later"; done
   for ((i = 0; i < n; i++)); do resp EVALSHA "$bare_release" 1 "{b$i}:lock" "$owner"; done
 } >"$dir/bare"
+# Issue 22's floor: the same pairs' calls with no logic, alone and batched 16 per call.
+for layout in hash string; do
+  acquire_sha=calls_${layout}_single_acquire release_sha=calls_${layout}_single_release
+  {
+    for ((i = 0; i < n; i++)); do resp EVALSHA "${!acquire_sha}" 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
+    for ((i = 0; i < n; i++)); do resp EVALSHA "${!release_sha}" 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
+  } >"$dir/calls_${layout}_single"
+  acquire_sha=calls_${layout}_batched_acquire release_sha=calls_${layout}_batched_release
+  {
+    for ((i = 0; i < n; i += 16)); do
+      args=()
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 5 "$owner" "$ttl" 0 clock "$grace"); done
+      resp EVALSHA "${!acquire_sha}" 1 "fencelock:{f$i}:lock" "${args[@]}"
+    done
+    for ((i = 0; i < n; i += 16)); do
+      args=()
+      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 4 "$owner" "" "" "$grace"); done
+      resp EVALSHA "${!release_sha}" 1 "fencelock:{f$i}:lock" "${args[@]}"
+    done
+  } >"$dir/calls_${layout}_batched"
+done
 # The same pairs through the module's commands (MODULE set).
 if [ -n "$module" ]; then
   {
@@ -391,6 +446,10 @@ measure rslock "$dir/rslock"
 measure fencelock-single "$dir/single"
 measure fencelock-batched-16 "$dir/batched"
 measure bare-hash-commands "$dir/bare"
+for layout in hash string; do
+  measure "calls-only-$layout-single" "$dir/calls_${layout}_single"
+  measure "calls-only-$layout-batched-16" "$dir/calls_${layout}_batched"
+done
 measure rw-read "$dir/rw_read"
 measure rw-write "$dir/rw_write"
 measure semaphore-limit-8 "$dir/sem8"
