@@ -592,7 +592,7 @@ impl Held {
         self.unwatch();
         let over = handing.over;
         let cohort = self.cohort;
-        let code = over(
+        let handed = over(
             &self.core,
             &self.keys,
             &self.owner,
@@ -600,8 +600,17 @@ impl Held {
             waiter,
             cohort,
         )
-        .await?;
-        self.released(code)
+        .await;
+        match handed {
+            Ok(code) => self.released(code),
+            Err(err) => {
+                // The waiter was told to ask Redis (it has the turn now): this hold's drop
+                // releases it in the background without handing the lock to the next waiter
+                // as well or passing the turn a second time.
+                self.handing = None;
+                Err(err)
+            }
+        }
     }
 
     /// The release, handing the lock to this client's next waiting task if there is one.

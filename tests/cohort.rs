@@ -336,3 +336,36 @@ async fn a_lock_call_dropped_while_taking_a_lingering_hold_leaves_the_lock_free_
         }
     }
 }
+
+#[tokio::test]
+async fn a_failed_handoff_call_gives_the_turn_to_the_next_task_alone() {
+    // Scripts only: the failure is made by denying the connection's user EVALSHA.
+    let server = Standalone::start();
+    let (name, options) = ("denied", options());
+    let client = connect(&server.url()).await;
+    let guard = client.try_lock(name, &options).await.unwrap();
+    let log: Log = Arc::default();
+    // Two tasks of the client queue behind the holder, in this order, in the client.
+    let first = takes(&client, name, &options, &log, "first", 1);
+    tokio::task::yield_now().await;
+    let second = takes(&client, name, &options, &log, "second", 1);
+    tokio::task::yield_now().await;
+    let acl = |rule: &str| {
+        let _: () = server
+            .node
+            .cmd(redis::cmd("ACL").arg("SETUSER").arg("default").arg(rule));
+    };
+    acl("-evalsha");
+    // The release hands the lock to the first task in one call, which the server refuses.
+    let refused = guard.release().await;
+    acl("+evalsha");
+    assert!(refused.is_err(), "{refused:?}");
+    // The first task was told to ask Redis; the second stays behind it in the client (it is
+    // not handed the lock in the background as well), so they get it in their order.
+    first.await.unwrap();
+    second.await.unwrap();
+    let log = log.lock().unwrap();
+    let order: Vec<_> = log.iter().map(|(who, _)| *who).collect();
+    assert_eq!(order, ["first", "second"], "{log:?}");
+    assert!(log[0].1 < log[1].1, "{log:?}");
+}
