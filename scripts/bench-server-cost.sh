@@ -202,24 +202,28 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
   for ((i = 0; i < n; i++)); do resp SET "{r$i}:lock" "$owner" NX PX "$ttl"; done
   for ((i = 0; i < n; i++)); do resp EVALSHA "$unlock" 1 "{r$i}:lock" "$owner"; done
 } >"$dir/rslock"
-# fencelock, one script call per acquire and per release (clock mode, as on a standalone server).
-{
-  for ((i = 0; i < n; i++)); do resp EVALSHA "$acquire" 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
-  for ((i = 0; i < n; i++)); do resp EVALSHA "$release" 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
-} >"$dir/single"
-# fencelock batched as the client does under load: 16 calls per script call.
-{
+# single_pairs ACQUIRE RELEASE: the mutex pairs on fresh names, one EVALSHA of the scripts with
+# those SHAs per acquire and per release (clock mode, as on a standalone server).
+single_pairs() {
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$1" 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
+  for ((i = 0; i < n; i++)); do resp EVALSHA "$2" 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
+}
+# batched_pairs ACQUIRE RELEASE: the same pairs batched as the client does under load, 16 calls
+# per EVALSHA of the batch scripts with those SHAs.
+batched_pairs() {
   for ((i = 0; i < n; i += 16)); do
     args=()
     for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 5 "$owner" "$ttl" 0 clock "$grace"); done
-    resp EVALSHA "$acquire_batch" 1 "fencelock:{f$i}:lock" "${args[@]}"
+    resp EVALSHA "$1" 1 "fencelock:{f$i}:lock" "${args[@]}"
   done
   for ((i = 0; i < n; i += 16)); do
     args=()
     for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 4 "$owner" "" "" "$grace"); done
-    resp EVALSHA "$release_batch" 1 "fencelock:{f$i}:lock" "${args[@]}"
+    resp EVALSHA "$2" 1 "fencelock:{f$i}:lock" "${args[@]}"
   done
-} >"$dir/batched"
+}
+single_pairs "$acquire" "$release" >"$dir/single"
+batched_pairs "$acquire_batch" "$release_batch" >"$dir/batched"
 # The same commands as fencelock's scripts with nothing else around them (no time, fence rule,
 # lease or expiry logic): what any one-script-per-operation hash lock pays at least.
 {
@@ -229,23 +233,9 @@ later=$(( $(date +%s) * 1000 + 3600000 ))
 # Issue 22's floor: the same pairs' calls with no logic, alone and batched 16 per call.
 for layout in hash string; do
   acquire_sha=calls_${layout}_single_acquire release_sha=calls_${layout}_single_release
-  {
-    for ((i = 0; i < n; i++)); do resp EVALSHA "${!acquire_sha}" 1 "fencelock:{f$i}:lock" "$owner" "$ttl" 0 clock "$grace"; done
-    for ((i = 0; i < n; i++)); do resp EVALSHA "${!release_sha}" 1 "fencelock:{f$i}:lock" "$owner" "" "" "$grace"; done
-  } >"$dir/calls_${layout}_single"
+  single_pairs "${!acquire_sha}" "${!release_sha}" >"$dir/calls_${layout}_single"
   acquire_sha=calls_${layout}_batched_acquire release_sha=calls_${layout}_batched_release
-  {
-    for ((i = 0; i < n; i += 16)); do
-      args=()
-      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 5 "$owner" "$ttl" 0 clock "$grace"); done
-      resp EVALSHA "${!acquire_sha}" 1 "fencelock:{f$i}:lock" "${args[@]}"
-    done
-    for ((i = 0; i < n; i += 16)); do
-      args=()
-      for ((j = i; j < i + 16; j++)); do args+=("fencelock:{f$j}:lock" 4 "$owner" "" "" "$grace"); done
-      resp EVALSHA "${!release_sha}" 1 "fencelock:{f$i}:lock" "${args[@]}"
-    done
-  } >"$dir/calls_${layout}_batched"
+  batched_pairs "${!acquire_sha}" "${!release_sha}" >"$dir/calls_${layout}_batched"
 done
 # The same pairs through the module's commands (MODULE set).
 if [ -n "$module" ]; then
