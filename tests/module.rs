@@ -1512,6 +1512,20 @@ fn the_module_hands_a_released_lock_to_the_queue_as_the_script_does() {
             &["me", "a1", "p", "60000"],
         )
         .with("h:a1", "1"),
+        // A release after the lease ended (0) hands the lock on all the same.
+        two(
+            "expired-holder",
+            format!("{} 123456789 me wq", now - 10),
+            &plain,
+        ),
+        case(
+            "expired-no-head",
+            format!("{} 123456789 me wq", now - 10),
+            &plain,
+        )
+        .with("qseq", "1")
+        .with("s:1", "a")
+        .with("q:a", &format!("1 {}", now - 10)),
     ];
     differential(&server, "fencelock.release", "release", cases);
 }

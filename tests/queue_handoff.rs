@@ -444,3 +444,82 @@ async fn a_cancelled_or_timed_out_waiter_leaves_no_place_and_no_grant_behind() {
             .unwrap();
     }
 }
+
+/// The mutex's release script run by hand: `owner`'s hold released, announced by `PUBLISH`.
+fn release_by_hand(node: &common::Node, key: &str, owner: &str) -> i64 {
+    let args = [key, owner, "", "p", "10000"].map(str::to_owned);
+    run_script(node, "release", &args)
+}
+
+#[test]
+fn a_release_after_its_lease_ended_hands_the_lock_to_the_head_and_keeps_the_queue() {
+    let server = Standalone::start();
+    let key = Queue::Mutex.key("late");
+    // A holds with a 200 ms lease; p1 and p2 queue behind it with fresh places.
+    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "200", "30000");
+    let _: redis::Value = run_script(&server.node, script, &args);
+    let lease_end = server_ms(&server.node) + 200;
+    for owner in ["place-p1", "place-p2"] {
+        let (script, args) = Queue::Mutex.queue_call(&key, owner, "30000", "30000");
+        let _: redis::Value = run_script(&server.node, script, &args);
+    }
+    assert_eq!(places(&server.node, &key).len(), 2);
+    while server_ms(&server.node) <= lease_end + 1 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A's late release finds no live lease, and still hands the lock on: dropping the queue's
+    // mark here left p1's place behind, and p1's own release later granted the lock to it.
+    assert_eq!(release_by_hand(&server.node, &key, "holder-a"), 0);
+    let owner = server.node.lock_field(&key, "owner");
+    assert_eq!(owner.as_deref(), Some("place-p1"), "the head is handed it");
+    assert_eq!(places(&server.node, &key), ["place-p2"]);
+    assert_eq!(release_by_hand(&server.node, &key, "place-p1"), 1);
+    let owner = server.node.lock_field(&key, "owner");
+    assert_eq!(owner.as_deref(), Some("place-p2"), "then the next place");
+    assert!(places(&server.node, &key).is_empty());
+}
+
+#[test]
+fn a_handoff_past_a_walk_of_gone_entries_keeps_the_queue_for_the_next_release() {
+    let server = Standalone::start();
+    let key = Queue::Mutex.key("long-walk");
+    let (script, args) = Queue::Mutex.queue_call(&key, "clientaa-holder", "30000", "0");
+    let _: redis::Value = run_script(&server.node, script, &args);
+    // 70 index entries of places that are gone, then a live place of another client: beyond
+    // the 64 entries one call walks.
+    let place = format!("71 {}", server_ms(&server.node) + 30_000);
+    let mut fill = redis::cmd("HSET");
+    fill.arg(&key).arg("qseq").arg(71);
+    for seq in 1..=70 {
+        fill.arg(format!("s:{seq}")).arg("gone");
+    }
+    fill.arg("s:71").arg("clientbb-place");
+    fill.arg("q:clientbb-place").arg(&place);
+    fill.arg("g:clientbb-place").arg("30000 30000 0 clock");
+    server.node.cmd::<()>(&mut fill);
+    server.node.set_lock_field(&key, "waiters", "q");
+    // The holder hands the lock to a task of its own client (no cohort).
+    let args = [
+        &key,
+        "clientaa-holder",
+        "",
+        "p",
+        "clientaa-next",
+        "30000",
+        "0",
+        "clock",
+        "20",
+        "1",
+        "",
+        "10000",
+    ]
+    .map(str::to_owned);
+    let reply: Vec<i64> = run_script(&server.node, "handoff", &args);
+    assert_eq!(&reply[..2], [1, 1], "handed to the task: {reply:?}");
+    let state = server.node.lock_field(&key, "waiters");
+    assert_eq!(state.as_deref(), Some("q"), "the queue keeps its mark");
+    // Its release walks on and finds the place.
+    assert_eq!(release_by_hand(&server.node, &key, "clientaa-next"), 1);
+    let owner = server.node.lock_field(&key, "owner");
+    assert_eq!(owner.as_deref(), Some("clientbb-place"));
+}

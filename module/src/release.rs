@@ -63,11 +63,18 @@ pub fn run(
     }
     let code = if live { 1 } else { 0 };
     let waiters = lock.waiters;
-    if left == 0 && code == 1 && waiters.is_some() && announce == b"s" && !Key::can_spublish() {
+    let queued = waiters == Some(b"q");
+    if left == 0
+        && (code == 1 || queued)
+        && waiters.is_some()
+        && announce == b"s"
+        && !Key::can_spublish()
+    {
         return Reply::Error("FALLBACK SPUBLISH not available".into());
     }
-    // A queue: its head is found and its grant decided before the first write.
-    let handoff = if left == 0 && code == 1 && waiters == Some(b"q") {
+    // A queue: its head is found and its grant decided before the first write. A hold whose
+    // lease ended (code 0) hands on too: its release must not drop the queue's mark.
+    let handoff = if left == 0 && queued {
         match queue::plan_handoff(&key, ctx, lock.fence, now_ms, now_us) {
             Ok(handoff) => Some(handoff),
             Err(reply) => return reply,
@@ -110,8 +117,8 @@ pub fn run(
         None,
     ));
     if let Some(handoff) = handoff {
-        if handoff.apply(&key, lock.fence_raw, announce, grace) {
-            return Reply::Int(1);
+        if handoff.apply(&key, lock.fence_raw, announce, grace) || code == 0 {
+            return Reply::Int(code);
         }
     }
     if code == 1 && waiters.is_some() && !announce.is_empty() {

@@ -235,7 +235,10 @@ pub(crate) async fn release_to(
                 MUTEX.release_call(core, key, &to_owner, ""),
                 Operation::Release,
             );
-            core.handoffs.pass(keys);
+            // The turn is this waiter's alone: it asks Redis, under its call's own token.
+            if to.send(Handed::Turn).is_err() {
+                core.handoffs.pass(keys);
+            }
             return Err(err);
         }
     };

@@ -8,7 +8,8 @@
 -- Deletes `q:<owner>` (with its grant arguments and its arrival index entry, mutex_queue.lua);
 -- if this owner holds the lock (a grant whose reply was never read), frees
 -- it too. When that freed the lock or removed the head's place, the lock goes to the new head
--- as a release hands it (`hand`, fair.lua: granted on the server, or woken).
+-- as a release hands it (`hand`, fair.lua: granted on the server, or woken); a freed lock with
+-- no place left is announced on the lock's channel when an acquire marked it busy.
 --
 -- Replies: 1 something was removed; 0 nothing of this owner was there (a resent call).
 -- allow-oom.
@@ -28,5 +29,11 @@ if q.head and (freed or (was_head and not live)) then
   hand(q, ARGV[2], lock[3], latest)
 else
   keep(KEYS[1], lock[3], latest)
+  -- A freed grant with no place left to hand it to: callers waiting without a place (marked
+  -- by an acquire that found it busy) are told, as by a release.
+  if freed and live and lock[5] then
+    if ARGV[2] == 's' then redis.call('SPUBLISH', KEYS[1], '')
+    elseif ARGV[2] == 'p' then redis.call('PUBLISH', KEYS[1], '') end
+  end
 end
 return 1

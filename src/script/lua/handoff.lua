@@ -18,7 +18,9 @@
 --
 -- The lock is handed to B only while no other client waits: `waiters` is unset or names this
 -- client (the first 8 characters of an owner token, `y` before them for a yield), or is `q` with
--- no live place queued. With a live place queued (acquire.lua) the lock goes to the head place
+-- no live place found (when index entries remain past the walk's 64, or the hash holds places
+-- without one, B's grant keeps the `q` mark and only raises the expiry, so the next release
+-- goes on with the queue). With a live place queued (acquire.lua) the lock goes to the head place
 -- as release.lua hands it, and B asks on its own (it takes a place), unless ARGV[10] is `c`
 -- and A's hold was live (code 1): then B is granted ahead of the places, the queue and its `q` mark stay (the release that ends
 -- B's fences hands the lock to the head), and the key's expiry is only raised (`raise`: the
@@ -55,19 +57,22 @@ local others
 if lock[5] == 'q' then
 --@queue
   local q, pending, last = head()
-  if q then
-    if ARGV[10] == 'c' and code == 1 then
-      local reserve = tonumber(ARGV[9]) or 1
-      local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve)
-      if fence then
-        if lock[4] then clear(KEYS[1], lock) end
-        local ends = now_ms + ARGV[5]
-        local last = fence + reserve - 1
-        store(KEYS[1], {ARGV[4], ends, last, nil, 'q'})
-        raise(last, ends)
-        return {code, 1, fence, behind}
-      end
+  -- No live place within the walk's reach, but entries remain past it (or places without one):
+  -- B is granted as the first caller would be, and the queue keeps its mark.
+  local beyond = not q and (pending or redis.call('HLEN', KEYS[1]) > 3)
+  if beyond or (q and ARGV[10] == 'c' and code == 1) then
+    local reserve = tonumber(ARGV[9]) or 1
+    local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve)
+    if fence then
+      if lock[4] then clear(KEYS[1], lock) end
+      local ends = now_ms + ARGV[5]
+      local last = fence + reserve - 1
+      store(KEYS[1], {ARGV[4], ends, last, nil, 'q'})
+      raise(last, ends)
+      return {code, 1, fence, behind}
     end
+  end
+  if q or beyond then
     if lock[4] then clear(KEYS[1], lock) end
     hand_head(ARGV[3], lock[3], q, pending, last)
     return {code, 2, 0, 0}

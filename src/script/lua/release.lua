@@ -16,7 +16,8 @@
 --
 -- Replies: 1 released (or one hold of several; a hold released twice answers 1 both times and
 -- counts once; a hold never added, a re-entry cut before it reached Redis, answers 1 and
--- changes nothing); 0 no live lease (expired; this owner's leftovers are cleared); -1 held by
+-- changes nothing); 0 no live lease (expired; this owner's leftovers are cleared, and a queue's
+-- head is handed the lock as by a release in time); -1 held by
 -- another owner (left alone); -2 (before -1/0) this owner's hold was freed by a forced unlock
 -- (`forced`, see force_unlock.lua). allow-oom: it only removes fields (or hands the lock to a
 -- queued place, which adds none), so it runs at maxmemory too.
@@ -42,10 +43,11 @@ end
 if lock[4] then
 --@clear
 end
-if code == 1 and lock[5] == 'q' then
+if lock[5] == 'q' then
 --@queue
-  -- hand_head writes the freed state (granted to the head, or free) itself: one write.
-  if hand_head(ARGV[3], lock[3]) then return 1 end
+  -- hand_head writes the freed state (granted to the head, or free) itself: one write. A hold
+  -- whose lease ended (code 0) hands on too: its release must not drop the queue's mark.
+  if hand_head(ARGV[3], lock[3]) or code == 0 then return code end
 else
   redis.call('HSET', KEYS[1], 'until', '0 ' .. lock[3] .. ' ')
   if code == 0 or not lock[5] then return code end
