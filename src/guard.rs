@@ -65,8 +65,9 @@ macro_rules! guard_surface {
         ///
         /// # Cancel safety
         ///
-        /// Cancel safe: a dropped call leaves the guard as it was (the lease may or may not have
-        /// been reset, and `valid_until` keeps the earlier, conservative value).
+        /// Cancel safe: a dropped call leaves the guard usable (the lease may or may not have
+        /// been reset); `valid_until` keeps the earlier of the old lease end and the one asked
+        /// for, so a shortening that reached Redis is never overlooked.
         pub async fn extend(
             &mut self,
             ttl: std::time::Duration,

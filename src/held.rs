@@ -465,6 +465,14 @@ impl Held {
     async fn extend_call(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(self.keys.name(), ttl)?;
         let sent = Instant::now();
+        let shorter = lease_end(sent, ttl);
+        if shorter < self.valid_until() {
+            // Redis may shorten the lease even if this call then fails or is dropped: until a
+            // reply says otherwise, the hold counts on the shorter one (which also keeps it from
+            // being handed on without a call).
+            self.valid_until = shorter;
+            self.watch_lease(ttl);
+        }
         let ttl_ms = ttl_millis(ttl);
         let call = ScriptCall::new(
             LazyLock::force(self.kind.extend),
@@ -487,6 +495,13 @@ impl Held {
         // The lease length from now on: a task this hold is handed to within the client must
         // have asked for the same.
         self.ttl = ttl;
+        self.watch_lease(ttl);
+        Ok(self.valid_until)
+    }
+
+    /// Tells the watchdog, if it watches this hold, the lease it now has: `valid_until`, renewed
+    /// with `ttl`.
+    fn watch_lease(&self, ttl: Duration) {
         if let Some(Watched {
             id: Some(id),
             every,
@@ -498,7 +513,6 @@ impl Held {
                 .watchdog
                 .extended(*id, ttl, every, self.valid_until.into());
         }
-        Ok(self.valid_until)
     }
 
     /// Releases the hold and stops its watch (see `LockGuard::release`).

@@ -116,6 +116,45 @@ async fn extend_moves_valid_until_forward() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_shortening_extend_dropped_after_redis_ran_it_leaves_the_guard_on_the_shorter_lease() {
+    let server = Standalone::start();
+    let client = client(&server).await;
+    for watchdog in [false, true] {
+        let name = if watchdog {
+            "shorten-watched"
+        } else {
+            "shorten"
+        };
+        let key = format!("fencelock:{{{name}}}:lock");
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .watchdog(watchdog);
+        let mut guard = client.try_lock(name, &options).await.unwrap();
+        // One extend that completes first loads the script: the cut call is then one EVALSHA.
+        guard.extend(Duration::from_secs(30)).await.unwrap();
+        let mut call = Box::pin(guard.extend(Duration::from_secs(1)));
+        let polled = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))
+        })
+        .await;
+        assert!(polled.is_pending(), "watchdog {watchdog}");
+        // Redis ran it (the lease is down to about 1 s); the call never sees its reply.
+        common::eventually("Redis to run it", Duration::from_secs(5), || {
+            server.node.lease_ms(&key).is_some_and(|left| left <= 1_000)
+        })
+        .await;
+        drop(call);
+        let asked = std::time::Instant::now() + Duration::from_secs(1);
+        assert!(
+            guard.valid_until() <= asked,
+            "watchdog {watchdog}: the guard counts on {:?} past the lease Redis has",
+            guard.valid_until().saturating_duration_since(asked)
+        );
+        guard.release().await.ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn acquire_script_is_idempotent_for_the_same_owner() {
     let server = Standalone::start();
     let source = fencelock::lua_scripts()

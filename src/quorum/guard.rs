@@ -274,8 +274,8 @@ impl QuorumGuard {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a dropped call leaves the guard as it was (leases may or may not have been
-    /// reset, and `valid_until` keeps the earlier, conservative value).
+    /// Cancel safe: a dropped call leaves the guard usable (leases may or may not have been
+    /// reset); `valid_until` keeps the earlier of the old lease end and the one asked for.
     pub async fn extend(&mut self, ttl: Duration) -> Result<Instant> {
         validate_ttl(&self.name, ttl)?;
         let majority = self.shared.majority;
