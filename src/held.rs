@@ -642,20 +642,28 @@ impl Held {
         self.no_hand_within();
         self.unwatch();
         let call = self.release_call();
-        let transport = &self.core.transport;
         // A waiter of this client is woken as soon as the release is queued: its attempt is
         // queued after it, so it reaches Redis after the release. Sent on its own, the release
         // must be answered first.
         let freeing = self.hold.is_empty();
-        let reply = match transport.queue(call, self.name(), Operation::Release) {
+        let reply = match self
+            .core
+            .transport
+            .queue(call, self.name(), Operation::Release)
+        {
             Ok(reply) => {
                 self.freeing(freeing);
-                transport
+                self.core
+                    .transport
                     .reply(reply, self.name(), Operation::Release)
                     .await?
             }
             Err(call) => {
-                let reply = transport.run(call, self.name(), Operation::Release).await?;
+                let reply = self
+                    .core
+                    .transport
+                    .run(call, self.name(), Operation::Release)
+                    .await?;
                 self.freeing(freeing);
                 reply
             }
@@ -665,9 +673,11 @@ impl Held {
     }
 
     /// The release of a hold that may free the lock is queued (or answered): the client's tasks
-    /// queued behind this hold ask Redis now, and one waiter of the client is woken.
-    fn freeing(&self, freeing: bool) {
-        if self.handing.is_some() {
+    /// queued behind this hold ask Redis now, and one waiter of the client is woken. The turn
+    /// is passed once: should the release then fail or be dropped, the hold's drop only
+    /// releases it in the background.
+    fn freeing(&mut self, freeing: bool) {
+        if self.handing.take().is_some() {
             self.core.handoffs.pass(&self.keys);
         }
         if freeing {
