@@ -596,7 +596,7 @@ impl Held {
     /// lock) either way.
     pub(crate) async fn hand_to(mut self, waiter: Waiter) -> Result<()> {
         let Some(handing) = self.handing else {
-            let _ = waiter.to.send(Handed::Turn);
+            waiter.turn(&self.core.handoffs);
             return self.release_call_now().await;
         };
         let Some(waiter) = self.hand_within(handing, waiter) else {

@@ -69,8 +69,20 @@ pub(crate) enum Handed {
     /// The lock, granted by the holder's release: the primitive's guard, type-erased (dropped
     /// unread, the guard releases it).
     Granted(Box<dyn Any + Send>),
-    /// The turn to ask Redis: the task before it let go without handing the lock over.
-    Turn,
+    /// The turn to ask Redis: the task before it let go without handing the lock over. Dropped
+    /// unread (the waiter was cancelled after it was sent), it passes on.
+    Turn(Turn),
+}
+
+/// How a task entered the local queue.
+impl Handed {
+    /// A message its waiter was gone for, back from `send`: a turn in it is dropped without
+    /// passing on (the sender passes it; the table may be locked).
+    fn unsent(self) {
+        if let Self::Turn(mut turn) = self {
+            turn.armed = false;
+        }
+    }
 }
 
 /// How a task entered the local queue.
@@ -210,15 +222,16 @@ impl LocalQueues {
 
     /// The task holding or asking for `keys`' lock let go without handing it over: the next
     /// waiter takes the turn to ask Redis; with none, no task of this client has the lock.
-    pub(crate) fn pass(&self, keys: &LockKeys) {
+    pub(crate) fn pass(self: &Arc<Self>, keys: &LockKeys) {
         let key = Key(keys.clone());
         let mut locks = self.locks();
         let Some(line) = locks.get_mut(&key) else {
             return;
         };
         while let Some(waiter) = line.waiters.pop_front() {
-            if waiter.to.send(Handed::Turn).is_ok() {
-                return;
+            match waiter.to.send(Handed::Turn(Turn::new(self, keys))) {
+                Ok(()) => return,
+                Err(handed) => handed.unsent(),
             }
         }
         // Only the hold that has the lock passes it, so none lingers here; one that did is
@@ -239,9 +252,8 @@ impl LocalQueues {
 impl Waiter {
     /// Gives this waiter the turn to ask Redis (the lock was not handed to it); with the
     /// waiter gone, the turn passes on.
-    pub(crate) fn turn(self, queues: &LocalQueues) {
-        if self.to.send(Handed::Turn).is_err() {
-            queues.pass(&self.keys);
-        }
+    pub(crate) fn turn(self, queues: &Arc<LocalQueues>) {
+        // With the waiter gone the turn comes back and its drop passes it on.
+        let _ = self.to.send(Handed::Turn(Turn::new(queues, &self.keys)));
     }
 }

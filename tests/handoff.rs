@@ -259,6 +259,35 @@ async fn cancelled_local_waiters_leave_nothing_held() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_turn_passed_to_a_waiter_dropped_before_it_read_it_goes_on_to_the_next() {
+    let server = Standalone::start();
+    let other = Client::connect([server.url()]).await.unwrap();
+    let mine = Client::connect([server.url()]).await.unwrap();
+    let name = "handoff:unread-turn";
+    let mut waited = Vec::new();
+    for _ in 0..5 {
+        let guard = other.try_lock(name, &options()).await.unwrap();
+        // Three tasks of `mine`: the first takes the client's turn and asks Redis (busy), the
+        // other two queue behind it in the client.
+        let asking = queued(&mine, name, options()).await;
+        let left = queued(&mine, name, options()).await;
+        let next = tokio::spawn(queued(&mine, name, options()).await);
+        // The first gives up: its turn is sent to the second, which is dropped before it
+        // reads it. The turn must reach the third, not wait for its 250 ms re-check.
+        drop(asking);
+        drop(left);
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let granted = next.await.unwrap().unwrap();
+        waited.push(released.elapsed());
+        granted.release().await.unwrap();
+    }
+    let total: Duration = waited.iter().sum();
+    // A lost turn costs each round the re-check (about 1.2 s for the five).
+    assert!(total < Duration::from_millis(600), "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_released() {
     let name = "handoff:reentry";
     let (server, client, key) = one_client(name).await;

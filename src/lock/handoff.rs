@@ -87,7 +87,7 @@ pub(crate) async fn wait(
     match core.handoffs.enter(keys, options, owner) {
         Entered::Turn(turn) => Local::Ask(Some(turn)),
         Entered::Queued(from) => match tokio::time::timeout_at(until.into(), from).await {
-            Ok(handed) => told(core, keys, handed.ok()),
+            Ok(handed) => told(handed.ok()),
             Err(_) => Local::Ask(None),
         },
         Entered::Lingering(hold) => taken(core, keys, options, hold).await,
@@ -95,14 +95,14 @@ pub(crate) async fn wait(
 }
 
 /// What a waiter of this client makes of what it was told (`None`: nothing, its sender gone).
-fn told(core: &Arc<Core>, keys: &LockKeys, handed: Option<Handed>) -> Local<LockGuard> {
+fn told(handed: Option<Handed>) -> Local<LockGuard> {
     match handed {
         Some(Handed::Granted(guard)) => match guard.downcast::<LockGuard>() {
             Ok(guard) => Local::Granted(*guard),
             // Only the mutex hands over here; anything else is dropped (and so released).
             Err(_) => Local::Ask(None),
         },
-        Some(Handed::Turn) => Local::Ask(Some(Turn::new(&core.handoffs, keys))),
+        Some(Handed::Turn(turn)) => Local::Ask(Some(turn)),
         None => Local::Ask(None),
     }
 }
@@ -149,7 +149,7 @@ async fn taken(
         tracing::debug!(lock = keys.name(), error = %err, "lingering release failed");
     }
     // Answered by now (granted, or told to ask): no bound needed, even for a try.
-    told(core, keys, from.await.ok())
+    told(from.await.ok())
 }
 
 /// Releases `owner`'s hold `hold` on `keys`' lock and hands the lock to `waiter` in the same
@@ -235,10 +235,9 @@ pub(crate) async fn release_to(
                 MUTEX.release_call(core, key, &to_owner, ""),
                 Operation::Release,
             );
-            // The turn is this waiter's alone: it asks Redis, under its call's own token.
-            if to.send(Handed::Turn).is_err() {
-                core.handoffs.pass(keys);
-            }
+            // The turn is this waiter's alone: it asks Redis, under its call's own token (with
+            // the waiter gone, the turn's drop passes it on).
+            let _ = to.send(Handed::Turn(Turn::new(&core.handoffs, keys)));
             return Err(err);
         }
     };
