@@ -288,6 +288,56 @@ async fn a_turn_passed_to_a_waiter_dropped_before_it_read_it_goes_on_to_the_next
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_that_asked_redis_without_the_turn_are_granted_through_their_places() {
+    let server = Standalone::start();
+    let mine = Client::connect([server.url()]).await.unwrap();
+    let (name, key) = (
+        "handoff:asked-alone",
+        "fencelock:{handoff:asked-alone}:lock",
+    );
+    let places = || {
+        let fields: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
+        fields.iter().filter(|f| f.starts_with("q:")).count()
+    };
+    let mut waited = Vec::new();
+    for _ in 0..6 {
+        // A one-shot grant (it starts no cohort) held past the re-check period: the two tasks
+        // queued behind it in the client ask Redis themselves and take places there.
+        let guard = mine.try_lock(name, &options()).await.unwrap();
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let mine = mine.clone();
+                tokio::spawn(async move {
+                    let guard = mine.lock(name, &options()).await.unwrap();
+                    guard.release().await.unwrap();
+                })
+            })
+            .collect();
+        eventually("two places", Duration::from_secs(5), || places() == 2).await;
+        // The release grants the first place on the server: its task must be listening for
+        // it, not sitting in the client's queue until its next re-check.
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .expect("granted")
+                .unwrap();
+        }
+        waited.push(released.elapsed());
+        assert_eq!(places(), 0);
+        assert!(!server.node.held(key), "held after every task released it");
+    }
+    // A grant unheard costs its round a re-check (250 ms; before the fix, in about half of the
+    // rounds). One slow round is left to the machine.
+    let slow = waited
+        .iter()
+        .filter(|w| **w >= Duration::from_millis(200))
+        .count();
+    assert!(slow <= 1, "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_local_waiter_behind_a_reentered_lock_gets_it_when_the_last_hold_is_released() {
     let name = "handoff:reentry";
     let (server, client, key) = one_client(name).await;

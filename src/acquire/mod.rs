@@ -366,11 +366,15 @@ async fn drive_unbounded<W: Waiter>(
     let deadline = Instant::from_std(instant_after(started.into_std(), timeout));
     let mut backoff = Backoff::new();
     let mut listening = Listening::NotYet;
-    // The client's turn to ask for the resource, and whether the request has a local queue.
+    // The client's turn to ask for the resource. `alone` once the request has no local queue
+    // or asked Redis without the turn (after a re-check period behind a task of this client):
+    // from then on it waits on Redis as a waiter of another client would, listening for a
+    // grant to its place there, and never queues in the client again (a place granted on the
+    // server while its task sat in the local queue went unheard until the next re-check).
     let mut turn = None;
-    let mut queued = false;
+    let mut alone = false;
     loop {
-        if turn.is_none() {
+        if turn.is_none() && !alone {
             // Behind a task of this client: wait for its release to hand over or for the turn
             // to ask, at most until the re-check period (a holder that never releases must not
             // keep the waiter from Redis).
@@ -381,10 +385,10 @@ async fn drive_unbounded<W: Waiter>(
                     return Ok(granted);
                 }
                 Local::Ask(next) => {
-                    queued = true;
+                    alone = next.is_none();
                     turn = next;
                 }
-                Local::NotHeld => queued = false,
+                Local::NotHeld => alone = true,
             }
         }
         let sent = Instant::now();
@@ -404,7 +408,6 @@ async fn drive_unbounded<W: Waiter>(
             heard: listening.heard(),
             heard_before: listening.heard(),
             listened: false,
-            queued_without_turn: queued && turn.is_none(),
         };
         let mut step = step::next(&state, outcome, &mut backoff);
         if let (Outcome::Busy { retry_after }, Some(observer)) = (outcome, observer) {

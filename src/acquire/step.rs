@@ -57,8 +57,6 @@ pub(crate) struct State {
     pub(crate) heard_before: Heard,
     /// Whether it already listened after this outcome.
     pub(crate) listened: bool,
-    /// The request has a client-local queue and asked Redis without the client's turn.
-    pub(crate) queued_without_turn: bool,
 }
 
 /// The loop's next step.
@@ -90,11 +88,6 @@ pub(crate) fn next(state: &State, outcome: Outcome, backoff: &mut Backoff) -> St
         Outcome::Busy { .. } if left.is_zero() => return Step::GiveUp,
         Outcome::Busy { retry_after } => retry_after,
     };
-    if state.queued_without_turn {
-        // Asked without the turn (after waiting in the queue for the re-check period): queue
-        // again.
-        return Step::Again;
-    }
     if !state.listened {
         match state.heard {
             Heard::NotYet => {
@@ -139,7 +132,6 @@ mod tests {
             heard,
             heard_before: heard,
             listened: true,
-            queued_without_turn: false,
         }
     }
 
@@ -232,15 +224,6 @@ mod tests {
         assert_eq!(next(&fresh, busy(200 * MS), &mut backoff), Step::Again);
         fresh.heard_before = Heard::Pending;
         assert_eq!(next(&fresh, busy(200 * MS), &mut backoff), Step::Again);
-    }
-
-    #[test]
-    fn asking_without_the_turn_queues_again() {
-        let mut backoff = Backoff::new();
-        let mut queued = state(300 * MS, Heard::NotYet);
-        queued.listened = false;
-        queued.queued_without_turn = true;
-        assert_eq!(next(&queued, busy(200 * MS), &mut backoff), Step::Again);
     }
 
     #[test]
