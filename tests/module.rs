@@ -1879,6 +1879,30 @@ fn the_module_grants_a_free_queued_mutex_as_the_script_does() {
             .with("s:1", "me")
             .with("q:me", &near(1))
             .with("g:me", grant),
+        // An older client's mark over the queue's: the caller's own place goes with its grant.
+        Case::new(
+            "overwritten-mark",
+            "0 123456789  wold12345".into(),
+            now + 9000,
+            &wait,
+        )
+        .with("qseq", "2")
+        .with("s:1", "me")
+        .with("q:me", &near(1))
+        .with("g:me", grant)
+        .with("s:2", "a")
+        .with("q:a", &near(2))
+        .with("g:a", grant),
+        Case::new(
+            "overwritten-mark-once",
+            "0 123456789  w*".into(),
+            now + 9000,
+            &once,
+        )
+        .with("qseq", "1")
+        .with("s:1", "me")
+        .with("q:me", &near(1))
+        .with("g:me", grant),
     ];
     differential(&server, "fencelock.acquire", "acquire", cases);
 }

@@ -523,3 +523,26 @@ fn a_handoff_past_a_walk_of_gone_entries_keeps_the_queue_for_the_next_release() 
     let owner = server.node.lock_field(&key, "owner");
     assert_eq!(owner.as_deref(), Some("clientbb-place"));
 }
+
+#[test]
+fn a_plain_grant_to_a_caller_with_a_place_takes_its_place_away() {
+    let server = Standalone::start();
+    let key = Queue::Mutex.key("overwritten");
+    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "200", "30000");
+    let _: redis::Value = run_script(&server.node, script, &args);
+    let lease_end = server_ms(&server.node) + 200;
+    let (script, args) = Queue::Mutex.queue_call(&key, "place-p1", "30000", "30000");
+    let _: redis::Value = run_script(&server.node, script, &args);
+    assert_eq!(places(&server.node, &key), ["place-p1"]);
+    // An older client's busy attempt overwrites the queue's mark with its own, and the holder's
+    // lease runs out: p1's next attempt is a plain grant.
+    server.node.set_lock_field(&key, "waiters", "old12345");
+    while server_ms(&server.node) <= lease_end + 1 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _: redis::Value = run_script(&server.node, script, &args);
+    let owner = server.node.lock_field(&key, "owner");
+    assert_eq!(owner.as_deref(), Some("place-p1"));
+    // Its place went with the grant: no later release can grant it to a call that returned.
+    assert!(places(&server.node, &key).is_empty());
+}

@@ -118,6 +118,10 @@ pub fn run(
     if lock.holds.is_some() {
         return Reply::Error("FALLBACK leftover holds of a re-entered lock".into());
     }
+    if place > 0 && lock.waiters.is_some() {
+        // acquire.lua: a place kept from an earlier attempt goes with the grant.
+        key.hdel_fields(&[queue::field(b"q:", owner), queue::field(b"g:", owner)]);
+    }
     let ends = now_ms + ttl;
     let mut value = Buf::new();
     value

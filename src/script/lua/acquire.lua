@@ -28,7 +28,9 @@
 -- index `s:<seq>` / `qh` (mutex_queue.lua, `head`), not by reading the whole queue. A caller
 -- finding the hash at 400 fields or more (about 128 places with their index entries, and the
 -- lock's own) gets no place and polls. A free lock whose first 64 index entries are all gone is
--- granted to the caller (the walk stops there; the next call goes on from where it stopped).
+-- granted to the caller (the walk stops there; the next call goes on from where it stopped). A
+-- caller granted a free lock outside the queue while a mark other than `q` is set (an older
+-- client's busy attempt overwrote it) loses the place it kept, so no release grants it later.
 --
 -- Replies: fence (an integer: cheaper for the server to send than an array) or, when the stored
 -- fence was ahead of the clock, {1, fence, behind} granted (behind: µs the stored fence was
@@ -112,6 +114,11 @@ if not fence then return behind end
 if lock[4] then
   -- keep.lua's `clear` of a re-entered lock's leftovers, inlined (clear_holds.lua).
 --@clear
+end
+if place > 0 and lock[5] then
+  -- A mark other than the queue's (an older client's busy attempt overwrote `q`): a place this
+  -- caller kept from an earlier attempt goes with its grant, so no later release grants it.
+  redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1], 'g:' .. ARGV[1])
 end
 local ends = now_ms + ARGV[2]
 if w then
