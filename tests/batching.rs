@@ -385,6 +385,45 @@ fn each_key_of_a_batch_call_keeps_its_own_expiry_grace() {
     assert!(c > 1_000 && c <= 11_000, "lease + 1 s grace, got {c} ms");
 }
 
+#[test]
+fn a_batch_entry_does_not_take_an_earlier_entrys_clock_grant_for_its_own() {
+    let server = Standalone::start();
+    let batch = fencelock::lua_scripts()
+        .find(|script| script.name == "acquire_batch")
+        .expect("the acquire batch script");
+    let owner = "0123456789abcdef";
+    let (fresh, held) = ("fencelock:{fresh}:lock", "fencelock:{held}:lock");
+    // `held` is already this owner's, its stored fence 100 s ahead of the clock (a later
+    // epoch's, or a clock that was ahead); its key expires with its lease.
+    let time: (i64, i64) = server.node.cmd(&mut redis::cmd("TIME"));
+    let now = time.0 * 1000 + time.1 / 1000;
+    let state = format!("{} {} {owner}", now + 10_000, (now + 100_000) * 1000);
+    server
+        .node
+        .cmd::<()>(redis::cmd("HSET").arg(held).arg("until").arg(state));
+    server
+        .node
+        .cmd::<()>(redis::cmd("PEXPIREAT").arg(held).arg(now + 12_000));
+    // One call: a clock grant of `fresh`, then the resend on `held`.
+    let mut call = redis::cmd("EVAL");
+    call.arg(batch.source).arg(1).arg(fresh);
+    for key in [fresh, held] {
+        call.arg(key)
+            .arg(5)
+            .arg(owner)
+            .arg(10_000)
+            .arg(0)
+            .arg("clock")
+            .arg(2_000);
+    }
+    let replies: Vec<redis::Value> = server.node.cmd(&mut call);
+    assert_eq!(replies.len(), 2);
+    // The resend moves the lease and keeps the key for the lease and the grace, as alone; the
+    // first entry's grant must not make it keep the key until the fence's time (about 102 s).
+    let pttl: i64 = server.node.cmd(redis::cmd("PTTL").arg(held));
+    assert!(pttl > 10_000 && pttl <= 12_100, "{pttl} ms");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_drivers_end_and_later_calls_still_go_through() {
     let server = Standalone::start();

@@ -24,6 +24,8 @@ local replies = {}
 local i = 1
 while i <= #batch do
   local n = tonumber(batch[i + 1])
+  -- The fence rule's clock shift is one entry's (the epoch read stays the call's).
+  memo.shift = nil
   local ok, reply = pcall(op, {batch[i]}, {unpack(batch, i + 2, i + 1 + n)})
   if not ok and type(reply) ~= 'table' then reply = redis.error_reply(tostring(reply)) end
   replies[#replies + 1] = reply
