@@ -408,3 +408,64 @@ async fn bad_input_is_an_error() {
     let err = typed.set(1).await.unwrap_err();
     assert!(err.to_string().contains("typed"), "{err}");
 }
+
+#[test]
+fn an_opened_latch_keeps_its_key_until_its_generation_has_passed() {
+    let server = Standalone::start();
+    let key = "fencelock:{ahead}:latch";
+    // A generation far ahead of the clock (a floor carried over, or a clock that was ahead):
+    // open TTL 1 s, grace 5 s.
+    let set = |set_id: &str, floor: u64| -> Vec<i64> {
+        server.node.cmd(
+            redis::cmd("EVAL")
+                .arg(script("latch_set"))
+                .arg(1)
+                .arg(key)
+                .arg(1)
+                .arg(set_id)
+                .arg(floor)
+                .arg("clock")
+                .arg("p")
+                .arg(1_000)
+                .arg(5_000),
+        )
+    };
+    let expires_at = || -> i64 { server.node.cmd(redis::cmd("PEXPIRETIME").arg(key)) };
+    // Opened by its count-down.
+    let generation = set("set-1", 8_000_000_000_000_000)[1];
+    let counted: Vec<i64> = server.node.cmd(
+        redis::cmd("EVAL")
+            .arg(script("latch_count_down"))
+            .arg(1)
+            .arg(key)
+            .arg("id-1")
+            .arg("")
+            .arg("p")
+            .arg(1_000)
+            .arg(5_000),
+    );
+    assert_eq!(counted, [1, generation, 0]);
+    assert!(
+        expires_at() >= generation / 1000 + 5_000,
+        "the key would expire before generation {generation} is the server's time: {}",
+        expires_at()
+    );
+    // Opened by an operator.
+    let generation = set("set-2", 9_000_000_000_000_000)[1];
+    let _: redis::Value = server.node.cmd(
+        redis::cmd("EVAL")
+            .arg(script("latch_force_unlock"))
+            .arg(1)
+            .arg(key)
+            .arg("p")
+            .arg(1_000)
+            .arg(5_000),
+    );
+    let count: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("count"));
+    assert_eq!(count.as_deref(), Some("0"), "opened");
+    assert!(
+        expires_at() >= generation / 1000 + 5_000,
+        "forced: {} for generation {generation}",
+        expires_at()
+    );
+}

@@ -4,7 +4,8 @@
 -- KEYS[1] the latch key (hash): `fence` the last generation granted (never removed), `gen` the
 -- current generation, `count` its remaining count, `set` the id of the set call that started
 -- it, `opened` the latest generation that reached zero, `d:<id>` the ids counted down in `gen`
--- (dropped once it opens).
+-- (dropped once it opens), `fm` an armed generation read as server time in ms (clock and
+-- hybrid modes: the opening keeps the key at least until then).
 -- ARGV[1] count (decimal, 0 to 2^53 - 1; 0 opens at once), ARGV[2] the call's set id (random,
 --   so a resent script starts no second generation), ARGV[3] floor: the generation is above it
 --   (decimal, 0 for none, below 2^53), ARGV[4] `clock`, `hybrid`, `epoch` or `counter` (the
@@ -26,10 +27,15 @@ if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
 local fence, behind = next_fence(tonumber(latch[4]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local gen = string.format('%.0f', fence)
-redis.call('DEL', KEYS[1])
+redis.call('UNLINK', KEYS[1])
 redis.call('HSET', KEYS[1], 'fence', gen, 'gen', gen, 'count', ARGV[1], 'set', ARGV[2])
 if latch[3] then redis.call('HSET', KEYS[1], 'opened', latch[3]) end
 if tonumber(ARGV[1]) > 0 then
+  if memo.shift then
+    -- The generation read as server time: the opening keeps the key until then (plus the
+    -- grace), as a grant's expiry would have.
+    redis.call('HSET', KEYS[1], 'fm', string.format('%d', math.ceil((fence - memo.shift) / 1000)))
+  end
   redis.call('PERSIST', KEYS[1])
   return {1, fence, behind}
 end
