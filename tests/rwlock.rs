@@ -324,6 +324,37 @@ async fn upgrade_is_refused_and_reentry_adds_holds_with_the_same_fence() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_writer_whose_re_entered_holds_were_all_released_downgrades() {
+    let server = Standalone::start();
+    let (a, b) = (client(&server).await, client(&server).await);
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    let write = a.try_write_lock("doc", &options).await.unwrap();
+    write
+        .reentry()
+        .read()
+        .await
+        .expect("a writer may read")
+        .release()
+        .await
+        .unwrap();
+    // Only the write hold is left: it downgrades, and other readers enter beside it.
+    let read = write.downgrade().await.expect("downgrade");
+    let other = b.try_read_lock("doc", &options).await.expect("a reader beside it");
+    busy(
+        b.try_write_lock("doc", &options).await,
+        "the downgraded hold still reads",
+    );
+    read.release().await.unwrap();
+    other.release().await.unwrap();
+    b.try_write_lock("doc", &options)
+        .await
+        .expect("free after both reads")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_waiting_writer_withdraws_its_intent_at_once_when_cancelled_or_timed_out() {
     let server = Standalone::start();
     let (a, b) = (client(&server).await, client(&server).await);
