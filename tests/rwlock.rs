@@ -170,6 +170,65 @@ async fn a_writer_is_not_starved_by_a_stream_of_readers() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn dead_readers_with_re_entered_holds_are_removed_in_one_pass_and_live_ones_kept() {
+    let server = Standalone::start();
+    let (dead, live, writer) = (
+        client(&server).await,
+        client(&server).await,
+        client(&server).await,
+    );
+    let short = LockOptions::new().ttl(Duration::from_millis(300));
+    let mut lease_ends = 0;
+    for _ in 0..3 {
+        // A reader that crashed with a re-entered hold: an entry, a count and two hold fields.
+        let read = dead.try_read_lock("doc", &short).await.unwrap();
+        let inner = read
+            .reentry()
+            .ttl(Duration::from_millis(300))
+            .read()
+            .await
+            .unwrap();
+        lease_ends = server_ms(&server.node) + 300;
+        std::mem::forget(inner);
+        std::mem::forget(read);
+    }
+    let kept = live
+        .try_read_lock("doc", &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let kept_re = kept.reentry().read().await.unwrap();
+    while server_ms(&server.node) <= lease_ends + 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The writer's attempt is refused (a live reader) and clears the dead ones as it goes.
+    busy(
+        writer.try_write_lock("doc", &LockOptions::new()).await,
+        "a live reader",
+    );
+    let left: Vec<String> = fields(&server.node, "doc")
+        .into_iter()
+        .map(|(f, _)| f)
+        .filter(|f| f.starts_with("r:") || f.starts_with("c:") || f.starts_with("h:"))
+        .collect();
+    // Only the live reader's entry, count and two holds are left.
+    assert_eq!(left.len(), 4, "{left:?}");
+    let owner = left
+        .iter()
+        .find_map(|f| f.strip_prefix("r:"))
+        .expect("the live entry");
+    assert!(left.iter().all(|f| f.contains(owner)), "{left:?}");
+    kept_re.release().await.unwrap();
+    kept.release().await.unwrap();
+    writer
+        .try_write_lock("doc", &LockOptions::new())
+        .await
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_crashed_reader_stops_blocking_a_writer_after_its_lease() {
     let server = Standalone::start();
     let (reader, writer) = (client(&server).await, client(&server).await);
@@ -339,7 +398,10 @@ async fn a_writer_whose_re_entered_holds_were_all_released_downgrades() {
         .unwrap();
     // Only the write hold is left: it downgrades, and other readers enter beside it.
     let read = write.downgrade().await.expect("downgrade");
-    let other = b.try_read_lock("doc", &options).await.expect("a reader beside it");
+    let other = b
+        .try_read_lock("doc", &options)
+        .await
+        .expect("a reader beside it");
     busy(
         b.try_write_lock("doc", &options).await,
         "the downgraded hold still reads",

@@ -40,7 +40,7 @@ if not mine and last_fence and redis.call('HLEN', KEYS[1]) >= ARGV[5] + 0 then
     if not waiters then redis.call('HSET', KEYS[1], 'waiters', '1') end
     return {0, math.min(full - now_ms, third), cap}
   end
-  local fields, readers, first = redis.call('HGETALL', KEYS[1]), 0, nil
+  local fields, readers, first, dead = redis.call('HGETALL', KEYS[1]), 0, nil, nil
   for n = 1, #fields, 2 do
     local field = fields[n]
     if string.sub(field, 1, 2) == 'r:' then
@@ -49,10 +49,12 @@ if not mine and last_fence and redis.call('HLEN', KEYS[1]) >= ARGV[5] + 0 then
         readers = readers + 1
         if not first or ends < first then first = ends end
       else
-        forget(string.sub(field, 3), 'r')
+        dead = dead or {}
+        dead[string.sub(field, 3)] = true
       end
     end
   end
+  if dead then forget_readers(fields, dead) end
   if readers >= cap then
     redis.call('HSET', KEYS[1], 'rs', string.format('%d', first), 'waiters', '1')
     return {0, math.min(first - now_ms, third), readers}

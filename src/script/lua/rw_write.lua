@@ -23,7 +23,7 @@ local blocked = 0
 if writer_live then blocked = writer_until - now_ms end
 local theirs = intent_live and intent ~= ARGV[5]
 if theirs and intent_until - now_ms > blocked then blocked = intent_until - now_ms end
-local fields = all
+local fields, dead = all, nil
 for n = 1, #fields, 2 do
   local field = fields[n]
   if string.sub(field, 1, 2) == 'r:' then
@@ -31,10 +31,12 @@ for n = 1, #fields, 2 do
     if ends > now_ms then
       if ends - now_ms > blocked then blocked = ends - now_ms end
     else
-      forget(string.sub(field, 3), 'r')
+      dead = dead or {}
+      dead[string.sub(field, 3)] = true
     end
   end
 end
+if dead then forget_readers(fields, dead) end
 if blocked > 0 then
   if ARGV[5] ~= '' and not theirs then
     local ends = now_ms + ttl
