@@ -12,6 +12,8 @@ use crate::error::{Error, Operation, Result};
 use crate::script::ScriptCall;
 use crate::stats::Counters;
 
+use super::undo::InFlight;
+
 /// How many replicas were asked for and how many acknowledged.
 pub(crate) struct Acks {
     required: u32,
@@ -62,12 +64,9 @@ pub(crate) async fn confirm(
     };
     let acked = u32::try_from(acked).unwrap_or(0);
     if acked < required {
-        let undo = undo();
-        let _ = Box::pin(
-            core.transport
-                .run(&undo, undo.first_key(), Operation::Release),
-        )
-        .await;
+        // As an undo: a caller dropped meanwhile does not keep the unconfirmed grant from
+        // being released (a plain call queued behind a round in flight would be dropped).
+        Box::pin(InFlight::arm(&core.transport, undo()).now(name)).await;
         return Err(Error::ReplicasNotConfirmed {
             name: name.to_owned(),
             acked,
