@@ -70,12 +70,13 @@ impl PermitGuard {
         Self { held, permits }
     }
 
-    /// The permits held, by number (ascending), each with its fence.
+    /// The permits held, each with its number and fence, in the order they were granted (not
+    /// by number: a grant takes the numbers released first).
     pub fn permits(&self) -> &[Permit] {
         &self.permits
     }
 
-    /// The fence of the first (or only) permit.
+    /// The fence of the first (or only) permit of [`permits`](Self::permits).
     pub fn fence(&self) -> FenceToken {
         self.held.fence()
     }
