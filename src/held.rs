@@ -453,13 +453,39 @@ impl Held {
 
     async fn extend_unspanned(&mut self, ttl: Duration) -> Result<Instant> {
         let extended = self.extend_call(ttl).await;
-        if extended.is_err() {
+        if let Err(err) = &extended {
             // The hold may be lost: only a call to Redis may hand it on, and its release must
             // not linger.
             self.no_hand_within();
             self.cohort = false;
+            let why = match err {
+                Error::Expired { .. } => Some(Ended::Expired),
+                Error::NotOwner { .. } => Some(Ended::NotOwner),
+                Error::ForceUnlocked { .. } => Some(Ended::ForceUnlocked),
+                _ => None,
+            };
+            if let Some(why) = why {
+                self.ended(why);
+            }
         }
         extended
+    }
+
+    /// Redis said the hold is gone (`why`): it is no longer valid, and `lost()` answers at
+    /// once, for every guard of this owner's hold that follows the same watch.
+    fn ended(&mut self, why: Ended) {
+        self.valid_until = Instant::now();
+        match &self.watched {
+            Some(Watched { id: Some(id), .. }) => self.core.watchdog.lost(*id, why),
+            Some(Watched { lease, .. }) => {
+                lease.update(|lease| {
+                    lease.valid_until = self.valid_until.into();
+                    lease.ended = Some(why);
+                });
+                self.core.watchdog.ended().notify_waiters();
+            }
+            None => {}
+        }
     }
 
     async fn extend_call(&mut self, ttl: Duration) -> Result<Instant> {
@@ -496,22 +522,30 @@ impl Held {
         // have asked for the same.
         self.ttl = ttl;
         self.watch_lease(ttl);
-        Ok(self.valid_until)
+        Ok(self.valid_until())
     }
 
-    /// Tells the watchdog, if it watches this hold, the lease it now has: `valid_until`, renewed
-    /// with `ttl`.
+    /// Tells the watch this hold follows the lease it now has: `valid_until`, renewed with `ttl`
+    /// (the watchdog, when this hold owns the watch; else the lease it shares with its owner's
+    /// first hold).
     fn watch_lease(&self, ttl: Duration) {
-        if let Some(Watched {
-            id: Some(id),
-            every,
-            ..
-        }) = &self.watched
-        {
-            let every = every.filter(|e| *e < ttl).unwrap_or(ttl / 3);
-            self.core
-                .watchdog
-                .extended(*id, ttl, every, self.valid_until.into());
+        match &self.watched {
+            Some(Watched {
+                id: Some(id),
+                every,
+                ..
+            }) => {
+                let every = every.filter(|e| *e < ttl).unwrap_or(ttl / 3);
+                self.core
+                    .watchdog
+                    .extended(*id, ttl, every, self.valid_until.into());
+            }
+            // A re-entry riding on another guard's watch: Redis keeps one lease per owner, so
+            // what this extension set is the lease of both.
+            Some(Watched { lease, .. }) => {
+                lease.update(|lease| lease.valid_until = self.valid_until.into());
+            }
+            None => {}
         }
     }
 

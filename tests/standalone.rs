@@ -155,6 +155,56 @@ async fn a_shortening_extend_dropped_after_redis_ran_it_leaves_the_guard_on_the_
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_extend_that_finds_the_lock_gone_leaves_the_guard_invalid() {
+    let server = Standalone::start();
+    let client = client(&server).await;
+    for watchdog in [false, true] {
+        let name = if watchdog { "gone-watched" } else { "gone" };
+        let options = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .watchdog(watchdog);
+        let mut guard = client.try_lock(name, &options).await.unwrap();
+        let _: i64 = server
+            .node
+            .cmd(redis::cmd("DEL").arg(format!("fencelock:{{{name}}}:lock")));
+        let err = guard.extend(Duration::from_secs(30)).await.unwrap_err();
+        assert!(matches!(err, Error::Expired { .. }), "{err:?}");
+        assert!(
+            !guard.is_valid(),
+            "watchdog {watchdog}: still valid after {err}"
+        );
+        let lost = tokio::time::timeout(Duration::from_secs(1), guard.lost())
+            .await
+            .expect("lost() answers at once");
+        assert!(matches!(lost, Error::Expired { .. }), "{lost:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_re_entry_that_outlives_its_first_hold_follows_its_own_extend() {
+    let server = Standalone::start();
+    let client = client(&server).await;
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .watchdog(true);
+    let outer = client.try_lock("re", &options).await.unwrap();
+    let mut inner = outer.reentry().lock().await.unwrap();
+    outer.release().await.unwrap();
+    // One hold is left: this extend shortens the owner's lease in Redis.
+    let until = inner.extend(Duration::from_secs(2)).await.unwrap();
+    let asked = std::time::Instant::now() + Duration::from_secs(2);
+    assert!(until <= asked, "{until:?}");
+    assert!(
+        inner.valid_until() <= asked,
+        "the guard counts on {:?} past the lease Redis has",
+        inner.valid_until().saturating_duration_since(asked)
+    );
+    let lease = server.node.lease_ms("fencelock:{re}:lock");
+    assert!(lease.is_some_and(|ms| ms <= 2_000), "{lease:?}");
+    inner.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn acquire_script_is_idempotent_for_the_same_owner() {
     let server = Standalone::start();
     let source = fencelock::lua_scripts()

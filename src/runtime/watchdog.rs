@@ -125,6 +125,12 @@ struct Hold {
     failures: u32,
     /// A renewal call for it is under way.
     in_flight: bool,
+    /// The lease that renewal would give, counted from when it was taken due (no later than
+    /// it was sent): an `extend` meanwhile may land before or after it in Redis.
+    in_flight_until: Instant,
+    /// Bumped by every [`Watchdog::extended`]: a renewal taken due before may only lower the
+    /// lease end the extension set.
+    generation: u64,
     lease: SharedLease,
 }
 
@@ -156,6 +162,10 @@ struct Due {
     weight: u32,
     ttl_ms: String,
     ttl: Duration,
+    /// The TTL was cut to end at the maximum hold time: the last renewal.
+    capped: bool,
+    /// The hold's [`Hold::generation`] when it was taken due.
+    generation: u64,
 }
 
 impl Watchdog {
@@ -207,6 +217,8 @@ impl Watchdog {
                 early: true,
                 failures: 0,
                 in_flight: false,
+                in_flight_until: renew_at,
+                generation: 0,
                 lease,
             },
         );
@@ -232,15 +244,17 @@ impl Watchdog {
         }
     }
 
-    /// Records an extension made by the guard: renew with `ttl` from now on.
+    /// Records an extension made by the guard: renew with `ttl` from now on. With a renewal in
+    /// flight, Redis may run the two in either order: the lease end is the earlier of both.
     pub(crate) fn extended(&self, id: u64, ttl: Duration, every: Duration, valid_until: Instant) {
-        let mut state = self.schedule.state();
-        if let Some(hold) = state.holds.get_mut(&id) {
-            hold.ttl = ttl;
-            hold.every = every;
-            hold.renew_at = Instant::now() + every;
-            hold.failures = 0;
-            hold.lease.update(|lease| lease.valid_until = valid_until);
+        self.schedule.extended(id, ttl, every, valid_until);
+    }
+
+    /// Ends a watched hold that a call of its guard found lost (`why`).
+    pub(crate) fn lost(&self, id: u64, why: Ended) {
+        let removed = self.schedule.state().holds.remove(&id);
+        if let Some(hold) = removed {
+            self.schedule.end(&hold, why);
         }
     }
 }
@@ -248,6 +262,24 @@ impl Watchdog {
 impl Schedule {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// [`Watchdog::extended`].
+    fn extended(&self, id: u64, ttl: Duration, every: Duration, valid_until: Instant) {
+        let mut state = self.state();
+        if let Some(hold) = state.holds.get_mut(&id) {
+            hold.ttl = ttl;
+            hold.every = every;
+            hold.renew_at = Instant::now() + every;
+            hold.failures = 0;
+            hold.generation = hold.generation.wrapping_add(1);
+            let valid_until = if hold.in_flight {
+                valid_until.min(hold.in_flight_until)
+            } else {
+                valid_until
+            };
+            hold.lease.update(|lease| lease.valid_until = valid_until);
+        }
     }
 
     /// When a hold is due (its renewal time has come), the holds due within half their
@@ -287,19 +319,20 @@ impl Schedule {
                 next = Some(next.map_or(hold.renew_at, |n| n.min(hold.renew_at)));
                 continue;
             }
-            let ttl = match hold.hold_until {
+            let (ttl, capped) = match hold.hold_until {
                 Some(until) if until <= now + Duration::from_millis(1) => {
                     ended.push((id, Ended::MaxHold));
                     continue;
                 }
-                Some(until) => hold.ttl.min(until - now),
-                None => hold.ttl,
+                Some(until) if until - now < hold.ttl => (until - now, true),
+                Some(_) | None => (hold.ttl, false),
             };
             if hold.lease.get().valid_until <= now {
                 ended.push((id, Ended::Unconfirmed));
                 continue;
             }
             hold.in_flight = true;
+            hold.in_flight_until = lease_end(now.into_std(), ttl).into();
             due.push(Due {
                 id,
                 lock_key: hold.lock_key.clone(),
@@ -309,6 +342,8 @@ impl Schedule {
                 weight: hold.weight,
                 ttl_ms: ttl_millis(ttl),
                 ttl,
+                capped,
+                generation: hold.generation,
             });
         }
         for (id, why) in ended {
@@ -328,7 +363,19 @@ impl Schedule {
                 continue;
             };
             let why = match Outcome::from_code(*code) {
-                Some(Outcome::Done) if lock.ttl < hold.ttl => {
+                Some(Outcome::Done) if lock.generation != hold.generation => {
+                    // The guard extended the lease while this renewal was in flight: either may
+                    // have run last in Redis, so the earlier lease end stands.
+                    hold.in_flight = false;
+                    hold.failures = 0;
+                    let renewed = lease_end(sent.into_std(), lock.ttl).into();
+                    hold.lease.update(|lease| {
+                        lease.valid_until = lease.valid_until.min(renewed);
+                    });
+                    Counters::add(&counters.renewals, kind_of(&lock.lock_key), 1);
+                    continue;
+                }
+                Some(Outcome::Done) if lock.capped => {
                     // Cut short by the maximum hold time: the last renewal.
                     let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
@@ -649,6 +696,8 @@ mod tests {
             early: true,
             failures: 0,
             in_flight: false,
+            in_flight_until: start,
+            generation: 0,
             lease: lease.clone(),
         };
         watchdog.state().holds.insert(7, hold);
@@ -712,6 +761,54 @@ mod tests {
         watchdog.retry(&due, now + Duration::from_secs(1));
         let renew_at = watchdog.state().holds[&id].renew_at;
         assert_eq!(renew_at, now + Duration::from_secs(1) + FIRST_RETRY);
+    }
+
+    #[test]
+    fn a_renewal_in_flight_across_an_extension_leaves_the_earlier_lease_end() {
+        let start = Instant::now();
+        let (watchdog, id, lease) = one_hold(start);
+        let counters = Counters::default();
+        let sent = start + Duration::from_secs(1);
+        // A renewal for 3 s goes out; the guard then extends to 500 ms. Redis may run the
+        // extension first: its lease is then the renewal's.
+        let (due, _) = watchdog.take_due(sent);
+        assert_eq!(due.len(), 1);
+        let extended = sent + 480 * MS;
+        watchdog.extended(id, 500 * MS, 160 * MS, extended);
+        assert_eq!(lease.get().valid_until, extended);
+        // The renewal's reply must not move the lease end past the extension's.
+        watchdog.apply(&counters, &due, &[1], sent);
+        assert_eq!(lease.get().valid_until, extended);
+        assert!(lease.get().ended.is_none());
+        // An extension to longer while a renewal is in flight counts on the renewal's end.
+        let renew_at = watchdog.state().holds[&id].renew_at;
+        let (due, _) = watchdog.take_due(renew_at);
+        let taken = watchdog.state().holds[&id].in_flight_until;
+        watchdog.extended(
+            id,
+            Duration::from_secs(60),
+            Duration::from_secs(20),
+            sent + Duration::from_secs(59),
+        );
+        assert_eq!(lease.get().valid_until, taken);
+        // Its reply, a TTL shorter than the hold's (60 s) now, is not the maximum hold time.
+        watchdog.apply(&counters, &due, &[1], sent);
+        assert!(lease.get().ended.is_none(), "{:?}", lease.get().ended);
+        assert!(watchdog.state().holds.contains_key(&id));
+    }
+
+    #[test]
+    fn only_a_renewal_cut_at_the_maximum_hold_time_is_the_last() {
+        let start = Instant::now();
+        let (watchdog, id, lease) = one_hold(start);
+        let counters = Counters::default();
+        watchdog.state().holds.get_mut(&id).unwrap().hold_until = Some(start + 2500 * MS);
+        let now = start + Duration::from_secs(1);
+        let (due, _) = watchdog.take_due(now);
+        assert!(due[0].capped);
+        watchdog.apply(&counters, &due, &[1], now);
+        assert_eq!(lease.get().ended, Some(Ended::MaxHold));
+        assert!(watchdog.state().holds.is_empty());
     }
 
     #[test]
