@@ -9,7 +9,7 @@
 --
 -- An id counts once per generation (`d:<id>`): the same id again, or a resent script, changes
 -- nothing and answers the same remaining count. Reaching zero rewrites the hash without the ids
--- (`UNLINK`, then one `HSET` of `fence`, `gen`, `count` 0, `set` and `opened` = the generation:
+-- (`DEL`, then one `HSET` of `fence`, `gen`, `count` 0, `set` and `opened` = the generation:
 -- the fields latch_set writes, so the layout is the one every client version reads), sets the
 -- key to expire at max(now + open TTL, the generation as server time, `fm`) + grace (so that a
 -- clock-mode generation is never granted again after the key expired, even when it was ahead
@@ -30,7 +30,7 @@ if count == 0 then return {1, gen, 0} end
 if redis.call('HSETNX', KEYS[1], 'd:' .. ARGV[1], '1') == 0 then return {1, gen, count} end
 count = redis.call('HINCRBY', KEYS[1], 'count', -1)
 if count > 0 then return {1, gen, count} end
-redis.call('UNLINK', KEYS[1])
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fence', latch[3] or latch[1], 'gen', latch[1], 'count', '0',
   'set', latch[4] or '', 'opened', latch[1])
 local grace = tonumber(ARGV[5])

@@ -27,7 +27,7 @@ if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
 local fence, behind = next_fence(tonumber(latch[4]) or 0, ARGV[3], ARGV[4])
 if not fence then return behind end
 local gen = string.format('%.0f', fence)
-redis.call('UNLINK', KEYS[1])
+redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fence', gen, 'gen', gen, 'count', ARGV[1], 'set', ARGV[2])
 if latch[3] then redis.call('HSET', KEYS[1], 'opened', latch[3]) end
 if tonumber(ARGV[1]) > 0 then
