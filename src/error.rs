@@ -160,8 +160,9 @@ pub enum Error {
     /// A call did not finish within its deadline.
     #[error(
         "{operation} on lock {name:?} did not finish within {}: a Redis node is slow or \
-         not answering; the outcome is unknown, so treat the lock as not held",
-        HumanDuration(*.after)
+         not answering; {}",
+        HumanDuration(*.after),
+        .operation.after_timeout()
     )]
     Timeout {
         /// The lock concerned.
@@ -466,6 +467,52 @@ pub enum Operation {
 }
 
 impl Operation {
+    /// What a caller should make of this operation's timeout (the end of its message).
+    const fn after_timeout(self) -> &'static str {
+        match self {
+            Operation::Acquire
+            | Operation::FairAcquire
+            | Operation::ReadLock
+            | Operation::WriteLock
+            | Operation::AcquireAll
+            | Operation::QuorumAcquire
+            | Operation::QuorumCommit
+            | Operation::QuorumLock => {
+                "the outcome is unknown, so treat the lock as not held (what it may have \
+                 granted is released in the background)"
+            }
+            Operation::Handoff
+            | Operation::Release
+            | Operation::QuorumRelease
+            | Operation::ForceUnlock => {
+                "the outcome is unknown: the lock may stay held until its lease ends"
+            }
+            Operation::Extend
+            | Operation::Renew
+            | Operation::Reenter
+            | Operation::Downgrade
+            | Operation::QuorumExtend => {
+                "the outcome is unknown: count on no more than the lease the hold had before"
+            }
+            Operation::Inspect
+            | Operation::Scan
+            | Operation::Info
+            | Operation::ClusterSlots
+            | Operation::ModuleCheck
+            | Operation::LatchRead
+            | Operation::Available
+            | Operation::Subscribe => "nothing was changed; try again once the node answers",
+            Operation::Withdraw
+            | Operation::WithdrawIntent
+            | Operation::SetLimit
+            | Operation::LatchSet
+            | Operation::LatchCountDown
+            | Operation::FencedWrite => {
+                "the outcome is unknown: look at the state before relying on it"
+            }
+        }
+    }
+
     /// The operation as error messages name it.
     pub const fn as_str(self) -> &'static str {
         match self {

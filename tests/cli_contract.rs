@@ -105,6 +105,35 @@ fn help_never_prints_an_environment_variables_value() {
 }
 
 #[test]
+fn a_password_with_a_comma_in_the_url_works_and_is_never_shown() {
+    let password = "se,cret-Pw";
+    let server = Standalone::start_with_password(password);
+    let port = server.node.port;
+    let url = format!("redis://default:{password}@127.0.0.1:{port}");
+    let output = run(fencelock().args(["--url", &url, "status", "job"]));
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    // Two URLs in one value still split; the second's error never shows the first's password.
+    let both = format!("{url},redis://default:{password}@127.0.0.1:1");
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", &both)
+        .args(["status", "job"]));
+    let text = stdout(&output) + &stderr(&output);
+    assert!(
+        !text.contains("se,cret") && !text.contains("cret-Pw"),
+        "{text}"
+    );
+    // A URL the client cannot use: named without the password.
+    let bad = format!("redis://default:{password}@127.0.0.1:{port}/x/y");
+    let output = run(fencelock().args(["--url", &bad, "status", "job"]));
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    let text = stderr(&output);
+    assert!(
+        !text.contains("se,cret") && !text.contains("cret-Pw"),
+        "{text}"
+    );
+}
+
+#[test]
 fn the_password_comes_from_the_environment_a_file_or_the_url_and_is_never_shown() {
     let server = Standalone::start_with_password(PASSWORD);
     let url = bare_url(&server);

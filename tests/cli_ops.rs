@@ -175,6 +175,25 @@ async fn status_unlock_and_list_print_the_contract_fields_and_exit_codes() {
     assert_eq!(dead.status.code(), Some(69), "{}", stderr(&dead));
 }
 
+#[test]
+fn a_server_that_stops_answering_exits_69_not_75() {
+    let server = Standalone::start();
+    let url = server.url();
+    // Writes paused: the connection opens, the call is never answered in time.
+    let _: () = server
+        .node
+        .cmd(redis::cmd("CLIENT").arg("PAUSE").arg(20_000).arg("WRITE"));
+    let stalled = fencelock(&url, &["unlock", "--force", "x"]);
+    let _: () = server.node.cmd(redis::cmd("CLIENT").arg("UNPAUSE"));
+    // 75 would tell a script that another owner holds the lock.
+    assert_eq!(stalled.status.code(), Some(69), "{}", stderr(&stalled));
+    let text = stderr(&stalled);
+    assert!(
+        text.contains("may stay held until its lease ends"),
+        "{text}"
+    );
+}
+
 /// `tmux -L SOCKET ARGS`: a tmux server of this test's own.
 fn tmux(socket: &str, args: &[&str]) -> Output {
     Command::new("tmux")

@@ -51,7 +51,6 @@ struct Cli {
         long = "url",
         global = true,
         env = "FENCELOCK_URL",
-        value_delimiter = ',',
         default_value = "redis://127.0.0.1:6379"
     )]
     urls: Vec<String>,
@@ -136,7 +135,8 @@ struct Cli {
 const EXIT_CODES: &str = "Exit status of exec: the command's own; 75 not acquired within \
 --timeout (with --quorum also when fewer than a majority of the deployments answer); 76 too few \
 replicas confirmed; 70 lock lost while the command ran (the command is terminated) or found \
-lost at the release; 64 bad input; 69 Redis unreachable; 127 the command cannot be started; \
+lost at the release; 64 bad input; 69 Redis unreachable (or not answering a call other than \
+the acquire); 127 the command cannot be started; \
 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP), 131 (SIGQUIT) when the signal arrived while \
 connecting or waiting for the lock (nothing of the wait stays held).
 
@@ -151,8 +151,8 @@ latch wait exits 0 once the latch is open, 75 if it is not open within --timeout
 signal N while waiting.
 
 status, unlock --force, list and top exit 0 (held or not; unlock prints what it freed), 64 for \
-bad input (unlock without --force), 69 when Redis cannot be reached or refuses (a missing ACL \
-permission is named; list skips a foreign key under the prefix with a warning).
+bad input (unlock without --force), 69 when Redis cannot be reached, does not answer or refuses \
+(a missing ACL permission is named; list skips a foreign key under the prefix with a warning).
 
 Credentials: --user or FENCELOCK_USER; the password from --password-file, FENCELOCK_PASSWORD \
 or the URL (redis://user:password@host:port). They are never printed.
@@ -502,7 +502,11 @@ pub fn fail(error: &Error) -> ExitCode {
     }
     eprintln!("fencelock: {}", secrets::redact(&line));
     ExitCode::from(match error {
-        Error::Busy { .. } | Error::Timeout { .. } => code::NOT_ACQUIRED,
+        Error::Busy { .. } => code::NOT_ACQUIRED,
+        // A call that did not take the lock in time: not acquired within --timeout (with
+        // --quorum, fewer than a majority answered). Any other call Redis did not answer: the
+        // node is unreachable.
+        Error::Timeout { operation, .. } if acquiring(*operation) => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
         Error::InvalidName { .. }
         | Error::InvalidOptions { .. }
@@ -516,6 +520,23 @@ pub fn fail(error: &Error) -> ExitCode {
         Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,
     })
+}
+
+/// Whether a timeout of `operation` means the lock was not acquired (exit 75), not that Redis
+/// could not be reached (69).
+fn acquiring(operation: fencelock::Operation) -> bool {
+    use fencelock::Operation as Op;
+    matches!(
+        operation,
+        Op::Acquire
+            | Op::FairAcquire
+            | Op::ReadLock
+            | Op::WriteLock
+            | Op::AcquireAll
+            | Op::QuorumAcquire
+            | Op::QuorumCommit
+            | Op::QuorumLock
+    )
 }
 
 /// Runs `work` on a current-thread runtime (69 when none can be built).
@@ -546,6 +567,35 @@ pub fn print_json(value: &impl Serialize) -> ExitCode {
     }
 }
 
+/// The node URLs of the `--url` values (or of `FENCELOCK_URL`): a value may list several,
+/// separated by commas. A comma that no URL scheme follows belongs to the URL before it, so a
+/// password holding one stays whole (and is redacted whole).
+fn split_urls(values: &[String]) -> Vec<String> {
+    let starts_url = |piece: &str| {
+        piece.split_once("://").is_some_and(|(scheme, _)| {
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        })
+    };
+    let mut urls: Vec<String> = Vec::new();
+    for value in values {
+        let first = urls.len();
+        for piece in value.split(',') {
+            let joins = urls.len() > first && !starts_url(piece);
+            match urls.last_mut() {
+                Some(url) if joins => {
+                    url.push(',');
+                    url.push_str(piece);
+                }
+                _ => urls.push(piece.to_owned()),
+            }
+        }
+    }
+    urls
+}
+
 /// Parses the command line; `Err` carries the exit code after printing help, the version or a
 /// usage error.
 fn parse() -> Result<Cli, ExitCode> {
@@ -554,7 +604,10 @@ fn parse() -> Result<Cli, ExitCode> {
         .try_get_matches_from(&argv)
         .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
     match parsed {
-        Ok(cli) => Ok(cli),
+        Ok(mut cli) => {
+            cli.urls = split_urls(&cli.urls);
+            Ok(cli)
+        }
         Err(err) if !err.use_stderr() => {
             let _ = err.print();
             Err(ExitCode::SUCCESS)
