@@ -361,8 +361,9 @@ impl Error {
         matches!(self, Error::Busy { .. })
     }
 
-    /// True when a deadline passed, the connection failed or the cluster is changing (failover,
-    /// resharding), so trying again may succeed.
+    /// True when a deadline passed, the connection failed, the cluster is changing (failover,
+    /// resharding) or the server is busy (loading, or running a long script), so trying again
+    /// may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Timeout { .. } => true,
@@ -378,6 +379,7 @@ impl Error {
                                 | "TRYAGAIN"
                                 | "MASTERDOWN"
                                 | "LOADING"
+                                | "BUSY"
                                 | "READONLY"
                                 | "MOVED"
                                 | "ASK"

@@ -78,6 +78,14 @@ fn retry_at(now: Instant, failures: u32, every: Duration, valid_until: Instant) 
     (now + backoff).min(valid_until)
 }
 
+/// When to renew a lease renewed every `every` from `from` that ends, as this client counts
+/// it, at `valid_until`: after the period, but no later than three quarters of the way to the
+/// lease end, so that a period close to the TTL still leaves the renewal time to arrive.
+fn renew_time(from: Instant, every: Duration, valid_until: Instant) -> Instant {
+    let latest = from + valid_until.saturating_duration_since(from) * 3 / 4;
+    (from + every).min(latest)
+}
+
 /// The watchdog of one client: its watched holds, and what its task needs to renew them.
 pub(crate) struct Watchdog {
     schedule: Schedule,
@@ -197,7 +205,7 @@ impl Watchdog {
             ended: None,
         });
         let receiver = lease.clone();
-        let renew_at = Instant::now() + hold.every;
+        let renew_at = renew_time(Instant::now(), hold.every, hold.valid_until);
         let schedule = &self.schedule;
         let mut state = schedule.state();
         let id = state.next_id;
@@ -270,7 +278,6 @@ impl Schedule {
         if let Some(hold) = state.holds.get_mut(&id) {
             hold.ttl = ttl;
             hold.every = every;
-            hold.renew_at = Instant::now() + every;
             hold.failures = 0;
             hold.generation = hold.generation.wrapping_add(1);
             let valid_until = if hold.in_flight {
@@ -278,6 +285,7 @@ impl Schedule {
             } else {
                 valid_until
             };
+            hold.renew_at = renew_time(Instant::now(), every, valid_until);
             hold.lease.update(|lease| lease.valid_until = valid_until);
         }
     }
@@ -383,11 +391,11 @@ impl Schedule {
                     Ended::MaxHold
                 }
                 Some(Outcome::Done) => {
-                    hold.renew_at = sent + hold.every;
+                    let valid_until = lease_end(sent.into_std(), lock.ttl).into();
+                    hold.renew_at = renew_time(sent, hold.every, valid_until);
                     hold.early = true;
                     hold.failures = 0;
                     hold.in_flight = false;
-                    let valid_until = lease_end(sent.into_std(), lock.ttl).into();
                     hold.lease.update(|lease| lease.valid_until = valid_until);
                     Counters::add(&counters.renewals, kind_of(&lock.lock_key), 1);
                     continue;
@@ -478,7 +486,7 @@ async fn run(watchdog: Arc<Watchdog>) {
         idle = next.is_none() && due.is_empty();
         if !due.is_empty() {
             if watchdog.transport.topology() == Topology::Cluster && nodes.read().await.is_empty() {
-                nodes.write().await.refresh(&watchdog.transport).await;
+                SlotMap::refresh(&nodes, &watchdog.transport).await;
             }
             // By node and lane: a renewal is queued on its first lock's lane, and must keep its
             // order with every call of each lock it renews (an extend queued after it).
@@ -533,7 +541,7 @@ async fn renew(watchdog: Arc<Watchdog>, nodes: Arc<tokio::sync::RwLock<SlotMap>>
         watchdog.schedule.retry(&chunk, Instant::now());
         return;
     }
-    nodes.write().await.refresh(&watchdog.transport).await;
+    SlotMap::refresh(&nodes, &watchdog.transport).await;
     let mut transient_in_row = 0;
     let mut rest = chunk.into_iter();
     while let Some(lock) = rest.next() {
@@ -639,17 +647,21 @@ impl SlotMap {
         self.0.node_of(slot).unwrap_or(0)
     }
 
-    async fn refresh(&mut self, transport: &Transport) {
+    /// Reads the map again into `nodes`, taking its write lock only to store what was read: a
+    /// read that waits on a node that stops answering must not hold up the renewals of other
+    /// nodes' locks, which read the map.
+    async fn refresh(nodes: &tokio::sync::RwLock<SlotMap>, transport: &Transport) {
         if transport.topology() != Topology::Cluster {
             return;
         }
-        match transport.cluster_slots().await {
-            Ok(reply) => self.0 = crate::transport::SlotMap::parse(&reply),
+        let fresh = match transport.cluster_slots().await {
+            Ok(reply) => crate::transport::SlotMap::parse(&reply),
             Err(err) => {
                 tracing::debug!(error = %err, "cannot read the slot map: renewing lock by lock");
-                self.0 = crate::transport::SlotMap::default();
+                crate::transport::SlotMap::default()
             }
-        }
+        };
+        nodes.write().await.0 = fresh;
     }
 }
 
@@ -761,6 +773,22 @@ mod tests {
         watchdog.retry(&due, now + Duration::from_secs(1));
         let renew_at = watchdog.state().holds[&id].renew_at;
         assert_eq!(renew_at, now + Duration::from_secs(1) + FIRST_RETRY);
+    }
+
+    #[test]
+    fn a_renewal_comes_after_its_period_but_well_before_the_lease_ends() {
+        let from = Instant::now();
+        let lease = from + 2970 * MS;
+        // The default period (a third of the TTL) is unchanged.
+        assert_eq!(renew_time(from, 1000 * MS, lease), from + 1000 * MS);
+        // A period close to the TTL (accepted: it is below it) renews at three quarters.
+        let late = renew_time(from, 2990 * MS, lease);
+        assert!(
+            late < lease && late - from <= 2228 * MS,
+            "{:?}",
+            late - from
+        );
+        assert_eq!(renew_time(from, 1000 * MS, from), from);
     }
 
     #[test]

@@ -824,7 +824,9 @@ impl SlotMap {
                 masters.push(id);
                 masters.len() - 1
             });
-            for slot in *start..=*end {
+            // Clamped to the slots there are: a malformed range must not make a long loop.
+            let last = i64::from(crate::keys::SLOT_COUNT) - 1;
+            for slot in (*start).max(0)..=(*end).min(last) {
                 if let Some(entry) = usize::try_from(slot).ok().and_then(|s| map.get_mut(s)) {
                     *entry = u16::try_from(index + 1).unwrap_or(u16::MAX);
                 }
