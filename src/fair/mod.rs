@@ -215,11 +215,15 @@ impl Client {
             slot = keys.slot()
         );
         let request = Acquire::new(self.core(), &keys, options, false);
+        let started = std::time::Instant::now();
         let outcome = acquire::once(self.core(), &request)
             .instrument(span.clone())
             .await;
         if outcome.is_err() {
-            request.withdraw().instrument(span).await;
+            // Within the one request timeout of a try: a withdrawal cut there is sent in the
+            // background by the request's drop.
+            let withdraw = request.withdraw().instrument(span);
+            acquire::undo_within_bound(self.core(), started, withdraw).await;
         }
         outcome
     }
