@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::client::Client;
 use crate::error::{Error, Operation, Result};
 use crate::fence::FenceToken;
-use crate::human::HumanDuration;
+use crate::human::{HumanDuration, Printable};
 use crate::keys::{LockKeys, Placement};
 use crate::kind::Kind;
 use crate::latch::DEFAULT_OPEN_TTL;
@@ -103,7 +103,7 @@ impl fmt::Display for Inspection {
     /// One line for people, e.g. `orders:42 mutex held fence 1718000000123456 lease 8.2s
     /// holds 1` or `orders:42 mutex free fence 1718000000123456`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.name, self.kind)?;
+        write!(f, "{} {}", Printable(&self.name), self.kind)?;
         match (self.kind, self.held, self.exists) {
             (Kind::Latch, true, _) => f.write_str(" armed")?,
             (Kind::Latch, false, true) => f.write_str(" open")?,

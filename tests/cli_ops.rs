@@ -175,6 +175,35 @@ async fn status_unlock_and_list_print_the_contract_fields_and_exit_codes() {
     assert_eq!(dead.status.code(), Some(69), "{}", stderr(&dead));
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_name_with_control_characters_is_printed_escaped() {
+    let server = Standalone::start();
+    let url = server.url();
+    let name = "evil\u{1b}[2J\u{1b}]0;pwn\u{7}\nsecond line";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let guard = client.try_lock(name, &options()).await.unwrap();
+    for args in [vec!["status", name], vec!["list"], vec!["top", "--once"]] {
+        let output = fencelock(&url, &args);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let text = stdout(&output);
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{args:?}: {text:?}"
+        );
+        assert!(text.contains("evil\\u{1b}[2J"), "{args:?}: {text:?}");
+        assert!(
+            !text.contains("\nsecond line"),
+            "{args:?}: one line per lock: {text:?}"
+        );
+    }
+    guard.release().await.unwrap();
+}
+
 #[test]
 fn a_server_that_stops_answering_exits_69_not_75() {
     let server = Standalone::start();

@@ -102,6 +102,23 @@ fn lease_cell(lease: Duration) -> String {
 }
 
 /// How wide `text` is on a terminal.
+/// A lock name as the screen shows it: control characters (an escape sequence a terminal would
+/// run, a newline) written as escapes, as `status` and `list` print them.
+fn shown(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.chars().any(char::is_control) {
+        return name.into();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
 fn columns(text: &str) -> usize {
     text.chars().map(|c| c.width().unwrap_or(0)).sum()
 }
@@ -156,7 +173,7 @@ fn frame(
             "\n",
             list.locks
                 .iter()
-                .map(|found| columns(&found.name))
+                .map(|found| columns(&shown(&found.name)))
                 .max()
                 .unwrap_or(0)
                 .max(4),
@@ -205,7 +222,7 @@ fn frame(
             &waiters,
             &rate,
         ];
-        let mut line = cell(&found.name, name_width);
+        let mut line = cell(&shown(&found.name), name_width);
         for ((_, width), value) in COLUMNS.iter().zip(values) {
             line.push(' ');
             line.push_str(&cell(value, *width));

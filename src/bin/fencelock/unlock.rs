@@ -39,7 +39,7 @@ pub async fn run(builder: ClientBuilder, args: UnlockArgs) -> ExitCode {
     let target = &args.target;
     if !args.force {
         eprintln!(
-            "fencelock: unlock needs --force: it frees {} whoever holds it (see `fencelock status`)",
+            "fencelock: unlock needs --force: it frees {:?} whoever holds it (see `fencelock status`)",
             target.name
         );
         return ExitCode::from(code::USAGE);
