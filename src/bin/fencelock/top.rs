@@ -26,8 +26,9 @@ use crate::{code, duration_arg, fail, print_json, secrets};
      locks: the fields of `status --json` plus state and grants_per_second)"
 )))]
 pub struct TopArgs {
-    /// How often to refresh.
-    #[arg(long, env = "FENCELOCK_INTERVAL", default_value = "1s", value_parser = duration_arg)]
+    /// How often to refresh (a shorter one than 100ms refreshes every 100ms: each frame scans
+    /// the prefix and reads every lock).
+    #[arg(long, env = "FENCELOCK_INTERVAL", default_value = "1s", value_parser = interval_arg)]
     interval: Duration,
     #[command(flatten)]
     scan: ScanArgs,
@@ -102,6 +103,14 @@ fn lease_cell(lease: Duration) -> String {
 }
 
 /// How wide `text` is on a terminal.
+/// The shortest `--interval`: a frame costs Redis a scan of the prefix and a read of every
+/// lock, so a shorter one is a busy loop against the server.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
+fn interval_arg(text: &str) -> Result<Duration, String> {
+    Ok(duration_arg(text)?.max(MIN_INTERVAL))
+}
+
 /// A lock name as the screen shows it: control characters (an escape sequence a terminal would
 /// run, a newline) written as escapes, as `status` and `list` print them.
 fn shown(name: &str) -> std::borrow::Cow<'_, str> {
