@@ -174,7 +174,7 @@ pub enum Error {
     },
 
     /// Redis answered with an error, or the connection failed.
-    #[error("{operation} on lock {name:?} failed: {source}")]
+    #[error("{operation} on lock {name:?} failed: {source}{}", redis_advice(source))]
     Redis {
         /// The lock concerned.
         name: String,
@@ -466,6 +466,17 @@ pub enum Operation {
     QuorumRelease,
     /// Extending a quorum lock, when fewer than a majority of deployments confirmed.
     QuorumExtend,
+}
+
+/// What to do about a Redis error, where the error alone does not say (appended to the message).
+fn redis_advice(error: &redis::RedisError) -> &'static str {
+    match error.code() {
+        Some("WRONGTYPE") => {
+            " (another program keeps a value of another type at this lock's key: remove that \
+             key, or give fencelock another key prefix)"
+        }
+        _ => "",
+    }
 }
 
 impl Operation {

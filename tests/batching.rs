@@ -118,6 +118,7 @@ async fn concurrent_calls_go_as_batches_and_each_caller_gets_its_own_reply() {
             "wrong" => {
                 let err = result.unwrap_err();
                 assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+                assert!(err.to_string().contains("another key prefix"), "{err}");
                 assert!(err.to_string().contains("wrong"), "names the lock: {err}");
             }
             _ => {
