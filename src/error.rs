@@ -147,7 +147,8 @@ pub enum Error {
     /// The watchdog stopped renewing the lock because it was held for the maximum hold time.
     #[error(
         "lock {name:?} was held for its maximum hold time of {} and its lease has ended: \
-         stop writing under its fence; raise `max_hold` if the work needs longer",
+         stop writing under its fence; raise the maximum (`max_hold`, the CLI's --max-hold) if \
+         the work needs longer",
         HumanDuration(*.max_hold)
     )]
     MaxHoldReached {
@@ -276,7 +277,7 @@ pub enum Error {
     /// must give the same limit (change it with [`Semaphore::set_limit`](crate::Semaphore::set_limit)).
     #[error(
         "semaphore {name:?} has {stored} permits, not {requested}: use the same number of \
-         permits everywhere, or change it with set_limit"
+         permits everywhere (the CLI's --permits {stored}), or change it with set_limit"
     )]
     LimitMismatch {
         /// The semaphore concerned.
