@@ -175,7 +175,10 @@ pub enum Error {
     },
 
     /// Redis answered with an error, or the connection failed.
-    #[error("{operation} on lock {name:?} failed: {source}{}", redis_advice(source))]
+    #[error(
+        "{operation} on lock {name:?} failed: {source}{}",
+        redis_advice(source)
+    )]
     Redis {
         /// The lock concerned.
         name: String,

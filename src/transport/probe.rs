@@ -158,6 +158,10 @@ fn connect_reason(source: &RedisError, tls: bool) -> &'static str {
         None if source.is_io_error() || source.is_connection_refusal() => {
             "the connection failed: is Redis running there?"
         }
+        None if source.kind() == redis::ErrorKind::Parse => {
+            "the server's answer is not the Redis protocol: is that port Redis's (not HTTP or \
+             another service)?"
+        }
         None => "the server refused the connection",
     }
 }

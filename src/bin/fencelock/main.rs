@@ -500,6 +500,8 @@ pub fn fail(error: &Error) -> ExitCode {
         }
         cause = err.source();
     }
+    // One line: a cause may carry newlines (a parse error quoting what the server sent).
+    let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
     eprintln!("fencelock: {}", secrets::redact(&line));
     ExitCode::from(match error {
         Error::Busy { .. } => code::NOT_ACQUIRED,
