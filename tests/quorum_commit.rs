@@ -51,3 +51,38 @@ fn quorum_commit_refuses_a_t_below_the_stored_fence_and_commits_otherwise() {
     assert_eq!(commit("o1", 150), 1, "idempotent");
     assert_eq!(fence(), 150);
 }
+
+#[test]
+fn a_committed_fence_ahead_of_the_clock_outlives_the_key_expiry_rule() {
+    let server = Standalone::start();
+    let node = &server.node;
+    let key = "fencelock:{ahead}:lock";
+    let (secs, micros): (String, String) = node.cmd(&mut redis::cmd("TIME"));
+    let now_ms = secs.parse::<i64>().unwrap() * 1000 + micros.parse::<i64>().unwrap() / 1000;
+    // Held with a 200 ms lease; T from a deployment whose clock is 60 s ahead of this one.
+    node.cmd::<()>(
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("until")
+            .arg(format!("{} {} o1", now_ms + 200, now_ms * 1000)),
+    );
+    let t = (now_ms + 60_000) * 1000;
+    let committed: i64 = node.cmd(
+        redis::cmd("EVAL")
+            .arg(commit_script())
+            .arg(1)
+            .arg(key)
+            .arg("o1")
+            .arg(t)
+            .arg(100),
+    );
+    assert_eq!(committed, 1);
+    // The key outlives T read as this server's time (plus the grace), so the next grant after
+    // it expired starts above T; the lease end plus the grace (300 ms) would forget it.
+    let expires_at: i64 = node.cmd(redis::cmd("PEXPIRETIME").arg(key));
+    assert!(
+        expires_at >= t / 1000 + 100,
+        "the key expires at {expires_at}, before T ({}) is the server's time",
+        t / 1000
+    );
+}

@@ -21,5 +21,8 @@ local stored = tonumber(lock[3]) or 0
 if stored > fence then return 0 end
 lock[3] = fence
 store(KEYS[1], lock)
+-- T is a clock-mode fence (the quorum's rule): the key must outlive it read as server time, as
+-- after a grant (`keep` does so only when the fence rule ran, which sets the shift).
+memo.shift = 0
 keep(KEYS[1], fence, expires)
 return 1
