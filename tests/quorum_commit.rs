@@ -60,12 +60,11 @@ fn a_committed_fence_ahead_of_the_clock_outlives_the_key_expiry_rule() {
     let (secs, micros): (String, String) = node.cmd(&mut redis::cmd("TIME"));
     let now_ms = secs.parse::<i64>().unwrap() * 1000 + micros.parse::<i64>().unwrap() / 1000;
     // Held with a 200 ms lease; T from a deployment whose clock is 60 s ahead of this one.
-    node.cmd::<()>(
-        redis::cmd("HSET")
-            .arg(key)
-            .arg("until")
-            .arg(format!("{} {} o1", now_ms + 200, now_ms * 1000)),
-    );
+    node.cmd::<()>(redis::cmd("HSET").arg(key).arg("until").arg(format!(
+        "{} {} o1",
+        now_ms + 200,
+        now_ms * 1000
+    )));
     let t = (now_ms + 60_000) * 1000;
     let committed: i64 = node.cmd(
         redis::cmd("EVAL")

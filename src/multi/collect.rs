@@ -42,15 +42,22 @@ pub(super) async fn collect<G: MultiMember>(
     provisional.ttl = lease;
     let keep_alive = (lease / 3).max(Duration::from_millis(1));
     let mut taken: Vec<(usize, G)> = Vec::with_capacity(keys.len());
+    // When the members taken so far must be kept alive: a third of the lease after the earliest
+    // of their leases began (the first grant, or the last keep-alive), across the waits for
+    // the next members (a timer started afresh for each wait never fired while every member
+    // came a little sooner than it, and the first ones expired).
+    let mut keep_by: Option<tokio::time::Instant> = None;
     for &index in &order {
         // Boxed and erased: the nested wait futures of both member kinds otherwise make the
         // compiler's layout queries overflow their depth limit in a clean build.
         let mut waiting: Pin<Box<dyn Future<Output = Result<G>> + Send + '_>> =
             Box::pin(G::take(core, &keys[index], &provisional, deadline));
         let outcome = loop {
+            let due = keep_by.unwrap_or_else(tokio::time::Instant::now);
             tokio::select! {
                 outcome = &mut waiting => break outcome,
-                () = tokio::time::sleep(keep_alive), if !taken.is_empty() => {
+                () = tokio::time::sleep_until(due), if keep_by.is_some() => {
+                    keep_by = Some(tokio::time::Instant::now() + keep_alive);
                     let mut kept = Ok(());
                     for (_, guard) in &mut taken {
                         if let Err(err) = guard.held_mut().extend(lease).await {
@@ -65,7 +72,10 @@ pub(super) async fn collect<G: MultiMember>(
             }
         };
         match outcome {
-            Ok(guard) => taken.push((index, guard)),
+            Ok(guard) => {
+                keep_by.get_or_insert_with(|| tokio::time::Instant::now() + keep_alive);
+                taken.push((index, guard));
+            }
             Err(err) => {
                 release_all(taken).await;
                 return Err(err);
@@ -88,7 +98,13 @@ pub(super) async fn collect<G: MultiMember>(
 /// Releases the members taken before a failure (errors ignored: what cannot be released
 /// expires with its short lease).
 async fn release_all<G: MultiMember>(taken: Vec<(usize, G)>) {
+    // All at once: members on a node that stopped answering cost one request timeout in all.
+    let mut releases = tokio::task::JoinSet::new();
     for (_, guard) in taken {
-        let _ = guard.into_held().release().await;
+        let held = guard.into_held();
+        releases.spawn(async move {
+            let _ = held.release().await;
+        });
     }
+    while releases.join_next().await.is_some() {}
 }

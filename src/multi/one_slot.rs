@@ -94,17 +94,21 @@ impl Request for AcquireAll<'_> {
                     .zip(keys)
                     .map(|(fence, k)| parse_fence(k.name(), Operation::Acquire, "fence", *fence))
                     .collect::<Result<Vec<_>>>()?;
-                in_flight.into_iter().for_each(InFlight::disarm);
-                let replicas_acked =
-                    match replicas::confirm(core, "mutex", name, acks, || undos[0].clone()).await {
-                        Ok(acked) => acked,
-                        Err(err) => {
-                            for undo in &undos[1..] {
-                                let _ = core.transport.run(undo, name, Operation::Release).await;
-                            }
-                            return Err(err);
-                        }
-                    };
+                // The members' undos stay armed until the replicas confirmed: a call dropped
+                // meanwhile, or too few acknowledgements, releases every member (the first by
+                // `confirm` itself, the rest in the background as their undos fire).
+                let confirmed =
+                    replicas::confirm(core, "mutex", name, acks, || undos[0].clone()).await;
+                let replicas_acked = match confirmed {
+                    Ok(acked) => {
+                        in_flight.into_iter().for_each(InFlight::disarm);
+                        acked
+                    }
+                    Err(err) => {
+                        drop(in_flight);
+                        return Err(err);
+                    }
+                };
                 tracing::debug!(lock = name, members = keys.len(), "acquired all");
                 let guards = keys
                     .iter()
