@@ -21,7 +21,7 @@
 -- 0} ARGV[2] is not the current generation `gen` (a stale round: nothing counted). Not
 -- allow-oom (it adds a field).
 #!lua
-local latch = redis.call('HMGET', KEYS[1], 'gen', 'count', 'fence', 'set', 'fm')
+local latch = redis.call('HMGET', KEYS[1], 'gen', 'count', 'fence', 'set')
 local gen = tonumber(latch[1])
 if not gen then return {0, 0, 0} end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= gen then return {-1, gen, 0} end
@@ -30,6 +30,8 @@ if count == 0 then return {1, gen, 0} end
 if redis.call('HSETNX', KEYS[1], 'd:' .. ARGV[1], '1') == 0 then return {1, gen, count} end
 count = redis.call('HINCRBY', KEYS[1], 'count', -1)
 if count > 0 then return {1, gen, count} end
+-- Read on the opening path only: the count-downs before it read no more than they did.
+local generation_ms = tonumber(redis.call('HGET', KEYS[1], 'fm'))
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fence', latch[3] or latch[1], 'gen', latch[1], 'count', '0',
   'set', latch[4] or '', 'opened', latch[1])
@@ -37,7 +39,6 @@ local grace = tonumber(ARGV[5])
 if grace then
   local now = redis.call('TIME')
   local ends = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) + tonumber(ARGV[4])
-  local generation_ms = tonumber(latch[5])
   if generation_ms and generation_ms > ends then ends = generation_ms end
   redis.call('PEXPIREAT', KEYS[1], string.format('%d', ends + grace))
 end
