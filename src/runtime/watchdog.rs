@@ -142,6 +142,13 @@ struct Hold {
     lease: SharedLease,
 }
 
+impl Hold {
+    /// A waiting call's place in a queue (renewed by `fair_renew_place`), not a held lock.
+    fn is_place(&self) -> bool {
+        self.renew.name() == "fair_renew_place"
+    }
+}
+
 /// What a guard needs to register its hold.
 pub(crate) struct Watch<'a> {
     pub(crate) lock_key: &'a str,
@@ -405,7 +412,7 @@ impl Schedule {
                 Some(Outcome::NotOwner) | None => Ended::NotOwner,
             };
             if let Some(hold) = state.holds.remove(&lock.id) {
-                if why != Ended::MaxHold {
+                if why != Ended::MaxHold && !hold.is_place() {
                     Counters::add(&counters.lost, kind_of(&lock.lock_key), 1);
                 }
                 self.end(&hold, why);
@@ -437,7 +444,9 @@ impl Schedule {
         .into();
         let removed = self.state().holds.remove(&lock.id);
         if let Some(hold) = removed {
-            Counters::add(&counters.lost, kind_of(&lock.lock_key), 1);
+            if !hold.is_place() {
+                Counters::add(&counters.lost, kind_of(&lock.lock_key), 1);
+            }
             self.end(&hold, Ended::Failed(reason));
         }
     }
@@ -455,6 +464,10 @@ impl Schedule {
 
     fn end(&self, hold: &Hold, why: Ended) {
         match &why {
+            // A waiting call's queue place, not a lock: its call learns it at its next attempt.
+            _ if hold.is_place() => {
+                tracing::debug!(lock = %hold.lock_key, reason = ?why, "queue place lapsed");
+            }
             Ended::MaxHold => {
                 tracing::info!(lock = %hold.lock_key, "maximum hold time reached: renewal stops");
             }
@@ -837,6 +850,20 @@ mod tests {
         watchdog.apply(&counters, &due, &[1], now);
         assert_eq!(lease.get().ended, Some(Ended::MaxHold));
         assert!(watchdog.state().holds.is_empty());
+    }
+
+    #[test]
+    fn a_lapsed_queue_place_is_not_a_lost_lock() {
+        let start = Instant::now();
+        let (watchdog, id, lease) = one_hold(start);
+        watchdog.state().holds.get_mut(&id).unwrap().renew =
+            std::sync::LazyLock::force(&crate::script::FAIR_RENEW_PLACE);
+        let counters = Counters::default();
+        let now = start + Duration::from_secs(1);
+        let (due, _) = watchdog.take_due(now);
+        watchdog.apply(&counters, &due, &[0], now);
+        assert_eq!(lease.get().ended, Some(Ended::Expired));
+        assert_eq!(counters.lost.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 
     #[test]
