@@ -81,6 +81,26 @@ impl fmt::Display for HumanDuration {
     }
 }
 
+/// A name as a line for people shows it: control characters (a newline, an escape sequence
+/// that a terminal would run) written as escapes (`\n`, `\u{1b}`), everything else as it is.
+pub(crate) struct Printable<'a>(pub(crate) &'a str);
+
+impl fmt::Display for Printable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.0.chars().any(char::is_control) {
+            return f.write_str(self.0);
+        }
+        for c in self.0.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::HumanDuration;
@@ -118,25 +138,5 @@ mod tests {
         for (duration, expected) in cases {
             assert_eq!(human(duration), expected, "{duration:?}");
         }
-    }
-}
-
-/// A name as a line for people shows it: control characters (a newline, an escape sequence
-/// that a terminal would run) written as escapes (`\n`, `\u{1b}`), everything else as it is.
-pub(crate) struct Printable<'a>(pub(crate) &'a str);
-
-impl fmt::Display for Printable<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.0.chars().any(char::is_control) {
-            return f.write_str(self.0);
-        }
-        for c in self.0.chars() {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                write!(f, "{c}")?;
-            }
-        }
-        Ok(())
     }
 }
