@@ -455,10 +455,11 @@ fn release_by_hand(node: &common::Node, key: &str, owner: &str) -> i64 {
 fn a_release_after_its_lease_ended_hands_the_lock_to_the_head_and_keeps_the_queue() {
     let server = Standalone::start();
     let key = Queue::Mutex.key("late");
-    // A holds with a 200 ms lease; p1 and p2 queue behind it with fresh places.
-    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "200", "30000");
+    // A holds with a 1 s lease (p1 and p2 must find it held on a loaded machine too); p1 and
+    // p2 queue behind it with fresh places.
+    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "1000", "30000");
     let _: redis::Value = run_script(&server.node, script, &args);
-    let lease_end = server_ms(&server.node) + 200;
+    let lease_end = server_ms(&server.node) + 1000;
     for owner in ["place-p1", "place-p2"] {
         let (script, args) = Queue::Mutex.queue_call(&key, owner, "30000", "30000");
         let _: redis::Value = run_script(&server.node, script, &args);
@@ -528,9 +529,9 @@ fn a_handoff_past_a_walk_of_gone_entries_keeps_the_queue_for_the_next_release() 
 fn a_plain_grant_to_a_caller_with_a_place_takes_its_place_away() {
     let server = Standalone::start();
     let key = Queue::Mutex.key("overwritten");
-    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "200", "30000");
+    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "1000", "30000");
     let _: redis::Value = run_script(&server.node, script, &args);
-    let lease_end = server_ms(&server.node) + 200;
+    let lease_end = server_ms(&server.node) + 1000;
     let (script, args) = Queue::Mutex.queue_call(&key, "place-p1", "30000", "30000");
     let _: redis::Value = run_script(&server.node, script, &args);
     assert_eq!(places(&server.node, &key), ["place-p1"]);

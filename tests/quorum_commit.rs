@@ -59,10 +59,11 @@ fn a_committed_fence_ahead_of_the_clock_outlives_the_key_expiry_rule() {
     let key = "fencelock:{ahead}:lock";
     let (secs, micros): (String, String) = node.cmd(&mut redis::cmd("TIME"));
     let now_ms = secs.parse::<i64>().unwrap() * 1000 + micros.parse::<i64>().unwrap() / 1000;
-    // Held with a 200 ms lease; T from a deployment whose clock is 60 s ahead of this one.
+    // Held with a 10 s lease (the commit must find it live on a loaded machine too); T from a
+    // deployment whose clock is 60 s ahead of this one.
     node.cmd::<()>(redis::cmd("HSET").arg(key).arg("until").arg(format!(
         "{} {} o1",
-        now_ms + 200,
+        now_ms + 10_000,
         now_ms * 1000
     )));
     let t = (now_ms + 60_000) * 1000;
@@ -77,7 +78,7 @@ fn a_committed_fence_ahead_of_the_clock_outlives_the_key_expiry_rule() {
     );
     assert_eq!(committed, 1);
     // The key outlives T read as this server's time (plus the grace), so the next grant after
-    // it expired starts above T; the lease end plus the grace (300 ms) would forget it.
+    // it expired starts above T; the lease end plus the grace (10.1 s) would forget it.
     let expires_at: i64 = node.cmd(redis::cmd("PEXPIRETIME").arg(key));
     assert!(
         expires_at >= t / 1000 + 100,

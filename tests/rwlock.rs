@@ -177,18 +177,18 @@ async fn dead_readers_with_re_entered_holds_are_removed_in_one_pass_and_live_one
         client(&server).await,
         client(&server).await,
     );
-    let short = LockOptions::new().ttl(Duration::from_millis(300));
+    let short = LockOptions::new().ttl(Duration::from_millis(1000));
     let mut lease_ends = 0;
     for _ in 0..3 {
         // A reader that crashed with a re-entered hold: an entry, a count and two hold fields.
         let read = dead.try_read_lock("doc", &short).await.unwrap();
         let inner = read
             .reentry()
-            .ttl(Duration::from_millis(300))
+            .ttl(Duration::from_millis(1000))
             .read()
             .await
             .unwrap();
-        lease_ends = server_ms(&server.node) + 300;
+        lease_ends = server_ms(&server.node) + 1000;
         std::mem::forget(inner);
         std::mem::forget(read);
     }
