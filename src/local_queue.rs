@@ -74,7 +74,6 @@ pub(crate) enum Handed {
     Turn(Turn),
 }
 
-/// How a task entered the local queue.
 impl Handed {
     /// A message its waiter was gone for, back from `send`: a turn in it is dropped without
     /// passing on (the sender passes it; the table may be locked).
