@@ -500,9 +500,11 @@ pub fn fail(error: &Error) -> ExitCode {
         }
         cause = err.source();
     }
-    // One line: a cause may carry newlines (a parse error quoting what the server sent).
+    // Redacted first (a password may hold runs of spaces), then on one line: a cause may carry
+    // newlines (a parse error quoting what the server sent).
+    let line = secrets::redact(&line);
     let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("fencelock: {}", secrets::redact(&line));
+    eprintln!("fencelock: {line}");
     ExitCode::from(match error {
         Error::Busy { .. } => code::NOT_ACQUIRED,
         // A call that did not take the lock in time: not acquired within --timeout (with
