@@ -484,20 +484,39 @@ fn redis_advice(error: &redis::RedisError) -> &'static str {
 }
 
 impl Operation {
+    /// Whether this operation takes a hold (a lock, a permit, a place among readers or
+    /// writers): when it does not finish in time, the primitive was not acquired, rather than
+    /// some other call going unanswered.
+    ///
+    /// ```
+    /// use fencelock::Operation;
+    ///
+    /// assert!(Operation::Acquire.acquires());
+    /// assert!(!Operation::Release.acquires());
+    /// ```
+    #[must_use]
+    pub const fn acquires(self) -> bool {
+        matches!(
+            self,
+            Operation::Acquire
+                | Operation::FairAcquire
+                | Operation::ReadLock
+                | Operation::WriteLock
+                | Operation::AcquireAll
+                | Operation::QuorumAcquire
+                | Operation::QuorumCommit
+                | Operation::QuorumLock
+        )
+    }
+
     /// What a caller should make of this operation's timeout (the end of its message).
     const fn after_timeout(self) -> &'static str {
+        const NOT_ACQUIRED: &str = "the outcome is unknown, so treat the lock as not held (what \
+                                    it may have granted is released in the background)";
+        if self.acquires() {
+            return NOT_ACQUIRED;
+        }
         match self {
-            Operation::Acquire
-            | Operation::FairAcquire
-            | Operation::ReadLock
-            | Operation::WriteLock
-            | Operation::AcquireAll
-            | Operation::QuorumAcquire
-            | Operation::QuorumCommit
-            | Operation::QuorumLock => {
-                "the outcome is unknown, so treat the lock as not held (what it may have \
-                 granted is released in the background)"
-            }
             Operation::Handoff
             | Operation::Release
             | Operation::QuorumRelease
@@ -527,6 +546,8 @@ impl Operation {
             | Operation::FencedWrite => {
                 "the outcome is unknown: look at the state before relying on it"
             }
+            // The operations that acquire, answered above.
+            _ => NOT_ACQUIRED,
         }
     }
 

@@ -510,7 +510,7 @@ pub fn fail(error: &Error) -> ExitCode {
         // A call that did not take the lock in time: not acquired within --timeout (with
         // --quorum, fewer than a majority answered). Any other call Redis did not answer: the
         // node is unreachable.
-        Error::Timeout { operation, .. } if acquiring(*operation) => code::NOT_ACQUIRED,
+        Error::Timeout { operation, .. } if operation.acquires() => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
         Error::InvalidName { .. }
         | Error::InvalidOptions { .. }
@@ -524,23 +524,6 @@ pub fn fail(error: &Error) -> ExitCode {
         Error::CountDownRefused { .. } => code::USAGE,
         _ => code::UNAVAILABLE,
     })
-}
-
-/// Whether a timeout of `operation` means the lock was not acquired (exit 75), not that Redis
-/// could not be reached (69).
-fn acquiring(operation: fencelock::Operation) -> bool {
-    use fencelock::Operation as Op;
-    matches!(
-        operation,
-        Op::Acquire
-            | Op::FairAcquire
-            | Op::ReadLock
-            | Op::WriteLock
-            | Op::AcquireAll
-            | Op::QuorumAcquire
-            | Op::QuorumCommit
-            | Op::QuorumLock
-    )
 }
 
 /// Runs `work` on a current-thread runtime (69 when none can be built).
