@@ -4,10 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 /// A [`Duration`] rounded for people when displayed: `850µs`, `15ms`, `1.2s`, `42s`,
-/// `2m 5s`, `1h 30m`, `3d 4h`, `12y 10d`, with at most two units (what is left over is rounded
-/// into the smaller one), instead of `Debug`'s `1.0040633s`. Every duration in fencelock's
-/// messages goes through it; the output parses back with humantime (the CLI's duration
-/// syntax), to within the rounding.
+/// `2m 5s`, `1h 30m`, `3d 4h`, `12y 10d` (years of 365.25 days, as humantime reads them), with
+/// at most two units (what is left over is rounded into the smaller one), instead of
+/// `Debug`'s `1.0040633s`. Every duration in fencelock's messages goes through it; the output
+/// parses back with humantime (the CLI's duration syntax), to within the rounding.
 ///
 /// ```
 /// use std::time::Duration;
@@ -31,7 +31,7 @@ impl fmt::Display for HumanDuration {
         const MINUTE: u128 = 60;
         const HOUR: u128 = 60 * MINUTE;
         const DAY: u128 = 24 * HOUR;
-        const YEAR: u128 = 365 * DAY;
+        const YEAR: u128 = 365 * DAY + DAY / 4;
         let nanos = self.0.as_nanos();
         let rounded = |unit: u128| (nanos + unit / 2) / unit;
         if nanos == 0 {
@@ -76,14 +76,28 @@ impl fmt::Display for HumanDuration {
         if hours * HOUR < YEAR {
             return two(f, hours / 24, "d", hours % 24, "h");
         }
-        let days = (secs + DAY / 2) / DAY;
-        two(f, days / 365, "y", days % 365, "d")
+        // Years of 365.25 days, as humantime reads `y`: counted in quarter days so that a
+        // whole number of years prints without a day left over.
+        const QUARTER_DAY: u128 = DAY / 4;
+        const QUARTERS_PER_YEAR: u128 = 365 * 4 + 1;
+        let quarters = (secs + QUARTER_DAY / 2) / QUARTER_DAY;
+        let (years, left) = (quarters / QUARTERS_PER_YEAR, quarters % QUARTERS_PER_YEAR);
+        two(f, years, "y", (left + 2) / 4, "d")
     }
 }
 
 /// A name as a line for people shows it: control characters (a newline, an escape sequence
 /// that a terminal would run) written as escapes (`\n`, `\u{1b}`), everything else as it is.
-pub(crate) struct Printable<'a>(pub(crate) &'a str);
+/// Lock names may hold any bytes Redis keys can; every message and table shows them this way.
+///
+/// ```
+/// use fencelock::Printable;
+///
+/// assert_eq!(Printable("orders:42").to_string(), "orders:42");
+/// assert_eq!(Printable("a\x1b[2Jb\n").to_string(), "a\\u{1b}[2Jb\\n");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Printable<'a>(pub &'a str);
 
 impl fmt::Display for Printable<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -132,8 +146,11 @@ mod tests {
             (Duration::from_secs(86_399), "1d"),
             (Duration::from_secs(3 * 86_400 + 4 * 3_600), "3d 4h"),
             (Duration::from_secs(400 * 86_400), "1y 35d"),
-            (crate::MAX_TTL, "146235604y 124d"),
-            (Duration::MAX, "584942417355y 26d"),
+            (Duration::from_secs(365 * 86_400), "365d"),
+            (Duration::from_secs(365 * 86_400 + 6 * 3_600), "1y"),
+            (Duration::from_secs(2 * 31_557_600 - 1), "2y"),
+            (crate::MAX_TTL, "146135511y 191d"),
+            (Duration::MAX, "584542046090y 229d"),
         ];
         for (duration, expected) in cases {
             assert_eq!(human(duration), expected, "{duration:?}");

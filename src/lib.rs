@@ -98,7 +98,7 @@ pub use client::{Client, ClientBuilder, DEFAULT_EXPIRY_GRACE, MAX_EXPIRY_GRACE};
 pub use error::{Error, Operation, Result};
 pub use fair::{FairLockGuard, MAX_FAIR_WAITERS};
 pub use fence::{FenceGate, FenceMode, FenceToken, InvalidFence, StaleFence};
-pub use human::HumanDuration;
+pub use human::{HumanDuration, Printable};
 pub use inspect::{Inspection, LockList};
 pub use keys::{slot_of, tag_for_slot, LockKeys, Placement, MAX_NAME_LEN, SLOT_COUNT};
 pub use kind::Kind;

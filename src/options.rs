@@ -370,7 +370,9 @@ pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
                  before the holder could rely on it) and at most {}",
                 HumanDuration(ttl),
                 HumanDuration(MIN_TTL),
-                HumanDuration(MAX_TTL)
+                // Less a day, which the rounding to days cannot make up: the value printed
+                // parses back as a TTL that is accepted.
+                HumanDuration(MAX_TTL - Duration::from_secs(86_400))
             ),
         });
     }
@@ -380,6 +382,18 @@ pub(crate) fn validate_ttl(name: &str, ttl: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_ttl_is_printed_as_a_value_that_is_accepted() {
+        let Err(Error::InvalidOptions { reason, .. }) = validate_ttl("x", Duration::MAX) else {
+            panic!("Duration::MAX accepted as a TTL");
+        };
+        assert!(reason.ends_with("at most 146135511y 190d"), "{reason}");
+        // humantime's year: 365.25 days.
+        let printed = Duration::from_secs(146_135_511 * 31_557_600 + 190 * 86_400);
+        assert!(validate_ttl("x", printed).is_ok());
+        assert!(MAX_TTL - printed < Duration::from_secs(2 * 86_400));
+    }
 
     #[test]
     fn out_of_range_options_are_rejected() {

@@ -405,8 +405,8 @@ fn has_long_decimal(text: &str) -> bool {
 async fn durations_in_messages_and_tables_are_rounded_for_people() {
     let server = Standalone::start();
     let url = server.url();
-    // A lease of about 146 million years (humantime's years of 365.25 days: 53,326,500,000
-    // days), just under MAX_TTL: written `146100000y` in years of 365 days, never in seconds.
+    // A lease of 146 million years (humantime's years of 365.25 days, as fencelock prints them),
+    // just under MAX_TTL: written back as `146000000y`, never in seconds.
     let mut hold = spawn(&url, &["hold", "--ttl", "146000000y", "huge"]);
     let mut line = String::new();
     BufReader::new(hold.stdout.as_mut().unwrap())
@@ -417,7 +417,7 @@ async fn durations_in_messages_and_tables_are_rounded_for_people() {
     let status = fencelock(&url, &["status", "huge"]);
     assert_eq!(status.status.code(), Some(0), "{}", stderr(&status));
     let text = stdout(&status);
-    assert!(text.contains(" lease 146100000y "), "{text}");
+    assert!(text.contains(" lease 146000000y "), "{text}");
     assert!(!has_long_decimal(&text), "{text}");
 
     for args in [&["list"][..], &["top", "--once"]] {
@@ -429,7 +429,7 @@ async fn durations_in_messages_and_tables_are_rounded_for_people() {
             stderr(&output)
         );
         let text = stdout(&output);
-        assert!(text.contains("146100000y"), "{args:?}: {text}");
+        assert!(text.contains("146000000y"), "{args:?}: {text}");
         assert!(!has_long_decimal(&text), "{args:?}: {text}");
     }
 
@@ -438,10 +438,10 @@ async fn durations_in_messages_and_tables_are_rounded_for_people() {
     assert_eq!(busy.status.code(), Some(75), "{}", stderr(&busy));
     let text = stderr(&busy);
     assert!(
-        text.contains("waiting for huge: held by another owner, lease ends in 146100000y"),
+        text.contains("waiting for huge: held by another owner, lease ends in 146000000y"),
         "{text}"
     );
-    assert!(text.contains("it frees in 146100000y"), "{text}");
+    assert!(text.contains("it frees in 146000000y"), "{text}");
     assert!(!has_long_decimal(&text), "{text}");
 
     // A latch that does not open within an odd timeout says so in rounded form.

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
-use fencelock::{Client, ClientBuilder, HumanDuration, Inspection, Kind, LockList};
+use fencelock::{Client, ClientBuilder, HumanDuration, Inspection, Kind, LockList, Printable};
 use serde::Serialize;
 use unicode_width::UnicodeWidthChar;
 
@@ -89,11 +89,11 @@ fn cell(text: &str, width: usize) -> String {
 }
 
 /// Width of top's LEASE column: any lease a Redis millisecond expiry can hold, in its largest
-/// unit (`292471208y`), fits.
+/// unit (`292271023y`), fits.
 const LEASE_WIDTH: usize = 10;
 
 /// A lease as top shows it: rounded for people (`8.2s`, `2m 5s`), only its largest unit when
-/// both do not fit the column (`146235604y 124d` is `146235604y`).
+/// both do not fit the column (`146135511y 191d` is `146135511y`).
 fn lease_cell(lease: Duration) -> String {
     let text = HumanDuration(lease).to_string();
     if text.chars().count() <= LEASE_WIDTH {
@@ -109,23 +109,6 @@ const MIN_INTERVAL: Duration = Duration::from_millis(100);
 
 fn interval_arg(text: &str) -> Result<Duration, String> {
     Ok(duration_arg(text)?.max(MIN_INTERVAL))
-}
-
-/// A lock name as the screen shows it: control characters (an escape sequence a terminal would
-/// run, a newline) written as escapes, as `status` and `list` print them.
-fn shown(name: &str) -> std::borrow::Cow<'_, str> {
-    if !name.chars().any(char::is_control) {
-        return name.into();
-    }
-    let mut out = String::with_capacity(name.len() + 8);
-    for c in name.chars() {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out.into()
 }
 
 fn columns(text: &str) -> usize {
@@ -182,7 +165,7 @@ fn frame(
             "\n",
             list.locks
                 .iter()
-                .map(|found| columns(&shown(&found.name)))
+                .map(|found| columns(&Printable(&found.name).to_string()))
                 .max()
                 .unwrap_or(0)
                 .max(4),
@@ -231,7 +214,7 @@ fn frame(
             &waiters,
             &rate,
         ];
-        let mut line = cell(&shown(&found.name), name_width);
+        let mut line = cell(&Printable(&found.name).to_string(), name_width);
         for ((_, width), value) in COLUMNS.iter().zip(values) {
             line.push(' ');
             line.push_str(&cell(value, *width));
@@ -454,9 +437,9 @@ mod tests {
         assert_eq!(lease_cell(Duration::from_nanos(1_004_063_300)), "1s");
         assert_eq!(lease_cell(Duration::from_millis(8_240)), "8.2s");
         assert_eq!(lease_cell(Duration::from_secs(125)), "2m 5s");
-        assert_eq!(lease_cell(fencelock::MAX_TTL), "146235604y");
+        assert_eq!(lease_cell(fencelock::MAX_TTL), "146135511y");
         let largest = Duration::from_millis(i64::MAX as u64);
-        assert_eq!(lease_cell(largest), "292471208y");
+        assert_eq!(lease_cell(largest), "292271023y");
         assert!(lease_cell(largest).len() <= LEASE_WIDTH);
     }
 }
