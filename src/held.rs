@@ -565,6 +565,27 @@ impl Held {
         self.release_unspanned().instrument(span).await
     }
 
+    /// Releases `helds` all at once, so that holds on a node that stopped answering cost one
+    /// request timeout in all, not one each. Returns the error of the first hold, in the order
+    /// given, whose release failed.
+    pub(crate) async fn release_together(helds: impl IntoIterator<Item = Held>) -> Result<()> {
+        let mut releases = tokio::task::JoinSet::new();
+        for (index, held) in helds.into_iter().enumerate() {
+            releases.spawn(async move { (index, held.release().await) });
+        }
+        let mut first: Option<(usize, Error)> = None;
+        while let Some(joined) = releases.join_next().await {
+            // A release task cannot panic short of a bug; its hold's drop released it then.
+            let Ok((index, Err(err))) = joined else {
+                continue;
+            };
+            if first.as_ref().is_none_or(|(at, _)| index < *at) {
+                first = Some((index, err));
+            }
+        }
+        first.map_or(Ok(()), |(_, err)| Err(err))
+    }
+
     /// The span of a call on this hold: the lock's name, kind ([`Kind::as_str`](crate::kind::Kind::as_str),
     /// as the acquiring calls' spans name it) and fence.
     fn span(&self, call: &'static str) -> tracing::Span {

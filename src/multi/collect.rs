@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::Core;
 use crate::error::Result;
+use crate::held::Held;
 use crate::keys::LockKeys;
 use crate::options::LockOptions;
 
@@ -98,13 +99,5 @@ pub(super) async fn collect<G: MultiMember>(
 /// Releases the members taken before a failure (errors ignored: what cannot be released
 /// expires with its short lease).
 async fn release_all<G: MultiMember>(taken: Vec<(usize, G)>) {
-    // All at once: members on a node that stopped answering cost one request timeout in all.
-    let mut releases = tokio::task::JoinSet::new();
-    for (_, guard) in taken {
-        let held = guard.into_held();
-        releases.spawn(async move {
-            let _ = held.release().await;
-        });
-    }
-    while releases.join_next().await.is_some() {}
+    let _ = Held::release_together(taken.into_iter().map(|(_, guard)| guard.into_held())).await;
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::fence::FenceToken;
+use crate::held::Held;
 use crate::lock::LockGuard;
 
 use super::member::MultiMember;
@@ -149,23 +150,6 @@ impl<G: MultiMember> MultiGuard<G> {
     /// Cancel safe: members not yet released when the call is dropped are released in the
     /// background.
     pub async fn release(self) -> Result<()> {
-        // All at once: members on a node that stopped answering cost one request timeout in
-        // all, not one each.
-        let mut releases = tokio::task::JoinSet::new();
-        for (index, member) in self.members.into_iter().enumerate() {
-            let held = member.into_held();
-            releases.spawn(async move { (index, held.release().await) });
-        }
-        let mut first: Option<(usize, Error)> = None;
-        while let Some(joined) = releases.join_next().await {
-            // A release task cannot panic short of a bug; its hold's drop released it then.
-            let Ok((index, Err(err))) = joined else {
-                continue;
-            };
-            if first.as_ref().is_none_or(|(at, _)| index < *at) {
-                first = Some((index, err));
-            }
-        }
-        first.map_or(Ok(()), |(_, err)| Err(err))
+        Held::release_together(self.members.into_iter().map(G::into_held)).await
     }
 }
