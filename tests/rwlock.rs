@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{eventually, Cluster, Node, Standalone};
-use fencelock::{Client, Error, FenceMode, FenceToken, LockOptions};
+use fencelock::{Client, Error, FenceMode, FenceToken, LockOptions, WriteGuard};
 
 async fn client(server: &Standalone) -> Client {
     Client::connect([server.url()]).await.expect("connect")
@@ -316,25 +316,32 @@ async fn write_downgrades_to_read_and_other_readers_enter() {
     let (a, b) = (client(&server).await, client(&server).await);
     let options = LockOptions::new().ttl(Duration::from_secs(10));
     let write = a.try_write_lock("doc", &options).await.unwrap();
-    let fence = write.fence();
     busy(
         b.try_read_lock("doc", &options).await,
         "reader over the writer",
     );
+    downgrades_and_readers_enter(write, &b, &options).await;
+}
+
+/// Downgrades `write` (on "doc"), lets `other` read beside it, and checks that the lock is free
+/// for a writer once both reads are released.
+async fn downgrades_and_readers_enter(write: WriteGuard, other: &Client, options: &LockOptions) {
+    let fence = write.fence();
     let read = write.downgrade().await.expect("downgrade");
     assert_eq!(read.fence(), fence, "the downgraded hold keeps its fence");
-    let other = b
-        .try_read_lock("doc", &options)
+    let beside = other
+        .try_read_lock("doc", options)
         .await
         .expect("readers enter");
-    assert!(other.fence() > fence);
+    assert!(beside.fence() > fence);
     busy(
-        b.try_write_lock("doc", &options).await,
+        other.try_write_lock("doc", options).await,
         "the downgraded hold is a read hold",
     );
     read.release().await.unwrap();
-    other.release().await.unwrap();
-    b.try_write_lock("doc", &options)
+    beside.release().await.unwrap();
+    other
+        .try_write_lock("doc", options)
         .await
         .expect("free after both reads")
         .release()
@@ -397,23 +404,7 @@ async fn a_writer_whose_re_entered_holds_were_all_released_downgrades() {
         .await
         .unwrap();
     // Only the write hold is left: it downgrades, and other readers enter beside it.
-    let read = write.downgrade().await.expect("downgrade");
-    let other = b
-        .try_read_lock("doc", &options)
-        .await
-        .expect("a reader beside it");
-    busy(
-        b.try_write_lock("doc", &options).await,
-        "the downgraded hold still reads",
-    );
-    read.release().await.unwrap();
-    other.release().await.unwrap();
-    b.try_write_lock("doc", &options)
-        .await
-        .expect("free after both reads")
-        .release()
-        .await
-        .unwrap();
+    downgrades_and_readers_enter(write, &b, &options).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
