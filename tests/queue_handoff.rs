@@ -451,23 +451,35 @@ fn release_by_hand(node: &common::Node, key: &str, owner: &str) -> i64 {
     run_script(node, "release", &args)
 }
 
+/// "holder-a" takes `key` with a 1 s lease (the places must find it held on a loaded machine
+/// too) and each of `owners` queues behind it with a 30 s place; returns the lease's end, in the
+/// server's milliseconds.
+fn held_for_a_second_with_places(node: &common::Node, key: &str, owners: &[&str]) -> u64 {
+    let (script, args) = Queue::Mutex.queue_call(key, "holder-a", "1000", "30000");
+    let _: redis::Value = run_script(node, script, &args);
+    let lease_end = server_ms(node) + 1000;
+    for owner in owners {
+        let (script, args) = Queue::Mutex.queue_call(key, owner, "30000", "30000");
+        let _: redis::Value = run_script(node, script, &args);
+    }
+    assert_eq!(places(node, key), owners);
+    lease_end
+}
+
+/// Waits until the server's clock has passed `ms`.
+fn until_server_passes(node: &common::Node, ms: u64) {
+    while server_ms(node) <= ms + 1 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_release_after_its_lease_ended_hands_the_lock_to_the_head_and_keeps_the_queue() {
     let server = Standalone::start();
     let key = Queue::Mutex.key("late");
-    // A holds with a 1 s lease (p1 and p2 must find it held on a loaded machine too); p1 and
-    // p2 queue behind it with fresh places.
-    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "1000", "30000");
-    let _: redis::Value = run_script(&server.node, script, &args);
-    let lease_end = server_ms(&server.node) + 1000;
-    for owner in ["place-p1", "place-p2"] {
-        let (script, args) = Queue::Mutex.queue_call(&key, owner, "30000", "30000");
-        let _: redis::Value = run_script(&server.node, script, &args);
-    }
-    assert_eq!(places(&server.node, &key).len(), 2);
-    while server_ms(&server.node) <= lease_end + 1 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // A holds with a 1 s lease; p1 and p2 queue behind it.
+    let lease_end = held_for_a_second_with_places(&server.node, &key, &["place-p1", "place-p2"]);
+    until_server_passes(&server.node, lease_end);
     // A's late release finds no live lease, and still hands the lock on: dropping the queue's
     // mark here left p1's place behind, and p1's own release later granted the lock to it.
     assert_eq!(release_by_hand(&server.node, &key, "holder-a"), 0);
@@ -529,18 +541,12 @@ fn a_handoff_past_a_walk_of_gone_entries_keeps_the_queue_for_the_next_release() 
 fn a_plain_grant_to_a_caller_with_a_place_takes_its_place_away() {
     let server = Standalone::start();
     let key = Queue::Mutex.key("overwritten");
-    let (script, args) = Queue::Mutex.queue_call(&key, "holder-a", "1000", "30000");
-    let _: redis::Value = run_script(&server.node, script, &args);
-    let lease_end = server_ms(&server.node) + 1000;
-    let (script, args) = Queue::Mutex.queue_call(&key, "place-p1", "30000", "30000");
-    let _: redis::Value = run_script(&server.node, script, &args);
-    assert_eq!(places(&server.node, &key), ["place-p1"]);
+    let lease_end = held_for_a_second_with_places(&server.node, &key, &["place-p1"]);
     // An older client's busy attempt overwrites the queue's mark with its own, and the holder's
     // lease runs out: p1's next attempt is a plain grant.
     server.node.set_lock_field(&key, "waiters", "old12345");
-    while server_ms(&server.node) <= lease_end + 1 {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_server_passes(&server.node, lease_end);
+    let (script, args) = Queue::Mutex.queue_call(&key, "place-p1", "30000", "30000");
     let _: redis::Value = run_script(&server.node, script, &args);
     let owner = server.node.lock_field(&key, "owner");
     assert_eq!(owner.as_deref(), Some("place-p1"));
