@@ -116,6 +116,7 @@ fn exec_rejects_bad_input_and_unreachable_servers_with_one_line() {
         &["exec", "", "--", "true"],
         &["exec", "x"],
         &["exec", "--slot", "99999", "x", "--", "true"],
+        &["exec", "--slot", "16384", "x", "--", "true"],
     ] {
         let output = fencelock(&server.url(), args);
         assert_eq!(
@@ -125,6 +126,19 @@ fn exec_rejects_bad_input_and_unreachable_servers_with_one_line() {
             stderr(&output)
         );
     }
+    // A slot out of range, from the flag or its variable, names the range of slots.
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env("FENCELOCK_SLOT", "70000")
+        .args(["--url", &server.url(), "status", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("FENCELOCK_SLOT"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(stderr(&output).contains("0..=16383"), "{}", stderr(&output));
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

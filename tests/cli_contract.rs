@@ -185,6 +185,21 @@ fn the_password_comes_from_the_environment_a_file_or_the_url_and_is_never_shown(
         "{}",
         stderr(&output)
     );
+    for (text, said) in [
+        ("", "is empty"),
+        ("\n\n", "is empty"),
+        (&*format!("\n{PASSWORD}\n"), "has an empty first line"),
+    ] {
+        let blank = dir.join("blank");
+        std::fs::write(&blank, text).unwrap();
+        let output = run(fencelock()
+            .args(["--url", &url, "--password-file"])
+            .arg(&blank)
+            .args(["status", "job"]));
+        assert_eq!(output.status.code(), Some(64), "{}", stderr(&output));
+        assert!(stderr(&output).contains(said), "{}", stderr(&output));
+        assert!(!stderr(&output).contains(PASSWORD), "{}", stderr(&output));
+    }
 
     // A password in the URL still works.
     let output = run(fencelock().args(["--url", &server.url(), "status", "job", "--json"]));

@@ -298,8 +298,13 @@ impl Credentials {
                 })?;
                 let line = text.lines().next().unwrap_or_default().to_owned();
                 if line.is_empty() {
+                    let what = if text.trim().is_empty() {
+                        "is empty"
+                    } else {
+                        "has an empty first line (only the first line is read)"
+                    };
                     return Err(format!(
-                        "the password file {} is empty: write the password on its first line",
+                        "the password file {} {what}: write the password on its first line",
                         path.display()
                     ));
                 }

@@ -53,7 +53,12 @@ impl KindArgs {
 #[derive(Args, Debug, Clone)]
 pub struct PlacementArgs {
     /// Pin the lock to this hash slot (0..16383).
-    #[arg(long, env = "FENCELOCK_SLOT", conflicts_with = "tag")]
+    #[arg(
+        long,
+        env = "FENCELOCK_SLOT",
+        conflicts_with = "tag",
+        value_parser = clap::value_parser!(u16).range(0..=i64::from(fencelock::SLOT_COUNT - 1))
+    )]
     slot: Option<u16>,
     /// Use this hash tag instead of the name.
     #[arg(long, env = "FENCELOCK_TAG")]
