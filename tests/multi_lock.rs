@@ -227,6 +227,102 @@ async fn keys_of_one_slot_are_taken_by_one_script_call() {
     );
 }
 
+/// The mutex's acquire script run by hand on `key` for `owner`: TTL 30 s, clock mode, with a
+/// place lease of `place` ms when given.
+fn acquire_by_hand(
+    node: &common::Node,
+    key: &str,
+    owner: &str,
+    place: Option<&str>,
+) -> redis::Value {
+    let source = fencelock::lua_scripts()
+        .find(|s| s.name == "acquire")
+        .unwrap()
+        .source;
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(source)
+        .arg(1)
+        .arg(key)
+        .arg(owner)
+        .arg("30000")
+        .arg("0")
+        .arg("clock");
+    if let Some(place) = place {
+        cmd.arg(place);
+    }
+    node.cmd(cmd.arg("10000"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_slot_multi_lock_does_not_take_a_lock_kept_for_its_queues_head() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let tagged = LockOptions::new().tag("queued");
+    let key = |name: &str| client.keys(name, &tagged).unwrap().lock_key().to_owned();
+    let (a, b) = (key("qa"), key("qb"));
+    // b: a holder, and a caller of another client queued behind it with a 30 s place; then the
+    // holder's lease ends without a release, so b is free with the queue's mark `q` and a live
+    // head place (the state the queue's order is for: only the head may take it).
+    acquire_by_hand(&server.node, &b, "clientaa-holder", None);
+    let queued = acquire_by_hand(&server.node, &b, "clientbb-place", Some("30000"));
+    assert_eq!(
+        common::grant_values(queued)[0],
+        0,
+        "the second caller is busy and queues"
+    );
+    server.node.set_lock_field(&b, "until", "0");
+    server.node.set_lock_field(&b, "owner", "");
+    assert_eq!(server.node.lock_field(&b, "waiters").as_deref(), Some("q"));
+    // A plain acquire without a place is refused there ...
+    let plain = acquire_by_hand(&server.node, &b, "clientcc-plain", None);
+    assert_eq!(
+        common::grant_values(plain)[0],
+        0,
+        "acquire without a place: busy"
+    );
+    // ... and so is the multi-lock, which names b and takes neither key.
+    match client.try_lock_all(&["qa", "qb"], &tagged).await {
+        Err(Error::Busy {
+            name, retry_after, ..
+        }) => {
+            assert_eq!(name, "qb");
+            assert!(
+                retry_after > Duration::from_secs(1),
+                "the head place's lease left: {retry_after:?}"
+            );
+        }
+        other => panic!("lock_all took a lock kept for the queue's head: {other:?}"),
+    }
+    assert_eq!(server.node.lock_field(&a, "owner"), None, "a not taken");
+    assert_eq!(server.node.lock_field(&b, "owner"), None, "b not taken");
+    let place: Option<String> = server
+        .node
+        .cmd(redis::cmd("HGET").arg(&b).arg("q:clientbb-place"));
+    assert!(place.is_some(), "the head keeps its place");
+
+    // Once the head's place is gone (withdrawn), the multi-lock is granted both, and the
+    // queue's bookkeeping goes as an acquire's grant takes it: the index entry, the mark.
+    server.node.cmd::<()>(
+        redis::cmd("HDEL")
+            .arg(&b)
+            .arg("q:clientbb-place")
+            .arg("g:clientbb-place"),
+    );
+    let guard = client.try_lock_all(&["qa", "qb"], &tagged).await.unwrap();
+    assert_eq!(guard.fences().len(), 2);
+    assert!(server.node.lock_field(&b, "owner").is_some());
+    assert_eq!(
+        server.node.lock_field(&b, "waiters"),
+        None,
+        "no entry left: no mark"
+    );
+    let index: (Option<String>, Option<String>) = server
+        .node
+        .cmd(redis::cmd("HMGET").arg(&b).arg("s:1").arg("qh"));
+    assert_eq!(index, (None, Some("2".to_owned())));
+    guard.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_in_opposite_orders_never_deadlock() {
     let cluster = Cluster::start();
