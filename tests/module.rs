@@ -513,6 +513,17 @@ fn shared_cases(now: i64, args: &[&'static str], no_grace: &[&'static str]) -> V
             now + 900_000,
             args,
         ),
+        // A re-entered lock whose lease (the call's lease end: it ends after now + TTL) and
+        // fence lie in one millisecond, the fence past its start, and a key that expires later:
+        // keep.lua reads the fence as the next millisecond and sets the expiry (lowering it);
+        // the module raised it as for an epoch-clock fence, and kept the key 790 s longer.
+        Case::new(
+            "fence-in-the-lease-end-ms",
+            format!("{} {} me h2", now + 50_000, (now + 50_000) * 1000 + 500),
+            now + 900_000,
+            args,
+        )
+        .with("h:", "1"),
     ]
 }
 

@@ -51,6 +51,6 @@ pub fn run(
         ends = lock.lease;
     }
     key.set_until(lock.with_lease(ends).bytes());
-    key.apply(rules::grant_expiry(None, lock.fence, ends, grace));
+    key.apply(rules::keep_expiry(None, lock.fence, ends, grace));
     Reply::Ints(vec![1, (ends - now_ms) as i64])
 }

@@ -338,11 +338,9 @@ pub fn take(
         return key.apply(Expiry::Persist);
     };
     let fence_ms = |shift: u64| fence.saturating_sub(shift).div_ceil(1000);
-    key.apply(match (mark, shift) {
-        (Some(_), shift) => Expiry::RaiseTo(ends.max(shift.map_or(0, fence_ms)) + grace),
-        // keep.lua: a fence read as µs past the lease end (not a clock fence) only raises.
-        (None, None) if fence > (ends + 1).saturating_mul(1000) => Expiry::RaiseTo(ends + grace),
-        (None, shift) => Expiry::At(ends.max(fence_ms(shift.unwrap_or(0))) + grace),
+    key.apply(match mark {
+        Some(_) => Expiry::RaiseTo(ends.max(shift.map_or(0, fence_ms)) + grace),
+        None => rules::keep_expiry(shift, fence, ends, Some(grace)),
     });
 }
 

@@ -91,6 +91,6 @@ pub fn run(
             lock.waiters,
         ));
     }
-    key.apply(rules::grant_expiry(None, lock.fence, ends, grace));
+    key.apply(rules::keep_expiry(None, lock.fence, ends, grace));
     Reply::Ints(vec![1, lock.fence as i64, (ends - now_ms) as i64])
 }

@@ -164,6 +164,23 @@ pub fn grant_expiry(shift: Option<u64>, fence: u64, ends: u64, grace: Option<u64
     }
 }
 
+/// keep.lua's `keep(key, fence, ends)` exactly: in a call that granted with a `shift` (clock
+/// and hybrid modes) at max(ends, (fence - shift) as ms) + grace; without one (a call that ran
+/// no fence rule, such as extend and re-entry, or a grant in counter or epoch mode) only raised
+/// to ends + grace when the fence read as µs is past `(ends + 1) * 1000` (an epoch-clock fence
+/// far ahead of the clock), else set to max(ends, fence as ms, rounded up) + grace, which may
+/// lower it: a clock fence of the lease end's millisecond or earlier.
+pub fn keep_expiry(shift: Option<u64>, fence: u64, ends: u64, grace: Option<u64>) -> Expiry {
+    let Some(grace) = grace else {
+        return Expiry::Persist;
+    };
+    if shift.is_none() && fence > ends.saturating_add(1).saturating_mul(1000) {
+        return Expiry::RaiseTo(ends + grace);
+    }
+    let fence_ms = fence.saturating_sub(shift.unwrap_or(0)).div_ceil(1000);
+    Expiry::At(ends.max(fence_ms) + grace)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,6 +291,42 @@ mod tests {
             Expiry::RaiseTo(4010)
         );
         assert_eq!(grant_expiry(None, 3, 4000, None), Expiry::Persist);
+    }
+
+    #[test]
+    fn keep_rule_of_a_call_that_did_not_grant() {
+        // keep.lua without `memo.shift`: raised only past (ends + 1) × 1000 µs, else set.
+        assert_eq!(keep_expiry(None, 3, 4000, Some(10)), Expiry::At(4010));
+        assert_eq!(
+            keep_expiry(None, 4_000_000, 4000, Some(10)),
+            Expiry::At(4010)
+        );
+        // The band the grant's rule raises in: a fence within the lease end's next
+        // millisecond is read as that millisecond, and the expiry is set (lowered if later).
+        assert_eq!(
+            keep_expiry(None, 4_000_001, 4000, Some(10)),
+            Expiry::At(4011)
+        );
+        assert_eq!(
+            keep_expiry(None, 4_001_000, 4000, Some(10)),
+            Expiry::At(4011)
+        );
+        assert_eq!(
+            grant_expiry(None, 4_000_001, 4000, Some(10)),
+            Expiry::RaiseTo(4010)
+        );
+        assert_eq!(
+            keep_expiry(None, 4_001_001, 4000, Some(10)),
+            Expiry::RaiseTo(4010)
+        );
+        assert_eq!(keep_expiry(None, 4_000_500, 4000, None), Expiry::Persist);
+        // With a shift it is the grant's rule.
+        for fence in [1_000, 4_000_001, 5_000_001] {
+            assert_eq!(
+                keep_expiry(Some(0), fence, 4000, Some(10)),
+                grant_expiry(Some(0), fence, 4000, Some(10))
+            );
+        }
     }
 
     #[test]
