@@ -324,6 +324,68 @@ async fn a_one_slot_multi_lock_does_not_take_a_lock_kept_for_its_queues_head() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_taken_first_stay_held_while_each_later_one_comes_sooner_than_a_keep_alive() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let blocker = Client::connect([server.url()]).await.unwrap();
+    let other = Client::connect([server.url()]).await.unwrap();
+    // A TTL of 3 s: the provisional lease is the whole TTL (the default request timeout makes
+    // its cap 8 s), so there is no extension once all are held, and the members taken so far
+    // are kept alive every 1 s. No watchdog (the default).
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(3))
+        .timeout(Duration::from_secs(20));
+    let mut names = ["ka:1", "ka:2", "ka:3", "ka:4", "ka:5", "ka:6"];
+    let canonical = |name: &&str| {
+        let keys = client.keys(name, &options).unwrap();
+        (keys.slot(), keys.lock_key().to_owned())
+    };
+    names.sort_by_key(canonical);
+    assert!(
+        names
+            .windows(2)
+            .any(|w| canonical(&w[0]).0 != canonical(&w[1]).0),
+        "the members span slots: the collection, not the one-slot script"
+    );
+    // The members after the first are held by another client with leases ending 0.8 s apart
+    // (0.8, 1.6, ... 4 s): each wait of the collection ends sooner than a keep-alive period
+    // (1 s), and the whole collection takes longer than the first member's lease (3 s). The
+    // leases end on their own: no release, no sleep in the test.
+    let mut blocking = Vec::new();
+    for (k, name) in names[1..].iter().enumerate() {
+        let lease = Duration::from_millis(800 * (k as u64 + 1));
+        blocking.push(
+            blocker
+                .try_lock(name, &LockOptions::new().ttl(lease))
+                .await
+                .unwrap(),
+        );
+    }
+    let started = Instant::now();
+    let guard = client.lock_all(&names, &options).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_secs(3),
+        "the collection outlasted the first member's lease: {took:?}"
+    );
+    // Every member is still this caller's when lock_all returns: another client is refused
+    // each. A keep-alive timer restarted for each wait never fired, and the first member's
+    // lease had ended (another client took it while the guard claimed it).
+    for name in names {
+        let taken = other
+            .try_lock(name, &LockOptions::new().ttl(Duration::from_secs(1)))
+            .await;
+        assert!(
+            matches!(&taken, Err(Error::Busy { .. })),
+            "{name} was free when lock_all returned Ok after {took:?}: {taken:?}"
+        );
+    }
+    assert!(guard.is_valid(), "valid until {:?}", guard.valid_until());
+    guard.release().await.unwrap();
+    drop(blocking);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_in_opposite_orders_never_deadlock() {
     let cluster = Cluster::start();
     let urls = cluster.urls();
