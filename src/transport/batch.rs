@@ -9,10 +9,12 @@
 //! call's work on one thread while the other waited. A key's lane is its slot modulo the lanes,
 //! so the calls of one lock (its keys share a hash tag) all go through one driver, and what
 //! follows says of a node's driver holds per lane. A driver keeps up to eight rounds in flight
-//! and hands each round's calls to the connection before the next round's, so Redis runs a
-//! node's calls in the order they were queued (an attempt woken by a release of this client
-//! runs after the release). A caller dropped before its call was sent is left out of its
-//! round. A call that finds its lane quiet (nothing queued, in flight or sent directly; for a
+//! and hands each round's calls to the connection before the next round's; within a round a
+//! script's calls go as one batch, but none is pulled ahead of an earlier call of its slot
+//! ([`split_group`]). So Redis runs the calls of one slot (all of one lock's) in the order they
+//! were queued (an attempt woken by a release of this client runs after the release); calls of
+//! different slots in one round may run in another order. A caller dropped before its call was
+//! sent is left out of its round. A call that finds its lane quiet (nothing queued, in flight or sent directly; for a
 //! call the module serves on a cluster node, its slot's bucket of the lane) skips the driver
 //! and goes out from its caller (`direct.rs`), keeping that order.
 //!
@@ -317,7 +319,7 @@ type Round = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// calls at once) queue theirs first: without it, the driver, woken by the first of them, ran
 /// before the others and sent rounds of one call whenever it had room for another round in
 /// flight. Each round is polled once as soon as it is made, which hands its calls
-/// to the connection before any later round's: Redis runs a node's calls in queue order, undos
+/// to the connection before any later round's: Redis runs a slot's calls in queue order, undos
 /// aside (they follow the rounds in flight when they were taken, see the module docs). Ends
 /// with its queue (the client dropped), its transport, or after [`IDLE`] with no call taken and
 /// no round in flight.
@@ -436,7 +438,8 @@ async fn start(transport: &Arc<Transport>, entries: Vec<Entry>, in_flight: &mut 
 
 /// The sends of one round: one batch per script (chunks of at most [`MAX_BATCH`] weight), lone
 /// calls alone; calls the module serves on this node each alone, as its command (the
-/// connection pipelines them).
+/// connection pipelines them). A call is never grouped ahead of an earlier call of its slot
+/// ([`split_group`]), so the sends, handed to the connection in order, keep each slot's order.
 fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
     let mut sends: Vec<Round> = Vec::new();
     while !pending.is_empty() {
@@ -456,13 +459,11 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
             break;
         }
         if module {
-            let head = pending.remove(0);
-            let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
-                .into_iter()
-                .partition(|entry| head.call.same_module(&entry.call));
+            let (group, rest) =
+                split_group(std::mem::take(&mut pending), entry_slot, |head, entry| {
+                    head.call.same_module(&entry.call)
+                });
             pending = rest;
-            let mut group = vec![head];
-            group.extend(same);
             for chunk in module_chunks(transport.topology(), group) {
                 sends.push(Box::pin(send_module(Arc::clone(transport), chunk)));
             }
@@ -473,9 +474,9 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
             sends.push(Box::pin(send(Arc::clone(transport), vec![alone])));
             continue;
         };
-        let (same, rest): (Vec<Entry>, Vec<Entry>) = std::mem::take(&mut pending)
-            .into_iter()
-            .partition(|entry| same_script(entry.call.batch_script(), script));
+        let (same, rest) = split_group(std::mem::take(&mut pending), entry_slot, |_, entry| {
+            same_script(entry.call.batch_script(), script)
+        });
         pending = rest;
         let mut same = same.into_iter().peekable();
         while let Some(first) = same.next() {
@@ -491,6 +492,54 @@ fn sends(transport: &Arc<Transport>, mut pending: Vec<Entry>) -> Vec<Round> {
         }
     }
     sends
+}
+
+/// Splits a round's `pending` calls (at least one) into the group sent with the first (the
+/// first, and each later call `joins` picks given the first) and the rest, each in order,
+/// without pulling a call into the group past an earlier call of its slot that stays in the
+/// rest: the calls of one slot keep their order within a round (an acquire woken by a release
+/// queued before it is sent after that release, though another lock's acquire came first and
+/// the acquires go as one batch). A call whose `slot` is `None` may reach keys of other slots
+/// (a watchdog's renewal names its locks in its arguments): no later call is pulled past it.
+///
+/// No allocation beyond the two vectors: the slots left in the rest are summed up in a 64-bit
+/// filter, and the rest is searched only for a call whose slot's bit is set.
+fn split_group<T>(
+    pending: Vec<T>,
+    slot: impl Fn(&T) -> Option<u16>,
+    joins: impl Fn(&T, &T) -> bool,
+) -> (Vec<T>, Vec<T>) {
+    let mut entries = pending.into_iter();
+    let Some(head) = entries.next() else {
+        return (Vec::new(), Vec::new());
+    };
+    let mut group = Vec::with_capacity(entries.len() + 1);
+    group.push(head);
+    let mut rest = Vec::new();
+    // Bit `slot % 64` is set when a call of such a slot was left in `rest`; all of them when a
+    // call that may reach any slot was.
+    let mut left: u64 = 0;
+    for entry in entries {
+        let (at, bit) = match slot(&entry) {
+            Some(at) => (Some(at), 1u64 << (at % 64)),
+            None => (None, u64::MAX),
+        };
+        let blocked =
+            left == u64::MAX || (left & bit != 0 && rest.iter().any(|earlier| slot(earlier) == at));
+        if !blocked && joins(&group[0], &entry) {
+            group.push(entry);
+        } else {
+            left |= bit;
+            rest.push(entry);
+        }
+    }
+    (group, rest)
+}
+
+/// The slot of an entry's call for [`split_group`], `None` for a call without a batch script,
+/// which may reach keys of other slots through its arguments (a watchdog's renewal).
+fn entry_slot(entry: &Entry) -> Option<u16> {
+    entry.call.batch_script().map(|_| entry.call.slot())
 }
 
 /// The most calls one batched module command carries (the module refuses more).
@@ -833,5 +882,65 @@ impl SlotMap {
             }
         }
         Self { node_of_slot: map }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_group;
+
+    /// A call of a round: its script and its slot.
+    type Call = (&'static str, u16);
+
+    fn split(pending: &[Call]) -> (Vec<Call>, Vec<Call>) {
+        // A "renew" may reach any slot, as a watchdog's renewal.
+        split_group(
+            pending.to_vec(),
+            |call| (call.0 != "renew").then_some(call.1),
+            |head, call| head.0 == call.0,
+        )
+    }
+
+    #[test]
+    fn a_call_is_not_grouped_past_an_earlier_call_of_its_slot() {
+        // Lock 1's acquire first, then lock 7's release and the acquire it woke: the acquires
+        // go as one batch, but lock 7's acquire must not go before lock 7's release.
+        let (group, rest) = split(&[("acquire", 1), ("release", 7), ("acquire", 7)]);
+        assert_eq!(group, [("acquire", 1)]);
+        assert_eq!(rest, [("release", 7), ("acquire", 7)]);
+        // The rest splits the same way: the release, then the acquire.
+        let (group, rest) = split(&rest);
+        assert_eq!(
+            (group, rest.clone()),
+            (vec![("release", 7)], vec![("acquire", 7)])
+        );
+    }
+
+    #[test]
+    fn calls_of_other_slots_still_join_the_group() {
+        // Slot 71 shares slot 7's filter bit (71 % 64 == 7): only a call of slot 7 is held back.
+        let (group, rest) = split(&[
+            ("acquire", 1),
+            ("release", 7),
+            ("acquire", 71),
+            ("acquire", 7),
+            ("acquire", 2),
+            ("release", 2),
+        ]);
+        assert_eq!(group, [("acquire", 1), ("acquire", 71), ("acquire", 2)]);
+        assert_eq!(rest, [("release", 7), ("acquire", 7), ("release", 2)]);
+    }
+
+    #[test]
+    fn no_call_is_grouped_past_a_call_that_may_reach_any_slot() {
+        let (group, rest) = split(&[("acquire", 1), ("renew", 5), ("acquire", 9)]);
+        assert_eq!(group, [("acquire", 1)]);
+        assert_eq!(rest, [("renew", 5), ("acquire", 9)]);
+    }
+
+    #[test]
+    fn a_lone_call_is_its_own_group() {
+        let (group, rest) = split(&[("release", 3)]);
+        assert_eq!((group, rest), (vec![("release", 3)], Vec::new()));
     }
 }

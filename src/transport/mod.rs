@@ -270,8 +270,9 @@ impl Transport {
     }
 
     /// Queues `call` on its node's driver, if it goes through one (see [`run`](Self::run)):
-    /// then it is sent after every call queued before it for that node's lane of its first key
-    /// (the lane of every key of one lock), and the reply arrives
+    /// then it is sent after every call queued before it on that node's lane of its first key
+    /// (the lane of every key of one lock) for its first key's slot, or that may reach keys of
+    /// other slots (a watchdog's renewal; see `batch.rs`), and the reply arrives
     /// on the receiver ([`reply`](Self::reply)). Gives the call back when it must be sent on
     /// its own (with [`run`](Self::run)).
     ///
