@@ -362,6 +362,43 @@ async fn wait_replicas_without_replicas_fails_and_releases() {
     );
 }
 
+/// After `NOSCRIPT` the script is resent with its `WAIT`: the replicas get what is left of the
+/// WAIT timeout, not a second one, so an unconfirmed grant fails as `ReplicasNotConfirmed`
+/// within the call's bound (request timeout + WAIT timeout), not as `Timeout` after it. With no
+/// replica, each `WAIT` here blocks for its whole timeout (the first one too, sent in the
+/// pipeline after the refused `EVALSHA`).
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_replicas_after_noscript_takes_one_wait_timeout_and_reports_the_replicas() {
+    let server = Standalone::start();
+    let request = Duration::from_millis(500);
+    let client = Client::builder([server.url()])
+        .request_timeout(request)
+        .connect()
+        .await
+        .expect("connect");
+    server.node.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
+    let wait = Duration::from_millis(1500);
+    let options = LockOptions::new().wait_replicas(1, wait);
+    let started = std::time::Instant::now();
+    let outcome = client.try_lock("nw", &options).await;
+    let took = started.elapsed();
+    match outcome {
+        Err(Error::ReplicasNotConfirmed {
+            acked: 0,
+            required: 1,
+            ..
+        }) => {}
+        other => panic!("expected ReplicasNotConfirmed, got {other:?} after {took:?}"),
+    }
+    // The grant's call within request + wait, and the compensating release within its own
+    // request timeout.
+    assert!(took < wait + request * 2, "took {took:?}");
+    assert!(
+        !held(&server, "fencelock:{nw}:lock"),
+        "the unconfirmed lock was released"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn noscript_is_recovered_after_script_flush() {
     let server = Standalone::start();

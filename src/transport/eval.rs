@@ -22,21 +22,31 @@ pub(super) async fn eval(conn: &mut Connection, call: &ScriptCall) -> RedisResul
 /// Runs `script` and then `WAIT replicas timeout` in one pipeline on one node connection, so
 /// WAIT counts acknowledgements of exactly the script's writes. Returns the script's reply and
 /// the number of replicas that acknowledged.
+///
+/// The replicas have `wait` from the first send: after `NOSCRIPT` the resent script's `WAIT`
+/// gets what is left of it (at least 1 ms; `WAIT … 0` would block for ever), as the `WAIT`
+/// pipelined after the refused `EVALSHA` may already have blocked for all of it. Two whole
+/// timeouts would overrun the caller's bound (request timeout + `wait`), failing as a timeout
+/// where the replicas' answer (`ReplicasNotConfirmed`) was due.
 pub(super) async fn eval_then_wait(
     conn: &mut Connection,
     call: &ScriptCall,
     replicas: u32,
     wait: Duration,
 ) -> RedisResult<(Value, i64)> {
-    let wait_ms = wait.as_millis().max(1).to_string();
-    let pipe = |invocation: Cmd| {
+    let until = tokio::time::Instant::now() + wait;
+    let pipe = |invocation: Cmd, wait: Duration| {
+        let wait_ms = wait.as_millis().max(1).to_string();
         let mut pipe = redis::pipe();
         pipe.add_command(invocation)
-            .add_command(redis::cmd("WAIT").arg(replicas).arg(&wait_ms).to_owned());
+            .add_command(redis::cmd("WAIT").arg(replicas).arg(wait_ms).to_owned());
         pipe
     };
-    match pipe(call.evalsha().clone()).query_async(conn).await {
-        Err(err) if is_noscript(&err) => pipe(call.eval()).query_async(conn).await,
+    match pipe(call.evalsha().clone(), wait).query_async(conn).await {
+        Err(err) if is_noscript(&err) => {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            pipe(call.eval(), left).query_async(conn).await
+        }
         other => other,
     }
 }
