@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::time::Duration;
 
 use common::{wait_until, Standalone};
@@ -397,6 +398,80 @@ async fn wait_replicas_after_noscript_takes_one_wait_timeout_and_reports_the_rep
         !held(&server, "fencelock:{nw}:lock"),
         "the unconfirmed lock was released"
     );
+}
+
+/// A lone call goes past the driver (`transport/direct.rs`) and is driven by its caller's
+/// polls. A caller that stops polling after the call was sent and resumes past the request
+/// deadline must not have the call's second step (the script's source after `NOSCRIPT`) sent
+/// then: it answers `Timeout`, and the lock was never granted by that call. (Before the fix the
+/// late `EVAL` was queued and its future dropped by the timeout in the same poll; redis-rs
+/// skips a queued command whose caller is gone if its connection task has not written it yet,
+/// so the old code failed this test in some runs only: 3 of 8 here.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_direct_calls_second_step_is_not_sent_past_its_deadline() {
+    let server = Standalone::start();
+    let request = Duration::from_millis(300);
+    let client = Client::builder([server.url()])
+        .request_timeout(request)
+        .fence_mode(FenceMode::Counter)
+        .module(fencelock::ModuleUse::Off)
+        .connect()
+        .await
+        .expect("connect");
+    let options = LockOptions::new().ttl(Duration::from_secs(10));
+    let first = client.try_lock("late", &options).await.unwrap();
+    assert_eq!(first.fence().get(), 1);
+    first.release().await.unwrap();
+    server.node.cmd::<()>(redis::cmd("SCRIPT").arg("FLUSH"));
+    // NOSCRIPT refusals so far (the first calls on this fresh server had some).
+    let noscripts = || {
+        server
+            .node
+            .info("errorstats")
+            .lines()
+            .find_map(|line| line.strip_prefix("errorstat_NOSCRIPT:count="))
+            .map_or(0, |count| count.trim().parse::<u64>().unwrap())
+    };
+    let before = noscripts();
+    let noscript = || noscripts() > before;
+    assert!(!noscript());
+
+    // The server holds every command for 150 ms, so the refusal cannot arrive while the first
+    // poll is still running (on a loaded machine it did, and the first poll sent the EVAL in
+    // time, as it should).
+    server
+        .node
+        .cmd::<()>(redis::cmd("CLIENT").arg("PAUSE").arg(150).arg("ALL"));
+    let mut late = std::pin::pin!(client.try_lock("late", &options));
+    // One poll sends the EVALSHA (past the quiet driver), then the caller stops polling.
+    let polled = std::future::poll_fn(|cx| std::task::Poll::Ready(late.as_mut().poll(cx))).await;
+    assert!(
+        polled.is_pending(),
+        "answered at the first poll: {polled:?}"
+    );
+    common::eventually(
+        "the server refuses the EVALSHA",
+        Duration::from_secs(5),
+        noscript,
+    )
+    .await;
+    // The caller resumes only after the request deadline (at most 300 ms after the first
+    // poll, and the refusal came at least 150 ms after it).
+    tokio::time::sleep(request).await;
+    match late.await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    client.shutdown().await.expect("background undos done");
+    // The next grant, on the same connection after anything the late call sent, is the second:
+    // the late call did not run the acquire script.
+    let next = client.try_lock("late", &options).await.unwrap();
+    assert_eq!(
+        next.fence().get(),
+        2,
+        "the late call's acquire ran after its deadline"
+    );
+    next.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -15,6 +15,14 @@
 //! ([`Transport::spawn_detached`]) and the driver sends an undo only once the direct calls of
 //! the undo's bucket (of its lane, on a standalone server) are answered, resends included: an
 //! undo never overtakes the call it undoes.
+//!
+//! A direct call moves on only when its caller polls it. Both its steps are held to one
+//! deadline, the request timeout from its first poll: its second step (the script's source
+//! after `NOSCRIPT`, the script after the module's `-FALLBACK`) is not sent once that deadline
+//! has passed (`eval::before`), so a caller that stopped polling and comes back late gets the
+//! timeout without a grant sent then. (Its ticket is still kept until the caller polls it to
+//! its end or drops it, holding back its bucket's undos meanwhile: releasing it earlier would
+//! let an undo overtake a resend redis-rs may still make.)
 
 use std::future::Future;
 use std::pin::Pin;

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, RedisResult, Value};
 
@@ -11,11 +13,31 @@ use crate::script::ScriptCall;
 
 use super::connection::Connection;
 
-/// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`.
-pub(super) async fn eval(conn: &mut Connection, call: &ScriptCall) -> RedisResult<Value> {
+/// Runs `script` by SHA, falling back to the full source once on `NOSCRIPT`, but not once
+/// `deadline` has passed (see [`before`]): the caller bounds the call by the same deadline.
+pub(super) async fn eval(
+    conn: &mut Connection,
+    call: &ScriptCall,
+    deadline: Instant,
+) -> RedisResult<Value> {
     match call.evalsha().query_async(conn).await {
-        Err(err) if is_noscript(&err) => call.eval().query_async(conn).await,
+        Err(err) if is_noscript(&err) => {
+            before(deadline).await;
+            call.eval().query_async(conn).await
+        }
         other => other,
+    }
+}
+
+/// Returns at once before `deadline`, and never from then on: a call's second step (the
+/// script's source after `NOSCRIPT`, the script after the module's `-FALLBACK`) is not sent
+/// past its call's deadline, which ends the call as a timeout (the caller's
+/// `timeout_at(deadline, …)`). A call driven by its caller's polls (`direct.rs`) whose caller
+/// stopped polling and came back late would otherwise send it then, as `timeout` polls the
+/// call before its timer.
+pub(super) async fn before(deadline: Instant) {
+    if Instant::now() >= deadline {
+        std::future::pending::<()>().await;
     }
 }
 

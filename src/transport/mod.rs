@@ -397,15 +397,20 @@ impl Transport {
             return self.run_script(call, name, operation).await;
         };
         let mut conn = self.connection();
+        // One deadline for both steps: the script after `-FALLBACK` is not sent past it.
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
         let run = async {
             let reply = cmd.query_async::<Value>(&mut conn).await;
             match self.modules.judge(reply, call, node) {
                 Verdict::Served(reply) => Ok(reply),
-                Verdict::Script => Ok(eval(&mut conn, call).await),
+                Verdict::Script => {
+                    eval::before(deadline).await;
+                    Ok(eval(&mut conn, call, deadline).await)
+                }
                 Verdict::Missing => Err(()),
             }
         };
-        let outcome = match tokio::time::timeout(self.request_timeout, run).await {
+        let outcome = match tokio::time::timeout_at(deadline, run).await {
             Ok(Ok(reply)) => classify(name, operation, reply),
             Ok(Err(())) => Err(Error::ModuleMissing {
                 name: name.to_owned(),
@@ -430,7 +435,10 @@ impl Transport {
         operation: Operation,
     ) -> Result<Value> {
         let mut conn = self.connection();
-        let call = eval(&mut conn, call);
+        // `bounded`'s timer starts at its first poll, at once: not before this deadline, so
+        // the call never waits on a second step it may not send.
+        let deadline = tokio::time::Instant::now() + self.request_timeout;
+        let call = eval(&mut conn, call, deadline);
         let outcome = bounded(name, operation, self.request_timeout, call).await;
         self.observe(&outcome);
         outcome
