@@ -133,6 +133,8 @@ async fn a_shortening_extend_dropped_after_redis_ran_it_leaves_the_guard_on_the_
         let mut guard = client.try_lock(name, &options).await.unwrap();
         // One extend that completes first loads the script: the cut call is then one EVALSHA.
         guard.extend(Duration::from_secs(30)).await.unwrap();
+        // Paused, Redis cannot answer during the first poll however loaded the machine is.
+        let _: () = server.node.cmd(redis::cmd("CLIENT").arg("PAUSE").arg(200));
         let mut call = Box::pin(guard.extend(Duration::from_secs(1)));
         let polled = std::future::poll_fn(|cx| {
             std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx))
