@@ -323,16 +323,30 @@ static FLOOR_RULE: LazyLock<&'static str> = LazyLock::new(|| {
 
 /// Grant several locks of one slot to one owner, all or none (the multi-lock).
 /// Contract: `script/lua/lock_all.lua`.
-pub(crate) static LOCK_ALL: LazyLock<LuaScript> =
-    LazyLock::new(|| fenced("lock_all", include_str!("lua/lock_all.lua")));
+pub(crate) static LOCK_ALL: LazyLock<LuaScript> = LazyLock::new(|| {
+    LuaScript::with_snippets("lock_all", &[FENCE_RULE, KEEP, RAISE], lock_all_file())
+});
+
+/// `script/lua/lock_all.lua` with the mutex's queue (fair.lua's helpers and
+/// `script/lua/mutex_queue.lua`) at its `--@queue` line, the block that meets a lock marked
+/// queued: the walk to the queue's head is the mutex's own.
+fn lock_all_file() -> &'static str {
+    static FILE: LazyLock<&'static str> = LazyLock::new(|| {
+        inline_at_queue(
+            include_str!("lua/lock_all.lua"),
+            &[FAIR, include_str!("lua/mutex_queue.lua")],
+        )
+    });
+    *FILE
+}
 
 /// [`LOCK_ALL`] reading the floor key as [`ACQUIRE_FLOOR`] does.
 /// Contract: `script/lua/lock_all.lua`, `script/lua/floor_read.lua`.
 pub(crate) static LOCK_ALL_FLOOR: LazyLock<LuaScript> = LazyLock::new(|| {
     LuaScript::with_snippets(
         "lock_all_floor",
-        &[*FLOOR_RULE, KEEP],
-        include_str!("lua/lock_all.lua"),
+        &[*FLOOR_RULE, KEEP, RAISE],
+        lock_all_file(),
     )
 });
 

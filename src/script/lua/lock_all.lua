@@ -18,10 +18,11 @@
 -- already holds every key (a resent script, no write); {0, pttl, i} key i is held by another
 -- owner, whose lease ends in pttl ms (only its `waiters` flag written, as `acquire` does), or
 -- is free with a live place of the mutex's queue (`waiters` `q`, acquire.lua): pttl is then
--- the head place's lease left, nothing written (the caller keeps no place: a lock marked `q`
--- goes to the queue's head, as for an acquire without a place lease; with no live place among
--- the 64 index entries walked it is granted, the gone entries deleted, `q` kept only while
--- entries remain, and the key's expiry only raised while `q` stays);
+-- the head place's lease left (the caller keeps no place: a lock marked `q` goes to the
+-- queue's head, as for an acquire without a place lease); the index entries of gone places
+-- that the walk to the head met are deleted (mutex_queue.lua's `head`, inlined at the
+-- `--@queue` line with fair.lua). With no live place among the 64 entries walked the key is
+-- granted, `q` kept only while entries remain, and its expiry only raised while `q` stays;
 -- an error reply (no write) when a next fence would pass 2^53 - 1 or the epoch cannot be
 -- read. Not allow-oom.
 #!lua
@@ -54,26 +55,11 @@ for i, key in ipairs(KEYS) do
   elseif state[5] == 'q' then
     -- A free lock with the mutex's queue (acquire.lua): it goes to the queue's head only, and
     -- this caller keeps no place, so a live place is a busy answer, as for an acquire without a
-    -- place. mutex_queue.lua's `head` walk, on this key: at most 64 index entries; the entries
-    -- of places found gone are deleted with the grant (below), not on a busy answer.
-    local at = redis.call('HMGET', key, 'qh', 'qseq')
-    local h, last = tonumber(at[1]) or 1, tonumber(at[2]) or 0
-    local start, dead = h, {}
-    while h <= last and h < start + 64 do
-      local who = redis.call('HGET', key, 's:' .. h)
-      if who then
-        local seq, till = string.match(redis.call('HGET', key, 'q:' .. who) or '', '^(%d+) (%d+)$')
-        seq, till = tonumber(seq), tonumber(till)
-        if seq == h and till > now_ms then return {0, till - now_ms, i} end
-        dead[#dead + 1] = 's:' .. h
-        if seq == h then
-          dead[#dead + 1] = 'q:' .. who
-          dead[#dead + 1] = 'g:' .. who
-        end
-      end
-      h = h + 1
-    end
-    state[6] = {dead, h ~= start and h, h <= last}
+    -- place (mutex_queue.lua's `head`: at most 64 index entries, those of gone places deleted).
+--@queue
+    local q, pending = head(nil, false, key)
+    if q then return {0, q.head_end - now_ms, i} end
+    if not pending then state[5] = nil end
   end
   states[i] = state
 end
@@ -100,26 +86,11 @@ for i, key in ipairs(KEYS) do
     end
     if #gone > 0 then redis.call('HDEL', key, unpack(gone)) end
   end
-  local mark, walk = states[i][5], states[i][6]
-  if walk then
-    -- mutex_queue.lua's `take` with no live place found: the walk's gone entries go, `qh`
-    -- moves past them, and the mark `q` stays only while entries remain past the walk.
-    if #walk[1] > 0 then redis.call('HDEL', key, unpack(walk[1])) end
-    if walk[2] then redis.call('HSET', key, 'qh', string.format('%d', walk[2])) end
-    if not walk[3] then mark = nil end
-  end
-  store(key, {ARGV[1], ends, fences[i], nil, mark})
-  if mark == 'q' and grace then
-    -- raise.lua's rule on this key: places may wait past the walk (or behind this owner's own
-    -- live hold), and the expiry must still cover their leases, so it is only raised.
-    local latest = ends
-    if memo.shift then
-      local fence_ms = math.ceil((fences[i] - memo.shift) / 1000)
-      if fence_ms > latest then latest = fence_ms end
-    end
-    if redis.call('PEXPIRETIME', key) < latest + grace then
-      redis.call('PEXPIREAT', key, string.format('%d', latest + grace))
-    end
+  store(key, {ARGV[1], ends, fences[i], nil, states[i][5]})
+  if states[i][5] == 'q' then
+    -- Places may wait past the walk (or behind this owner's own live hold): the expiry must
+    -- still cover their leases, so it is only raised.
+    raise(fences[i], ends, key)
   else
     keep(key, fences[i], ends)
   end

@@ -4,7 +4,8 @@
 -- an arrival index, so that the head is found without reading the whole queue: `s:<seq>` =
 -- the owner that arrived as seq, and `qh`, the lowest seq that may still be queued.
 --
--- `head(me, args)` reads `qh`, `qseq` and, when `me` is given, `me`'s place in one call, then
+-- `head(me, args, key)` reads `key`'s (KEYS[1] when nil) `qh`, `qseq` and, when `me` is given,
+-- `me`'s place in one call, then
 -- walks the index from `qh` up to `qseq`: the first entry whose place is there with the same seq
 -- and a lease that has not ended is the head; index entries of places that are gone (granted,
 -- withdrawn) are deleted on the way, and so are places whose lease ended. At most 64 entries a
@@ -36,24 +37,25 @@
 -- ARGV[2], [5], [3], [4], as both acquires take them), with its index entry and `qseq` when the
 -- place is `new`, in one write; the state is marked `q`, and the key's expiry raised to cover
 -- the place and `latest`.
-local function head(me, args)
+local function head(me, args, key)
+  key = key or KEYS[1]
   local at
   if me then
-    at = redis.call('HMGET', KEYS[1], 'qh', 'qseq', 'q:' .. me)
+    at = redis.call('HMGET', key, 'qh', 'qseq', 'q:' .. me)
   else
-    at = redis.call('HMGET', KEYS[1], 'qh', 'qseq')
+    at = redis.call('HMGET', key, 'qh', 'qseq')
   end
   local h, last, mine = tonumber(at[1]) or 1, tonumber(at[2]) or 0, at[3] or nil
   local start, dead, found = h, {}, nil
   while h <= last and h < start + 64 do
-    local who = redis.call('HGET', KEYS[1], 's:' .. h)
+    local who = redis.call('HGET', key, 's:' .. h)
     if who then
       local place, grant
       if args then
-        local both = redis.call('HMGET', KEYS[1], 'q:' .. who, 'g:' .. who)
+        local both = redis.call('HMGET', key, 'q:' .. who, 'g:' .. who)
         place, grant = both[1], both[2]
       else
-        place = redis.call('HGET', KEYS[1], 'q:' .. who)
+        place = redis.call('HGET', key, 'q:' .. who)
       end
       local seq, ends
       if place then seq, ends = string.match(place, '^(%d+) (%d+)$') end
@@ -71,8 +73,8 @@ local function head(me, args)
     end
     h = h + 1
   end
-  if #dead > 0 then redis.call('HDEL', KEYS[1], unpack(dead)) end
-  if h ~= start then redis.call('HSET', KEYS[1], 'qh', h) end
+  if #dead > 0 then redis.call('HDEL', key, unpack(dead)) end
+  if h ~= start then redis.call('HSET', key, 'qh', h) end
   return found, h <= last, last, h, mine
 end
 local function hand_head(how, stored, q, pending, last)

@@ -3,20 +3,21 @@
 -- call does not read (inserted after the prologue and the fence rule, before `fair.lua` or
 -- `rw_prologue.lua`; it runs once per key).
 --
--- `raise(fence, ends)` sets the key to expire at max(ends, fence as ms) + grace unless it
--- expires later already (PEXPIRETIME; a key without an expiry, -1, gets one), so an expiry a
+-- `raise(fence, ends, key)` sets `key` (KEYS[1] when nil) to expire at max(ends, fence as ms)
+-- + grace unless it expires later already (PEXPIRETIME; a key without an expiry, -1, gets one), so an expiry a
 -- live entry needs is never shortened. The fence counts only in a call that granted (the fence
 -- rule set `memo.shift`), as in the prologue's `keep`. Without a grace (counter and epoch
 -- modes) it removes any expiry.
-local function raise(fence, ends)
-  if not grace then return redis.call('PERSIST', KEYS[1]) end
+local function raise(fence, ends, key)
+  key = key or KEYS[1]
+  if not grace then return redis.call('PERSIST', key) end
   if memo.shift then
     local fence_ms = math.ceil(((tonumber(fence) or 0) - memo.shift) / 1000)
     if fence_ms > ends then ends = fence_ms end
   end
   local target = ends + grace
-  local current = redis.call('PEXPIRETIME', KEYS[1])
+  local current = redis.call('PEXPIRETIME', key)
   if current < target then
-    redis.call('PEXPIREAT', KEYS[1], string.format('%d', target))
+    redis.call('PEXPIREAT', key, string.format('%d', target))
   end
 end
