@@ -68,8 +68,9 @@ pub struct Inspection {
     pub holds: u64,
     /// Waiters the key records: a fair lock's live queue places; a read-write lock's waiting
     /// writer intent (0 or 1: only the first waiting writer is recorded); a semaphore's
-    /// many-permit reservation (0 or 1). `None` for the mutex and the latch, whose waiters
-    /// only listen on the channel and leave no trace in Redis.
+    /// many-permit reservation (0 or 1); a mutex's live queue places, the processes waiting
+    /// for it in turn (`None` when it has none; a client's other waiting tasks wait in the
+    /// client). `None` for the latch, whose waiters leave no trace in Redis.
     pub waiters: Option<u64>,
     /// Read-write lock: how many owners read (live reader entries).
     pub readers: Option<u64>,

@@ -111,6 +111,12 @@ async fn mutex_inspection_and_forced_unlock() {
             == 1
     })
     .await;
+    // The other client's waiter holds a place in the lock's queue, which inspection counts.
+    let admin_ref = &admin;
+    eventually_async("the waiter's place", || async move {
+        admin_ref.inspect(Kind::Mutex, name).await.unwrap().waiters == Some(1)
+    })
+    .await;
     let (freed, _new_holder) = force_and_check_handoff(&admin, Kind::Mutex, name, waiter).await;
     assert_eq!(freed, guard.fence());
     let after = admin.inspect(Kind::Mutex, name).await.unwrap();

@@ -7,8 +7,9 @@
 -- exists; held 1 when a live hold exists (latch: armed with a count above zero); fence the
 -- last fence granted (latch: its fence field), 0 for none; lease ms the longest live lease
 -- left, -1 for none; holds the live holds (re-entered holds counted; semaphore: live
--- permits); waiters the waiters the key records, -1 for a kind that records none (mutex,
--- latch): fair places, the rw writer intent (0 or 1), the semaphore reservation (0 or 1).
+-- permits); waiters the waiters the key records, -1 for none recorded: fair places, the mutex's
+-- live queue places (-1 when it has none), the rw writer intent (0 or 1), the semaphore
+-- reservation (0 or 1), always -1 for a latch.
 -- a, b, c by kind (-1 otherwise): rw: live readers, live writers (0 or 1); sem: stored limit
 -- (0 for none), permits in use; latch: remaining count, current generation, opened generation
 -- (0 for none).
@@ -35,15 +36,16 @@ local function inspect(kind)
   end
   if kind == 'lock' or kind == 'fair' then
     if h['owner'] and lease(tonumber(h['until'])) then r[5] = tonumber(h['holds']) or 1 end
-    if kind == 'fair' then
-      r[6] = 0
-      for field, value in pairs(h) do
-        if string.sub(field, 1, 2) == 'q:' then
-          local ends = tonumber(string.match(value, '^%d+ (%d+)$'))
-          if ends and ends > now_ms then r[6] = r[6] + 1 end
-        end
+    -- Live queue places: the fair lock's, and the mutex's of waiting processes (acquire.lua),
+    -- reported for a mutex only when there are some.
+    local places = 0
+    for field, value in pairs(h) do
+      if string.sub(field, 1, 2) == 'q:' then
+        local ends = tonumber(string.match(value, '^%d+ (%d+)$'))
+        if ends and ends > now_ms then places = places + 1 end
       end
     end
+    if kind == 'fair' or places > 0 then r[6] = places end
   elseif kind == 'rw' then
     r[6], r[7], r[8] = 0, 0, 0
     if h['w'] and lease(tonumber(h['wu'])) then
