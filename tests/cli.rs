@@ -387,3 +387,48 @@ fn printing_to_a_closed_pipe_ends_quietly_instead_of_panicking() {
         assert_ne!(status.code(), Some(101), "{args:?}: exit 101 is a panic");
     }
 }
+
+/// `exec` with its stderr closed before it writes (a journal stream that went away): its
+/// messages are dropped, and it exits with its contract's code, never 101 (a panic), leaving
+/// no lock held.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_with_a_closed_stderr_keeps_its_exit_codes_and_releases() {
+    let server = Standalone::start();
+    let url = server.url();
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+            .arg("--url")
+            .arg(&url)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run fencelock");
+        drop(child.stderr.take()); // the reader goes away before fencelock writes
+        child.wait().unwrap().code()
+    };
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let held = client
+        .lock("taken", &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert_eq!(run(&["exec", "-n", "taken", "true"]), Some(75));
+    held.release().await.unwrap();
+    assert_eq!(
+        run(&[
+            "exec",
+            "--ttl",
+            "30s",
+            "missing",
+            "--",
+            "/nonexistent/command"
+        ]),
+        Some(127)
+    );
+    let free = fencelock(&url, &["status", "missing", "--json"]);
+    assert!(
+        String::from_utf8_lossy(&free.stdout).contains("\"held\":false"),
+        "{}",
+        String::from_utf8_lossy(&free.stdout)
+    );
+}

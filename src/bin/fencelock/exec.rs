@@ -238,7 +238,7 @@ pub async fn take(
     }
     let quorum = matches!(target, Target::Quorum(_));
     if let Err(usage) = check_names(args).and_then(|()| check_quorum(args, quorum)) {
-        eprintln!("fencelock: {usage}");
+        say!("fencelock: {usage}");
         return Err(ExitCode::from(code::USAGE));
     }
     let connect = async {
@@ -261,7 +261,7 @@ pub async fn take(
         Ok(Ok(client)) => client,
         Ok(Err(err)) => return Err(fail(&err)),
         Err(received) => {
-            eprintln!(
+            say!(
                 "fencelock: {what} stopped by {} while connecting",
                 received.name
             );
@@ -302,7 +302,7 @@ pub async fn take(
                      its lease ends"
                 ),
             };
-            eprintln!(
+            say!(
                 "fencelock: {what} stopped by {} while waiting for lock {name:?}; {left}",
                 received.name
             );
@@ -315,7 +315,7 @@ pub async fn take(
 pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     let mut signals = Signals::install();
     let Some((program, rest)) = args.command.split_first() else {
-        eprintln!("fencelock: no command given: write it after NAME (or after --)");
+        say!("fencelock: no command given: write it after NAME (or after --)");
         return ExitCode::from(code::USAGE);
     };
     let args_lock = &args.lock;
@@ -330,7 +330,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
     let group = match Group::start() {
         Ok(group) => group,
         Err(err) => {
-            eprintln!("fencelock: cannot start the guardian of the command: {err}");
+            say!("fencelock: cannot start the guardian of the command: {err}");
             let _ = guard.release().await;
             return ExitCode::from(NOT_STARTED);
         }
@@ -350,7 +350,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
         Ok(child) => child,
         Err(err) => {
             group.kill().await;
-            eprintln!("fencelock: cannot run {program:?}: {err}");
+            say!("fencelock: cannot run {program:?}: {err}");
             let _ = guard.release().await;
             return ExitCode::from(NOT_STARTED);
         }
@@ -371,7 +371,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
             match guard.release().await {
                 Ok(()) => ExitCode::from(status),
                 Err(err) if err.is_lock_lost() => {
-                    eprintln!(
+                    say!(
                         "fencelock: lock {:?} (fence {fence}) was lost before the command \
                          finished (it exited with {status}): {err}",
                         name,
@@ -379,7 +379,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
                     ExitCode::from(code::LOCK_LOST)
                 }
                 Err(err) => {
-                    eprintln!(
+                    say!(
                         "fencelock: warning: the command finished but lock {:?} was not \
                          released ({err}); it frees itself when its TTL runs out",
                         name
@@ -400,7 +400,7 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
             // not go to someone else while the command is being stopped), and awaited: a
             // background release would not run once fencelock returns.
             let _ = guard.release().await;
-            eprintln!(
+            say!(
                 "fencelock: lost lock {:?} (fence {fence}) while the command ran: {reason}; the \
                  command was terminated",
                 name,

@@ -43,7 +43,7 @@ const GUARDIAN_IGNORES: [Signal; 7] = [
 pub fn guardian_main() -> std::process::ExitCode {
     if getpgrp() != getpid() {
         // Not started by fencelock: never kill a group this process does not lead.
-        eprintln!("fencelock: {GUARDIAN_ARG} is internal to fencelock exec");
+        say!("fencelock: {GUARDIAN_ARG} is internal to fencelock exec");
         return std::process::ExitCode::from(crate::code::USAGE);
     }
     let mut stdin = io::stdin().lock();

@@ -52,13 +52,11 @@ pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
         None => match guard.release().await {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) if err.is_lock_lost() => {
-                eprintln!(
-                    "fencelock: lock {name:?} (fence {fence}) was lost before the release: {err}"
-                );
+                say!("fencelock: lock {name:?} (fence {fence}) was lost before the release: {err}");
                 ExitCode::from(code::LOCK_LOST)
             }
             Err(err) => {
-                eprintln!(
+                say!(
                     "fencelock: lock {name:?} was not released ({err}); it frees itself when \
                      its TTL runs out"
                 );
@@ -68,7 +66,7 @@ pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
         Some(reason) => {
             let _ = guard.release().await;
             let _ = client.shutdown().await;
-            eprintln!("fencelock: lost lock {name:?} (fence {fence}) while holding it: {reason}");
+            say!("fencelock: lost lock {name:?} (fence {fence}) while holding it: {reason}");
             ExitCode::from(code::LOCK_LOST)
         }
     }

@@ -107,9 +107,7 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
             let id = id.unwrap_or_else(|| {
                 let id = uuid::Uuid::new_v4().simple().to_string();
                 if !args.quiet {
-                    eprintln!(
-                        "fencelock: counting down as id {id} (pass --id to make retries safe)"
-                    );
+                    say!("fencelock: counting down as id {id} (pass --id to make retries safe)");
                 }
                 id
             });
@@ -158,7 +156,7 @@ async fn wait(builder: ClientBuilder, name: &str, timeout: Duration, json: bool)
         }
         Ok(Err(err)) => fail(&err),
         Err(received) => {
-            eprintln!(
+            say!(
                 "fencelock: latch wait stopped by {} while waiting for latch {name:?}",
                 received.name
             );

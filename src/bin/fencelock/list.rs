@@ -28,7 +28,7 @@ pub struct ListArgs {
 
 fn truncation_note(list: &LockList) {
     if list.truncated {
-        eprintln!(
+        say!(
             "fencelock: stopped after scanning about {} keys (--max-keys): the list is incomplete",
             list.scanned
         );
@@ -55,14 +55,14 @@ pub async fn run(builder: ClientBuilder, args: ListArgs) -> ExitCode {
             }
             truncation_note(&list);
             if let Some(floor) = list.floor {
-                eprintln!(
+                say!(
                     "fencelock: note: the floor key holds {floor}, the last fence of locks whose \
                      keys the Redis module deleted: a fence floor taken from this list must be \
                      at least that"
                 );
             }
             for key in &list.skipped {
-                eprintln!(
+                say!(
                     "fencelock: warning: skipped key {key:?}: it has a lock's name under the \
                      prefix but is not a lock (another program's key?)"
                 );

@@ -13,6 +13,17 @@
 //! group if fencelock dies, forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to the group, and exits
 //! 70 also when the release finds that the lock was lost before the command finished.
 
+/// `eprintln!` that never panics: a message for people on stderr, dropped when stderr is closed
+/// (a broken pipe, a journal stream that went away). `eprintln!` panics there, and `exec` and
+/// `hold` keep running with SIGPIPE ignored so that a closed stderr cannot end the supervisor
+/// of a running command or the holder of a lock.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod argv;
 mod completions;
 mod duration;
@@ -491,7 +502,7 @@ fn script_commands(source: &str) -> Vec<String> {
 /// Prints a one-line error with its causes and returns the exit code for it.
 pub fn fail(error: &Error) -> ExitCode {
     if let Some(line) = missing_permission(error) {
-        eprintln!("fencelock: {}", secrets::redact(&line));
+        say!("fencelock: {}", secrets::redact(&line));
         return ExitCode::from(code::UNAVAILABLE);
     }
     let mut line = error.to_string();
@@ -509,7 +520,7 @@ pub fn fail(error: &Error) -> ExitCode {
     // newlines (a parse error quoting what the server sent).
     let line = secrets::redact(&line);
     let line = line.split_whitespace().collect::<Vec<_>>().join(" ");
-    eprintln!("fencelock: {line}");
+    say!("fencelock: {line}");
     ExitCode::from(match error {
         Error::Busy { .. } => code::NOT_ACQUIRED,
         // A call that did not take the lock in time: not acquired within --timeout (with
@@ -539,7 +550,7 @@ fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
     {
         Ok(runtime) => runtime.block_on(work),
         Err(err) => {
-            eprintln!("fencelock: cannot start the async runtime: {err}");
+            say!("fencelock: cannot start the async runtime: {err}");
             ExitCode::from(code::UNAVAILABLE)
         }
     }
@@ -553,7 +564,7 @@ pub fn print_json(value: &impl Serialize) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("fencelock: cannot write JSON: {err}");
+            say!("fencelock: cannot write JSON: {err}");
             ExitCode::from(code::UNAVAILABLE)
         }
     }
@@ -606,14 +617,14 @@ fn parse() -> Result<Cli, ExitCode> {
         }
         Err(err) if argv::env_error(&err, &Cli::command(), &argv).is_some() => {
             let line = argv::env_error(&err, &Cli::command(), &argv).unwrap_or_default();
-            eprintln!("fencelock: {}", secrets::redact(&line));
+            say!("fencelock: {}", secrets::redact(&line));
             Err(ExitCode::from(code::USAGE))
         }
         Err(err) if err.kind() == clap::error::ErrorKind::ValueValidation => {
             // One line: "invalid value '5ms' for '--ttl <TTL>': <why>".
             let text = err.render().to_string();
             let line = text.lines().next().unwrap_or_default();
-            eprintln!(
+            say!(
                 "fencelock: {}",
                 secrets::redact(line.trim_start_matches("error: "))
             );
@@ -641,7 +652,7 @@ fn init_tracing(verbose: u8) {
     let filter = match filter {
         Ok(filter) => filter,
         Err(err) => {
-            eprintln!("fencelock: RUST_LOG is not a usable filter ({err}): no events shown");
+            say!("fencelock: RUST_LOG is not a usable filter ({err}): no events shown");
             return;
         }
     };
@@ -665,7 +676,7 @@ fn main() -> ExitCode {
     };
     let locking = matches!(cli.command, Command::Exec(_) | Command::Hold(_));
     if cli.quorum && !locking {
-        eprintln!(
+        say!(
             "fencelock: --quorum applies to exec and hold only: run other commands per deployment"
         );
         return ExitCode::from(code::USAGE);
@@ -686,7 +697,7 @@ fn main() -> ExitCode {
     let credentials = match Credentials::read(&cli, connects) {
         Ok(credentials) => credentials,
         Err(message) => {
-            eprintln!("fencelock: {message}");
+            say!("fencelock: {message}");
             return ExitCode::from(code::USAGE);
         }
     };

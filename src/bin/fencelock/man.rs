@@ -30,7 +30,7 @@ pub fn run(args: ManArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             let place = dir.map_or("stdout".to_owned(), |d| d.display().to_string());
-            eprintln!("fencelock: cannot write the man page to {place}: {err}");
+            say!("fencelock: cannot write the man page to {place}: {err}");
             ExitCode::from(code::UNAVAILABLE)
         }
     }

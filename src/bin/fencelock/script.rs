@@ -27,7 +27,7 @@ pub fn run(args: ScriptArgs) -> ExitCode {
         }
         None => {
             let names: Vec<_> = fencelock::lua_scripts().map(|s| s.name).collect();
-            eprintln!(
+            say!(
                 "fencelock: no script named {name:?}; choose one of {}",
                 names.join(", ")
             );

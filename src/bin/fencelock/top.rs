@@ -350,7 +350,7 @@ pub async fn run(builder: ClientBuilder, prefix: String, args: TopArgs) -> ExitC
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
     ) else {
-        eprintln!("fencelock: cannot listen for signals");
+        say!("fencelock: cannot listen for signals");
         return ExitCode::from(code::UNAVAILABLE);
     };
     let terminal = LiveTerminal::enter();

@@ -38,7 +38,7 @@ struct Unlocked<'a> {
 pub async fn run(builder: ClientBuilder, args: UnlockArgs) -> ExitCode {
     let target = &args.target;
     if !args.force {
-        eprintln!(
+        say!(
             "fencelock: unlock needs --force: it frees {:?} whoever holds it (see `fencelock status`)",
             target.name
         );

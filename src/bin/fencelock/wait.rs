@@ -75,7 +75,7 @@ impl Progress {
                 .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
             {
                 state.printed = Some(Instant::now());
-                eprintln!(
+                say!(
                     "fencelock: waiting for {}: {}, lease ends in {}",
                     waiting.name,
                     state.holder,
