@@ -432,3 +432,18 @@ async fn exec_with_a_closed_stderr_keeps_its_exit_codes_and_releases() {
         String::from_utf8_lossy(&free.stdout)
     );
 }
+
+/// A mutex's command does not inherit an outer `exec --permits`'s FENCELOCK_PERMIT: the number
+/// is not its hold's.
+#[test]
+fn exec_of_a_mutex_clears_an_inherited_permit_number() {
+    let server = Standalone::start();
+    let output = Command::new(env!("CARGO_BIN_EXE_fencelock"))
+        .env("FENCELOCK_PERMIT", "5")
+        .args(["--url", &server.url(), "exec", "inner", "--", "sh", "-c"])
+        .arg("echo ${FENCELOCK_PERMIT-unset} $FENCELOCK_NAME")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "unset inner\n");
+}

@@ -342,6 +342,9 @@ pub async fn run(target: Target, args: ExecArgs) -> ExitCode {
         .env("FENCELOCK_NAME", &name);
     if let Hold::Permit(permit) = &guard {
         command.env("FENCELOCK_PERMIT", permit.permits()[0].number.to_string());
+    } else {
+        // An outer `exec --permits`'s number is not this hold's.
+        command.env_remove("FENCELOCK_PERMIT");
     }
     group.enter(&mut command);
     let spawned = command.spawn();
