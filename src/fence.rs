@@ -5,6 +5,7 @@ use std::fmt;
 use std::num::ParseIntError;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// A fencing token: a number that grows with every grant of a lock.
 ///
@@ -114,7 +115,11 @@ pub struct StaleFence {
 /// The storage side of fencing for in-process state: admits a token unless a higher one was seen.
 ///
 /// A holder may write many times under its token, so the gate admits tokens equal to the highest
-/// seen and rejects only lower ones. Use one gate per protected resource.
+/// seen and rejects only lower ones. Use one gate per protected resource, and admit every write
+/// with [`admit_with`](Self::admit_with), which runs the write under the gate: a check followed
+/// by a separate write lets a holder that paused between the two write after a newer holder.
+/// State kept across restarts keeps the highest token with it and restarts the gate with
+/// [`starting_at`](Self::starting_at).
 ///
 /// # Examples
 ///
@@ -122,16 +127,19 @@ pub struct StaleFence {
 /// use fencelock::{FenceGate, FenceToken};
 ///
 /// let gate = FenceGate::new();
+/// let mut stock = 10;
 /// let old = FenceToken::new(3).unwrap();
 /// let new = FenceToken::new(4).unwrap();
-/// assert!(gate.admit(old).is_ok());
-/// assert!(gate.admit(new).is_ok());
-/// let stale = gate.admit(old).unwrap_err();
-/// assert_eq!(stale.highest, new);
+/// assert!(gate.admit_with(old, || stock -= 1).is_ok());
+/// assert!(gate.admit_with(new, || stock -= 1).is_ok());
+/// let stale = gate.admit_with(old, || stock -= 1).unwrap_err();
+/// assert_eq!((stale.highest, stock), (new, 8));
 /// ```
 #[derive(Debug, Default)]
 pub struct FenceGate {
     highest: AtomicU64,
+    /// Held while an [`admit_with`](Self::admit_with) write runs.
+    writing: Mutex<()>,
 }
 
 impl FenceGate {
@@ -139,13 +147,52 @@ impl FenceGate {
     pub const fn new() -> Self {
         Self {
             highest: AtomicU64::new(0),
+            writing: Mutex::new(()),
         }
     }
 
-    /// Admits `token` if no higher token was admitted before, and records it.
+    /// A gate that has seen `highest` already: for state kept across a restart of its process,
+    /// with the highest token admitted kept beside it (a new gate would admit a stale holder's
+    /// token).
     ///
-    /// To make the check and the write atomic, hold your state's own lock around both, or use the
-    /// gate as the only guard of state that a single writer updates.
+    /// ```
+    /// use fencelock::{FenceGate, FenceToken};
+    ///
+    /// let gate = FenceGate::starting_at(FenceToken::new(7).unwrap());
+    /// assert!(gate.admit(FenceToken::new(6).unwrap()).is_err());
+    /// assert_eq!(gate.highest(), FenceToken::new(7));
+    /// ```
+    pub const fn starting_at(highest: FenceToken) -> Self {
+        Self {
+            highest: AtomicU64::new(highest.0),
+            writing: Mutex::new(()),
+        }
+    }
+
+    /// Admits `token` if no higher token was admitted before, records it, and runs `write`,
+    /// all under the gate: no write admitted later with a higher token runs before `write`
+    /// ends, so a stale holder's write cannot land after a newer holder's. Writes that must
+    /// wait on I/O (an `await`) hold the state's own lock around [`admit`](Self::admit) and
+    /// the write instead.
+    ///
+    /// # Errors
+    ///
+    /// [`StaleFence`] with the highest token seen when `token` is lower; `write` did not run.
+    pub fn admit_with<T>(
+        &self,
+        token: FenceToken,
+        write: impl FnOnce() -> T,
+    ) -> Result<T, StaleFence> {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.admit(token)?;
+        Ok(write())
+    }
+
+    /// Admits `token` if no higher token was admitted before, and records it: the check alone.
+    ///
+    /// To make the check and the write atomic, use [`admit_with`](Self::admit_with), or hold
+    /// your state's own lock around both; mixed with `admit_with` on one gate, a write admitted
+    /// here does not wait for one running there.
     ///
     /// # Errors
     ///

@@ -17,9 +17,8 @@
 //!     let guard = client
 //!         .lock("orders:42", &LockOptions::new().ttl(Duration::from_secs(10)))
 //!         .await?;
-//!     if gate.admit(guard.fence()).is_ok() {
-//!         // write the order
-//!     }
+//!     // The check and the write in one step: a paused older holder cannot write after.
+//!     let _written = gate.admit_with(guard.fence(), || { /* write the order */ });
 //!     guard.release().await
 //! }
 //! ```
