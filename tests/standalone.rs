@@ -676,6 +676,24 @@ async fn fenced_set_rejects_lower_fences_and_reports_the_highest() {
         client.fenced_set("", new.fence(), "x").await,
         Err(Error::InvalidName { .. })
     ));
+    // A fence field another program wrote is refused, not read as some number (`nan` admitted
+    // every write, `0x10` read as 16, `1e20` overflowed the reply).
+    for foreign in ["nan", "abc", "0x10", "1e20", "9007199254740992", ""] {
+        let _: i64 = server.node.cmd(
+            redis::cmd("HSET")
+                .arg("stock:foreign")
+                .arg("fence")
+                .arg(foreign),
+        );
+        let err = client
+            .fenced_set("stock:foreign", new.fence(), "1")
+            .await
+            .expect_err(foreign);
+        assert!(
+            matches!(&err, Error::Redis { .. }) && err.to_string().contains("not a fence token"),
+            "{foreign:?}: {err}"
+        );
+    }
     new.release().await.unwrap();
 }
 
