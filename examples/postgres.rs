@@ -32,7 +32,9 @@ pub const UPSERT_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS balance (
 /// The same holder may write several times under one token, so equal fences are admitted.
 /// A token fits in `bigint`: fencelock keeps them below 2^53.
 ///
-/// Returns `Ok(Err(StaleFence))` with the row's current fence when the write was rejected.
+/// Returns `Ok(Err(StaleFence))` with the row's current fence when the write was rejected. A
+/// row that does not exist is an error (`query_one` finds no row): this writes existing rows
+/// only; [`fenced_upsert`] creates them.
 pub async fn fenced_update(
     pg: &Pg,
     sku: &str,
