@@ -647,3 +647,30 @@ async fn at_maxmemory_inspect_and_force_unlock_still_run() {
         .node
         .cmd::<()>(redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"));
 }
+
+/// A lease end another program wrote (`inf`, a fraction) is no live lease: inspection never
+/// reports a hold without one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_end_that_is_not_whole_milliseconds_is_no_live_hold() {
+    let server = Standalone::start();
+    let admin = connect(vec![server.url()]).await;
+    for until in ["inf", "1e300", "99999999999999999999", "4102444800000.5"] {
+        // Key layout 1 (fields owner, until, fence), as an older client wrote it.
+        let _: i64 = server.node.cmd(
+            redis::cmd("HSET")
+                .arg("fencelock:{odd}:lock")
+                .arg("owner")
+                .arg("someone")
+                .arg("until")
+                .arg(until)
+                .arg("fence")
+                .arg(3),
+        );
+        let seen = admin.inspect(Kind::Mutex, "odd").await.unwrap();
+        assert_eq!(
+            (seen.held, seen.lease_left, seen.fence),
+            (false, None, FenceToken::new(3)),
+            "until {until}: {seen:?}"
+        );
+    }
+}
