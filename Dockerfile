@@ -19,11 +19,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM debian:bookworm-slim AS runtime
 # ca-certificates: `rediss://` URLs verify servers against the platform's roots by default.
+# tini runs as PID 1: it reaps the processes a command run by `fencelock exec` leaves orphaned
+# (fencelock waits only for its own command) and passes signals on to fencelock.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates \
+    && apt-get install -y --no-install-recommends ca-certificates tini \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /usr/local/bin/fencelock /usr/local/bin/fencelock
-ENTRYPOINT ["fencelock"]
+ENTRYPOINT ["tini", "--", "fencelock"]
 
 # For cluster-compose/: socat forwards 127.0.0.1:<port> to each node, so the addresses the
 # cluster announces (127.0.0.1:7000-7005) lead to the nodes from inside this container too.
