@@ -740,3 +740,43 @@ async fn stats_count_grants_contention_and_losses() {
     );
     assert_eq!(client.clone().stats(), stats, "clones share the counters");
 }
+
+/// Two standalone servers are two places a lock could live: a client refuses them, rather than
+/// keeping each lock on whichever server answered its probe first.
+#[tokio::test(flavor = "multi_thread")]
+async fn several_standalone_servers_are_refused_as_one_deployment() {
+    let (a, b) = (Standalone::start(), Standalone::start());
+    let err = Client::connect([a.url(), b.url()]).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidConfig { .. }) && err.to_string().contains("standalone"),
+        "{err}"
+    );
+    // One of them alone is fine.
+    Client::connect([a.url()]).await.unwrap();
+}
+
+/// A URL that names a user and no password authenticates as that user (with an empty
+/// password), never silently as `default`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_with_a_user_and_no_password_is_that_user() {
+    let server = Standalone::start();
+    let _: () = server.node.cmd(
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("locks")
+            .arg("on")
+            .arg("nopass")
+            .arg("-@all"),
+    );
+    let url = format!("redis://locks@127.0.0.1:{}", server.node.port);
+    // The user may run nothing: its first command (the probe's INFO) is refused.
+    let err = Client::connect([url]).await.map(|_| ()).unwrap_err();
+    let cause = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        matches!(&err, Error::Connect { .. })
+            && cause
+                .as_deref()
+                .is_some_and(|c| c.contains("NOPERM") || c.contains("permission")),
+        "{err}: {cause:?}"
+    );
+}

@@ -79,16 +79,25 @@ impl Seeds {
                     }
                     if let Some(password) = password {
                         settings = settings.set_password(password);
-                    } else if username.is_some() && settings.password().is_none() {
-                        // redis-rs authenticates only with a password: without one the
-                        // connection would silently be the `default` user's.
-                        settings = settings.set_password("");
                     }
                     info.set_redis_settings(settings)
                 })
                 .collect(),
         ))
     }
+}
+
+/// `info` as it must reach redis-rs: with a user and no password, an empty password, as
+/// redis-rs authenticates only with a password (without one the connection would silently be
+/// the `default` user's, whether the user came from a URL such as `redis://locks@host` or from
+/// the builder).
+fn authenticating(info: ConnectionInfo) -> ConnectionInfo {
+    let settings = info.redis_settings();
+    if settings.username().is_none() || settings.password().is_some() {
+        return info;
+    }
+    let settings = settings.clone().set_password("");
+    info.set_redis_settings(settings)
 }
 
 impl std::fmt::Debug for Seeds {
@@ -145,6 +154,7 @@ impl Endpoint {
                 return Self::given((**client).clone(), timeouts, retries, tls_files).await
             }
         };
+        let seeds: Vec<ConnectionInfo> = seeds.into_iter().map(authenticating).collect();
         let certs = tls::prepare(tls_files, &seeds)?;
         let seeds = seeds
             .into_iter()
@@ -157,6 +167,17 @@ impl Endpoint {
             .join(", ");
         let probed = tokio::time::Instant::now();
         let (topology, live) = probe_all(&seeds, timeouts, &nodes).await?;
+        if topology == Topology::Standalone && seeds.len() > 1 {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "{} URLs were given ({nodes}), and {} runs standalone: a standalone \
+                     deployment is one server, and a lock kept on whichever of several servers \
+                     answers first is not one lock; give that server's one URL, or use a cluster",
+                    seeds.len(),
+                    live[0].addr()
+                ),
+            });
+        }
         let opener = match topology {
             Topology::Cluster => Opener::Cluster(
                 cluster_builder(&seeds, timeouts, retries, certs.as_ref())
