@@ -27,9 +27,10 @@ local function inspect(kind)
   end
   local r = {#flat > 0 and 1 or 0, 0, tonumber(h['fence']) or 0, -1, 0, -1, -1, -1, -1}
   local function lease(ends)
-    -- A lease end is whole milliseconds below 2^53: anything else (`inf`, written by another
-    -- program) is no live lease.
-    if ends and ends > now_ms and ends < 9007199254740992 and ends == math.floor(ends) then
+    -- A lease end is whole milliseconds that fit Redis's expiry clock (a TTL of up to
+    -- MAX_TTL, half of it, puts it past 2^53): anything else (`inf`, `1e300`, written by
+    -- another program) is no live lease.
+    if ends and ends > now_ms and ends < 9e18 and ends == math.floor(ends) then
       r[2] = 1
       if ends - now_ms > r[4] then r[4] = ends - now_ms end
       return true
