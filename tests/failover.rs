@@ -341,3 +341,41 @@ fn a_paused_master_does_not_hang_the_cli() {
     replica.resume();
     master.resume();
 }
+
+/// A client given one seed, the master that then stops answering: after the promotion it
+/// reaches the cluster through the nodes the slot map named, not only through its seed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_whose_one_seed_stopped_answering_reaches_the_promoted_replica() {
+    let cluster = Cluster::start();
+    let probe = Client::connect(cluster.urls()).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(5));
+    let slot = probe
+        .try_lock("acct:2", &options)
+        .await
+        .unwrap()
+        .keys()
+        .slot();
+    let master = cluster.master_of_slot(slot);
+    let (master_port, replica_port) = (master.port, cluster.replica_of(master.port).port);
+    let client = Client::builder([format!("redis://127.0.0.1:{master_port}")])
+        .request_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
+    client
+        .lock("acct:2", &options.clone().timeout(Duration::from_secs(10)))
+        .await
+        .expect("before the pause")
+        .release()
+        .await
+        .unwrap();
+
+    master.pause();
+    cluster.promote(replica_port, "TAKEOVER", slot, &[master_port]);
+    let guard = client
+        .lock("acct:2", &options.clone().timeout(Duration::from_secs(20)))
+        .await
+        .expect("acquisition through the promoted replica, with the one seed paused");
+    guard.release().await.unwrap();
+    master.resume();
+}

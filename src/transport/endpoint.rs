@@ -3,6 +3,7 @@
 //! main connection, the WAIT lanes and the waiters' subscriber; URL parsing and the redaction
 //! of passwords in messages.
 
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use redis::aio::{AsyncPushSender, ConnectionManagerConfig};
@@ -124,6 +125,11 @@ pub(crate) struct Endpoint {
     opener: Opener,
     timeouts: Timeouts,
     seeds: Vec<ConnectionInfo>,
+    /// The cluster's other nodes, from the last `CLUSTER SLOTS` read ([`learn`](Self::learn)):
+    /// probed with the seeds when a connection is opened again, so a client whose seeds all
+    /// stopped answering (its one seed, a master that failed over) reaches the nodes that
+    /// serve now.
+    known: std::sync::Mutex<Vec<ConnectionInfo>>,
     retries: u32,
     /// Applied to every connection: the seeds carry them, and every cluster builder.
     certs: Option<tls::Certs>,
@@ -196,6 +202,7 @@ impl Endpoint {
             opener,
             timeouts,
             seeds,
+            known: std::sync::Mutex::default(),
             retries,
             certs,
         };
@@ -225,6 +232,7 @@ impl Endpoint {
             opener: Opener::Given(client),
             timeouts,
             seeds: Vec::new(),
+            known: std::sync::Mutex::default(),
             retries,
             certs: None,
         };
@@ -249,7 +257,7 @@ impl Endpoint {
                 .map(Connection::Cluster);
         }
         let probed = tokio::time::Instant::now();
-        let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+        let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
         self.connect_live(live, probed).await
     }
 
@@ -278,7 +286,7 @@ impl Endpoint {
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RECONNECT_PAUSE))
                 .await;
             let again = async {
-                let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+                let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
                 self.connect_through(&live).await
             };
             match tokio::time::timeout_at(deadline, again).await {
@@ -350,6 +358,48 @@ impl Endpoint {
         }
     }
 
+    /// Remembers the nodes of a `CLUSTER SLOTS` reply (masters and replicas) that are not
+    /// seeds, reached as the first seed is (its credentials, database, TLS settings), for the
+    /// next time a connection is opened. Nothing for a standalone server or a client built
+    /// from a cluster client (no seeds).
+    pub(crate) fn learn(&self, reply: &redis::Value) {
+        let Some(first) = self.seeds.first() else {
+            return;
+        };
+        if self.topology != Topology::Cluster {
+            return;
+        }
+        let mut known: Vec<ConnectionInfo> = Vec::new();
+        for (host, port) in node_addresses(reply) {
+            let addr = match first.addr() {
+                redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host, port),
+                redis::ConnectionAddr::TcpTls {
+                    insecure,
+                    tls_params,
+                    ..
+                } => redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => continue,
+            };
+            let seen = |info: &ConnectionInfo| *info.addr() == addr;
+            if !self.seeds.iter().any(seen) && !known.iter().any(seen) {
+                known.push(first.clone().set_addr(addr));
+            }
+        }
+        *self.known.lock().unwrap_or_else(PoisonError::into_inner) = known;
+    }
+
+    /// The nodes to probe when a connection is opened again: the seeds, then the nodes
+    /// [`learn`](Self::learn) found.
+    fn candidates(&self) -> Vec<ConnectionInfo> {
+        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        self.seeds.iter().chain(known.iter()).cloned().collect()
+    }
+
     /// Whether the nodes are reached over TLS (`rediss://`).
     fn uses_tls(&self) -> bool {
         self.seeds.iter().any(is_tls)
@@ -369,7 +419,7 @@ impl Endpoint {
                 .await
                 .map(Subscriber::Cluster);
         }
-        let (_, live) = probe_all(&self.seeds, self.timeouts, &self.nodes).await?;
+        let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
         match self.topology {
             Topology::Cluster => {
                 let builder =
@@ -466,6 +516,43 @@ fn config_error(target: &str, source: RedisError) -> Error {
     Error::InvalidConfig {
         reason: format!("cannot configure a client for {target}: {source}"),
     }
+}
+
+/// The address of every node (master or replica) in a `CLUSTER SLOTS` reply, each once; nodes
+/// whose address is unknown (an empty host, port 0) left out.
+fn node_addresses(reply: &redis::Value) -> Vec<(String, u16)> {
+    use redis::Value;
+    let mut found: Vec<(String, u16)> = Vec::new();
+    let Value::Array(ranges) = reply else {
+        return found;
+    };
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            continue;
+        };
+        for node in fields.iter().skip(2) {
+            let Value::Array(node) = node else {
+                continue;
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                Some(Value::SimpleString(text)) => text.clone(),
+                _ => continue,
+            };
+            let port = match node.get(1) {
+                Some(Value::Int(port)) => u16::try_from(*port).unwrap_or(0),
+                _ => 0,
+            };
+            if !host.is_empty()
+                && host != "?"
+                && port != 0
+                && !found.contains(&(host.clone(), port))
+            {
+                found.push((host, port));
+            }
+        }
+    }
+    found
 }
 
 #[cfg(test)]

@@ -149,13 +149,15 @@ impl Transport {
     pub(crate) async fn cluster_slots(&self) -> Result<Value> {
         let mut conn = self.connection();
         let cmd = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
-        bounded(
+        let reply = bounded(
             "*",
             Operation::ClusterSlots,
             self.request_timeout,
             cmd.query_async(&mut conn),
         )
-        .await
+        .await?;
+        self.endpoint().learn(&reply);
+        Ok(reply)
     }
 
     /// With [`ModuleUse::Required`], checks that every master loads fencelock's Redis module
@@ -486,6 +488,12 @@ impl Transport {
         }
         let transport = Arc::clone(self);
         runtime.spawn(async move {
+            if transport.topology() == Topology::Cluster {
+                // The nodes serving now, for when every seed stopped answering: the old
+                // connection still reaches some node (one bounded call; a failure leaves the
+                // nodes learnt before).
+                let _ = transport.cluster_slots().await;
+            }
             match transport.endpoint().main_connection().await {
                 Ok(conn) => {
                     *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
