@@ -248,8 +248,9 @@ impl Batcher {
             .fetch_add(calls as u64, Ordering::Relaxed);
     }
 
-    /// Reads the slot map again in the background (one read at a time).
-    fn refresh(&self, transport: &Arc<Transport>) {
+    /// Reads the slot map again in the background (one read at a time); a map that cannot
+    /// be read leaves the one read before.
+    pub(super) fn refresh(&self, transport: &Arc<Transport>) {
         if self.topology != Topology::Cluster || self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -259,19 +260,20 @@ impl Batcher {
         };
         let transport = Arc::clone(transport);
         runtime.spawn(async move {
-            let map = match transport.cluster_slots().await {
-                Ok(reply) => SlotMap::parse(&reply),
-                Err(err) => {
-                    tracing::debug!(error = %err, "cannot read the slot map: calls go one by one");
-                    SlotMap::default()
-                }
-            };
             let batcher = &transport.batcher;
-            *batcher
-                .slots
-                .write()
-                .unwrap_or_else(PoisonError::into_inner) = map;
-            transport.modules.forget();
+            match transport.cluster_slots().await {
+                Ok(reply) => {
+                    let map = SlotMap::parse(&reply);
+                    *batcher
+                        .slots
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner) = map;
+                    transport.modules.forget();
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "cannot read the slot map: the last one stays");
+                }
+            }
             batcher.refreshing.store(false, Ordering::Release);
         });
     }

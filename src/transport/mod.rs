@@ -499,6 +499,8 @@ impl Transport {
                     *transport.conn.write().unwrap_or_else(PoisonError::into_inner) = conn;
                     transport.failures.store(0, Ordering::Release);
                     transport.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    // The batching drivers' map of which node serves a slot, read anew.
+                    transport.batcher.refresh(&transport);
                     #[cfg(feature = "metrics")]
                     metrics::counter!(
                         crate::stats::names::CONNECTION_REBUILDS,
