@@ -125,7 +125,8 @@ impl Histogram {
     }
 
     /// An upper bound for the `q` quantile (0.0..=1.0): the top of the bucket it falls in, so
-    /// at most twice the true value. Zero when empty.
+    /// at most twice the true value; `Duration::MAX` past 2^39 µs (about 6.4 days), the last
+    /// bucket's bottom. Zero when empty.
     pub fn quantile(&self, q: f64) -> Duration {
         let count = self.count();
         if count == 0 {
@@ -136,10 +137,10 @@ impl Histogram {
         for (i, n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                return Duration::from_micros(1u64 << i);
+                return upper_bound(i);
             }
         }
-        Duration::from_micros(1u64 << (BUCKETS - 1))
+        upper_bound(BUCKETS - 1)
     }
 
     /// `(upper bound, count)` per non-empty bucket, shortest first.
@@ -148,8 +149,17 @@ impl Histogram {
             .iter()
             .enumerate()
             .filter(|(_, n)| **n > 0)
-            .map(|(i, n)| (Duration::from_micros(1u64 << i), *n))
+            .map(|(i, n)| (upper_bound(i), *n))
     }
+}
+
+/// The top of bucket `i`: 2^i µs, and for the last, which takes every longer value too,
+/// `Duration::MAX`.
+fn upper_bound(i: usize) -> Duration {
+    if i + 1 >= BUCKETS {
+        return Duration::MAX;
+    }
+    Duration::from_micros(1u64 << i)
 }
 
 /// The live histogram behind [`Histogram`].
@@ -182,7 +192,10 @@ impl LiveHistogram {
         let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         let bucket = (64 - micros.leading_zeros() as usize).min(BUCKETS - 1);
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        // Each value counts at most 2^44 µs (203 days) in the sum: a huge one (a hold of
+        // `Duration::MAX`) must not wrap it round to a tiny mean.
+        self.sum_micros
+            .fetch_add(micros.min(1 << 44), Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         metrics::histogram!(self.name, "kind" => kind).record(value.as_secs_f64());
         #[cfg(not(feature = "metrics"))]
@@ -365,5 +378,21 @@ mod tests {
         assert!(h.quantile(1.0) >= Duration::from_millis(100));
         assert_eq!(h.mean(), Duration::from_micros(50_500));
         assert_eq!(Histogram::default().quantile(0.9), Duration::ZERO);
+    }
+
+    #[test]
+    fn values_past_the_last_bucket_are_bounded_by_duration_max_and_do_not_wrap_the_sum() {
+        let live = LiveHistogram::default();
+        live.record("mutex", Duration::from_secs(86_400));
+        live.record("mutex", Duration::MAX);
+        live.record("mutex", Duration::MAX);
+        let h = live.snapshot();
+        assert_eq!(
+            h.quantile(1.0),
+            Duration::MAX,
+            "the last bucket has no finite top"
+        );
+        assert_eq!(h.buckets().last(), Some((Duration::MAX, 2)));
+        assert!(h.mean() > Duration::from_secs(86_400), "{:?}", h.mean());
     }
 }
