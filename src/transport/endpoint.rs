@@ -126,8 +126,8 @@ pub(crate) struct Endpoint {
     timeouts: Timeouts,
     seeds: Vec<ConnectionInfo>,
     /// The cluster's other nodes, from the last `CLUSTER SLOTS` read ([`learn`](Self::learn)):
-    /// probed with the seeds when a connection is opened again, so a client whose seeds all
-    /// stopped answering (its one seed, a master that failed over) reaches the nodes that
+    /// probed when a connection is opened again and no seed answers, so a client whose seeds
+    /// all stopped answering (its one seed, a master that failed over) reaches the nodes that
     /// serve now.
     known: std::sync::Mutex<Vec<ConnectionInfo>>,
     retries: u32,
@@ -257,7 +257,7 @@ impl Endpoint {
                 .map(Connection::Cluster);
         }
         let probed = tokio::time::Instant::now();
-        let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
+        let live = self.probe_again().await?;
         self.connect_live(live, probed).await
     }
 
@@ -286,7 +286,7 @@ impl Endpoint {
             tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + RECONNECT_PAUSE))
                 .await;
             let again = async {
-                let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
+                let live = self.probe_again().await?;
                 self.connect_through(&live).await
             };
             match tokio::time::timeout_at(deadline, again).await {
@@ -393,11 +393,27 @@ impl Endpoint {
         *self.known.lock().unwrap_or_else(PoisonError::into_inner) = known;
     }
 
-    /// The nodes to probe when a connection is opened again: the seeds, then the nodes
-    /// [`learn`](Self::learn) found.
-    fn candidates(&self) -> Vec<ConnectionInfo> {
-        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-        self.seeds.iter().chain(known.iter()).cloned().collect()
+    /// The nodes that answer a probe now, for a connection opened again: the seeds, or, when
+    /// none of them does, the nodes [`learn`](Self::learn) found (asked only then, so that
+    /// what they answer, a refused TLS name for an address the certificate does not name,
+    /// cannot fail a connection the seeds would open). The seeds' failure when neither works.
+    async fn probe_again(&self) -> Result<Vec<ConnectionInfo>> {
+        let err = match probe_all(&self.seeds, self.timeouts, &self.nodes).await {
+            Ok((_, live)) => return Ok(live),
+            Err(err) => err,
+        };
+        let known = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if known.is_empty() {
+            return Err(err);
+        }
+        match probe_all(&known, self.timeouts, &self.nodes).await {
+            Ok((_, live)) => Ok(live),
+            Err(_) => Err(err),
+        }
     }
 
     /// Whether the nodes are reached over TLS (`rediss://`).
@@ -419,7 +435,7 @@ impl Endpoint {
                 .await
                 .map(Subscriber::Cluster);
         }
-        let (_, live) = probe_all(&self.candidates(), self.timeouts, &self.nodes).await?;
+        let live = self.probe_again().await?;
         match self.topology {
             Topology::Cluster => {
                 let builder =
