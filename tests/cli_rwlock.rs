@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cli::{finish, kill};
+use common::cli::{assert_died_by, finish, kill};
 use common::{wait_until, Standalone};
 use fencelock::{Client, LockOptions};
 
@@ -306,7 +306,7 @@ async fn sigterm_to_a_waiting_write_multi_lock_frees_the_member_taken_at_once() 
     });
     kill(&waiter, libc::SIGTERM);
     let output = finish(waiter);
-    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGTERM);
     assert!(
         stderr(&output).contains("stopped by SIGTERM while waiting for lock \"a b\""),
         "{}",

@@ -1,6 +1,6 @@
 //! `fencelock exec`, `hold` and `latch wait` while they wait, as a user types them, against a
 //! real server: a signal while waiting withdraws what the wait holds (a writer's intent, a fair
-//! waiter's place, multi-lock members taken) and exits 128 + the signal's number; `hold NAME`;
+//! waiter's place, multi-lock members taken) and dies by the signal; `hold NAME`;
 //! `exec NAME CMD` without `--`, `-n`/`-w`; the in-place status line on a terminal; strict
 //! boolean environment switches.
 
@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cli::{finish, kill};
+use common::cli::{assert_died_by, finish, kill};
 use common::{wait_until, Standalone};
 use fencelock::{Client, LockOptions};
 
@@ -59,7 +59,7 @@ fn places(node: &common::Node, key: &str) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn sigterm_to_a_waiting_writer_withdraws_its_intent_and_exits_143() {
+async fn sigterm_to_a_waiting_writer_withdraws_its_intent_and_dies_by_it() {
     let server = Standalone::start();
     let url = server.url();
     let key = "fencelock:{files}:rw";
@@ -72,7 +72,7 @@ async fn sigterm_to_a_waiting_writer_withdraws_its_intent_and_exits_143() {
     });
     kill(&writer, libc::SIGTERM);
     let output = finish(writer);
-    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGTERM);
     assert!(
         stderr(&output).contains("stopped by SIGTERM while waiting for lock \"files\""),
         "{}",
@@ -87,7 +87,7 @@ async fn sigterm_to_a_waiting_writer_withdraws_its_intent_and_exits_143() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn sigint_to_a_waiting_fair_exec_gives_up_its_place_and_exits_130() {
+async fn sigint_to_a_waiting_fair_exec_gives_up_its_place_and_dies_by_it() {
     let server = Standalone::start();
     let url = server.url();
     let key = "fencelock:{queue}:fair";
@@ -100,7 +100,7 @@ async fn sigint_to_a_waiting_fair_exec_gives_up_its_place_and_exits_130() {
     });
     kill(&waiter, libc::SIGINT);
     let output = finish(waiter);
-    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGINT);
     assert_eq!(places(&server.node, key), 0, "place withdrawn");
     // The next fair taker is not queued behind a place nobody holds.
     holder.release().await.unwrap();
@@ -109,8 +109,49 @@ async fn sigint_to_a_waiting_fair_exec_gives_up_its_place_and_exits_130() {
     next.release().await.unwrap();
 }
 
+/// Ctrl-C in a terminal signals the foreground process group: the shell running a script and
+/// the fencelock it waits for. bash carries on after a child that exits (even with 130: it takes
+/// that as a child that handled SIGINT), and stops only when the child died by SIGINT.
 #[tokio::test(flavor = "multi_thread")]
-async fn sighup_to_a_waiting_multi_lock_frees_the_member_taken_and_exits_129() {
+async fn ctrl_c_while_exec_waits_stops_the_calling_script() {
+    use std::os::unix::process::CommandExt;
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{queue}:fair";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let holder = client.try_fair_lock("queue", &options()).await.unwrap();
+
+    let script = format!(
+        "'{}' --url '{url}' exec --fair --ttl 30s queue true; echo carried on",
+        env!("CARGO_BIN_EXE_fencelock")
+    );
+    let shell = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .env_remove("FENCELOCK_URL")
+        .env_remove("FENCELOCK_FAIR")
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run bash");
+    wait_until("the exec's place", Duration::from_secs(10), || {
+        places(&server.node, key) == 1
+    });
+    // SAFETY: kill(2) on the process group this test started.
+    assert_eq!(unsafe { libc::kill(-(shell.id() as i32), libc::SIGINT) }, 0);
+    let output = finish(shell);
+    assert!(
+        !stdout(&output).contains("carried on"),
+        "the script went on"
+    );
+    assert_died_by(&output, libc::SIGINT);
+    assert_eq!(places(&server.node, key), 0, "place withdrawn");
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_to_a_waiting_multi_lock_frees_the_member_taken_and_dies_by_it() {
     let server = Standalone::start();
     let url = server.url();
     // Members are taken in slot order: the first in that order is free, the second held.
@@ -139,7 +180,7 @@ async fn sighup_to_a_waiting_multi_lock_frees_the_member_taken_and_exits_129() {
     });
     kill(&waiter, libc::SIGHUP);
     let output = finish(waiter);
-    assert_eq!(output.status.code(), Some(129), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGHUP);
     assert!(!server.node.held(&free_key), "member freed");
     let taken = client.try_lock(free, &options()).await.unwrap();
     taken.release().await.unwrap();
@@ -164,7 +205,7 @@ async fn sigterm_to_a_waiting_permit_exec_leaves_the_semaphore_as_it_was() {
     assert!(line.contains("waiting for pool"), "{line}");
     kill(&waiter, libc::SIGTERM);
     let output = finish(waiter);
-    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGTERM);
     // The refused acquire's mark (`waiters`: the next release announces) may stay, as the
     // mutex's does; nothing else of the wait (no reservation, no permit).
     let mut after: Vec<String> = server.node.cmd(redis::cmd("HKEYS").arg(key));
@@ -376,7 +417,7 @@ async fn waiting_on_a_terminal_redraws_one_status_line() {
 }
 
 #[test]
-fn sigterm_to_latch_wait_exits_143() {
+fn sigterm_to_latch_wait_ends_it_by_that_signal() {
     let server = Standalone::start();
     let url = server.url();
     let set = fencelock(&url, &["latch", "set", "gate", "1"]);
@@ -389,7 +430,7 @@ fn sigterm_to_latch_wait_exits_143() {
     });
     kill(&waiter, libc::SIGTERM);
     let output = finish(waiter);
-    assert_eq!(output.status.code(), Some(143), "{}", stderr(&output));
+    assert_died_by(&output, libc::SIGTERM);
 }
 
 /// Whether `text` has a duration written to more than one decimal (`1.0040633s`,

@@ -1,5 +1,6 @@
 //! Helpers for the tests that drive the `fencelock` binary as child processes.
 
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
@@ -21,4 +22,16 @@ pub fn finish(mut child: Child) -> Output {
         std::thread::sleep(Duration::from_millis(10));
     }
     child.wait_with_output().unwrap()
+}
+
+/// Asserts that `output`'s process died by `signal` (a shell reports 128 + its number), as
+/// fencelock does when a signal ends its wait, so that a calling script stops.
+pub fn assert_died_by(output: &Output, signal: i32) {
+    assert_eq!(
+        output.status.signal(),
+        Some(signal),
+        "{:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

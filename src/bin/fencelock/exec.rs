@@ -212,7 +212,8 @@ impl Connected {
 
 /// Connects to `target` and takes the hold `args` ask for, showing the wait; a signal on the
 /// way ends it: what the wait holds is withdrawn (the acquisition's cancel-safe drop, then
-/// [`Client::shutdown`] so the undos reach Redis) and the exit code is 128 + the signal.
+/// [`Client::shutdown`] so the undos reach Redis) and `main` dies by the signal
+/// ([`Received::end`](crate::signals::Received::end)).
 ///
 /// `what` names the command in messages (`exec`, `hold`).
 pub async fn take(
@@ -265,7 +266,7 @@ pub async fn take(
                 "fencelock: {what} stopped by {} while connecting",
                 received.name
             );
-            return Err(received.exit_code());
+            return Err(received.end());
         }
     };
     let name = args.names.join(" ");
@@ -306,7 +307,7 @@ pub async fn take(
                 "fencelock: {what} stopped by {} while waiting for lock {name:?}; {left}",
                 received.name
             );
-            Err(received.exit_code())
+            Err(received.end())
         }
     }
 }

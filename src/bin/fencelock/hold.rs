@@ -7,7 +7,7 @@
 //! held (expired, or freed by `unlock --force`), 75 when not acquired within `--timeout`, 64
 //! for bad input, 69 when Redis cannot be reached (also when the release cannot reach it: the
 //! lock then frees itself at the end of its TTL); a signal while waiting withdraws what the
-//! wait holds and exits 128 + the signal's number, as for exec.
+//! wait holds and dies by the signal (a shell reports 128 + its number), as for exec.
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -2,8 +2,9 @@
 //!
 //! `set NAME COUNT` prints the new generation; `count-down NAME [--id ID]` prints the count
 //! still outstanding; `wait NAME [--timeout D]` prints the generation that opened and exits 0,
-//! or exits 75 when the latch did not open in time; a signal while it waits ends it with 128 +
-//! the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP). 64 bad input, 69 Redis
+//! or exits 75 when the latch did not open in time; a signal while it waits ends it by that
+//! signal (a shell reports 128 + its number: 130 SIGINT, 143 SIGTERM, 129 SIGHUP; SIGQUIT
+//! exits 131). 64 bad input, 69 Redis
 //! unreachable. With `--json` each prints one JSON object instead (see `docs/cli-json.md`).
 
 use std::process::ExitCode;
@@ -133,8 +134,8 @@ pub async fn run(builder: ClientBuilder, args: LatchArgs) -> ExitCode {
 }
 
 /// `latch wait`: SIGINT, SIGTERM, SIGHUP and SIGQUIT are caught before it connects and end
-/// the wait (its subscription is dropped; a latch wait holds nothing) with 128 + the signal's
-/// number.
+/// the wait (its subscription is dropped; a latch wait holds nothing); `main` then dies by
+/// the signal ([`Received::end`](crate::signals::Received::end)).
 async fn wait(builder: ClientBuilder, name: &str, timeout: Duration, json: bool) -> ExitCode {
     let mut signals = Signals::install();
     let waited = signals
@@ -160,7 +161,7 @@ async fn wait(builder: ClientBuilder, name: &str, timeout: Duration, json: bool)
                 "fencelock: latch wait stopped by {} while waiting for latch {name:?}",
                 received.name
             );
-            received.exit_code()
+            received.end()
         }
     }
 }

@@ -5,8 +5,9 @@
 //! `--timeout` (with `--quorum` also when fewer than a majority of the deployments answer); 76
 //! when fewer replicas than `--wait-replicas` confirmed; 70 when the lock was lost while the
 //! command ran (the command is terminated); 64 for bad input; 69 when Redis cannot be reached;
-//! 127 when the command cannot be started; 128 + N when signal N (SIGINT, SIGTERM, SIGHUP,
-//! SIGQUIT) arrived before the lock was held (what the wait held is withdrawn first). `hold`
+//! 127 when the command cannot be started; when signal N (SIGINT, SIGTERM, SIGHUP) arrived
+//! before the lock was held, what the wait held is withdrawn and fencelock then dies by that
+//! signal (a shell reports 128 + N, and a calling script stops at Ctrl-C); SIGQUIT exits 131. `hold`
 //! exits 0 once released on a signal, otherwise as `exec`.
 //!
 //! `exec` runs the command in its own process group with a guardian process that kills the whole
@@ -149,7 +150,8 @@ replicas confirmed; 70 lock lost while the command ran (the command is terminate
 lost at the release; 64 bad input; 69 Redis unreachable (or not answering a call other than \
 the acquire); 127 the command cannot be started; \
 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP), 131 (SIGQUIT) when the signal arrived while \
-connecting or waiting for the lock (nothing of the wait stays held).
+connecting or waiting for the lock (nothing of the wait stays held; fencelock then dies by the \
+signal, as a shell reports it, so a calling script stops at Ctrl-C; SIGQUIT exits 131).
 
 hold prints the token once held and exits 0 after releasing on SIGINT, SIGTERM or SIGHUP; 70 \
 the lock was lost while held (expired or force-unlocked); 75, 64, 69 and 128+N as for exec.
@@ -709,7 +711,7 @@ fn main() -> ExitCode {
         credentials,
         fence_floor: cli.fence_floor,
     };
-    match cli.command {
+    let code = match cli.command {
         Command::Completions(args) => completions::run(args),
         Command::Man(args) => man::run(args),
         Command::Script(args) => script::run(args),
@@ -735,7 +737,9 @@ fn main() -> ExitCode {
             let prefix = connection.prefix.clone();
             block_on(top::run(connection.builder(), prefix, args))
         }
-    }
+    };
+    signals::die_if_ended();
+    code
 }
 
 pub use argv::switch_arg;

@@ -4,15 +4,19 @@
 //! signal while waiting ends the wait through its cancel-safe drop (a waiting writer's intent,
 //! a fair waiter's place and multi-lock members already taken are withdrawn in the
 //! background) and [`Client::shutdown`](fencelock::Client::shutdown) sees those
-//! undos reach Redis before fencelock exits with 128 + the signal's number, as a shell reports a
-//! process a signal ended. While `exec`'s command runs they are forwarded to its process group
-//! instead.
+//! undos reach Redis before fencelock ends. It then dies by that signal (SIGQUIT excepted: it
+//! exits 131, without the core dump the signal's default action would leave), so a shell
+//! reports 128 + the signal's number and a calling script stops at Ctrl-C as it does for any
+//! command Ctrl-C ended (a shell carries on after a child that caught SIGINT and exited). While
+//! `exec`'s command runs they are forwarded to its process group instead.
 
 use std::future::Future;
+use std::io::Write;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::task::Poll;
 
-use nix::sys::signal::Signal;
+use nix::sys::signal::{SigHandler, SigSet, Signal};
 use tokio::signal::unix::{signal, SignalKind};
 
 /// The signals caught, with their numbers and names.
@@ -32,12 +36,37 @@ pub struct Received {
     pub name: &'static str,
 }
 
+/// The signal that ended a wait, for [`die_if_ended`] to die by once all is cleaned up; 0: none.
+static ENDED_BY: AtomicI32 = AtomicI32::new(0);
+
 impl Received {
-    /// The exit status a shell reports for a process this signal ended: 128 + its number
-    /// (130 SIGINT, 131 SIGQUIT, 129 SIGHUP, 143 SIGTERM).
-    pub fn exit_code(self) -> ExitCode {
+    /// Ends the command by this signal: [`die_if_ended`] (called by `main` once the runtime
+    /// is gone) dies by it. Returns the exit status a shell reports for a process this signal
+    /// ended, 128 + its number (130 SIGINT, 131 SIGQUIT, 129 SIGHUP, 143 SIGTERM), which is
+    /// fencelock's status for SIGQUIT and should the signal not end it.
+    pub fn end(self) -> ExitCode {
+        if self.signal != Signal::SIGQUIT {
+            ENDED_BY.store(self.signal as i32, Ordering::Relaxed);
+        }
         ExitCode::from(u8::try_from(128 + self.signal as i32).unwrap_or(1))
     }
+}
+
+/// Dies by the signal a wait was ended by ([`Received::end`]), if any: its default action
+/// restored, it is unblocked and raised. Returns when no wait was ended by a signal, or if the
+/// signal did not end the process.
+pub fn die_if_ended() {
+    let Ok(signal) = Signal::try_from(ENDED_BY.load(Ordering::Relaxed)) else {
+        return;
+    };
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: SIG_DFL installs no handler; the runtime that caught the signal has stopped.
+    let _ = unsafe { nix::sys::signal::signal(signal, SigHandler::SigDfl) };
+    let mut set = SigSet::empty();
+    set.add(signal);
+    let _ = set.thread_unblock();
+    let _ = nix::sys::signal::raise(signal);
 }
 
 /// The caught signals' streams; installed once, before anything waits.
