@@ -337,3 +337,192 @@ fn a_stopped_command_still_acts_on_a_forwarded_signal() {
     );
     assert!(!server.node.held("fencelock:{stopped}:lock"));
 }
+
+/// An interactive shell on a pseudo-terminal (util-linux `script`), typed into through its
+/// stdin; killed (the terminal hung up) when dropped.
+struct Terminal {
+    child: Child,
+    screen: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    fn start() -> Terminal {
+        let mut child = Command::new("script")
+            .args(["-qec", "bash --norc --noprofile -i", "/dev/null"])
+            .env("PS1", "$ ")
+            .env_remove("FENCELOCK_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("util-linux script");
+        let screen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut stdout = child.stdout.take().unwrap();
+        let shown = screen.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                shown
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Terminal { child, screen }
+    }
+
+    fn type_in(&mut self, keys: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(keys.as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn screen(&self) -> String {
+        self.screen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// State, process group and the terminal's foreground group of process `pid`, from `/proc`.
+fn job_state(pid: i32) -> Option<(String, i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    // state ppid pgrp session tty_nr tpgid
+    Some((
+        fields.first()?.to_string(),
+        fields.get(2)?.parse().ok()?,
+        fields.get(5)?.parse().ok()?,
+    ))
+}
+
+#[test]
+fn ctrl_z_stops_the_job_and_fg_continues_the_command_under_the_lock() {
+    // Ctrl-Z stops the terminal's foreground group, the command's; fencelock passes the stop
+    // on to its own group, the job the shell knows, or the shell would wait for it with the
+    // terminal held by a stopped command. `fg` continues fencelock, which gives the command
+    // the terminal again and continues it.
+    let server = Standalone::start();
+    let mut terminal = Terminal::start();
+    terminal.type_in(&format!(
+        "{} --url {} exec --ttl 30s jobs -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
+        env!("CARGO_BIN_EXE_fencelock"),
+        server.url()
+    ));
+    let mut pid = 0;
+    wait_until("the command to start", Duration::from_secs(20), || {
+        let screen = terminal.screen();
+        pid = screen
+            .split("ready:")
+            .skip(1)
+            .find_map(|rest| rest.split(':').next()?.parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    let foreground =
+        |pid| job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid);
+    wait_until(
+        "the command in the foreground",
+        Duration::from_secs(10),
+        || foreground(pid),
+    );
+    terminal.type_in("\x1a");
+    wait_until(
+        "the shell to report the job stopped",
+        Duration::from_secs(10),
+        || terminal.screen().contains("Stopped"),
+    );
+    assert_eq!(job_state(pid).unwrap().0, "T", "the command is stopped");
+    assert!(
+        server.node.held("fencelock:{jobs}:lock"),
+        "held while stopped"
+    );
+    terminal.type_in("fg\n");
+    wait_until(
+        "the command continued in the foreground",
+        Duration::from_secs(10),
+        || foreground(pid),
+    );
+    terminal.type_in("hello\n");
+    wait_until(
+        "the command to read the line",
+        Duration::from_secs(10),
+        || terminal.screen().contains("got hello"),
+    );
+    wait_until("the release", Duration::from_secs(10), || {
+        !server.node.held("fencelock:{jobs}:lock")
+    });
+}
+
+#[test]
+fn a_job_stopped_past_its_lease_loses_the_lock_and_its_command_is_not_continued() {
+    let server = Standalone::start();
+    let key = "fencelock:{lapsed}:lock";
+    let mut terminal = Terminal::start();
+    terminal.type_in(&format!(
+        "{} --url {} exec --ttl 1s lapsed -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
+        env!("CARGO_BIN_EXE_fencelock"),
+        server.url()
+    ));
+    let mut pid = 0;
+    wait_until("the command to start", Duration::from_secs(20), || {
+        pid = terminal
+            .screen()
+            .split("ready:")
+            .skip(1)
+            .find_map(|rest| rest.split(':').next()?.parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    wait_until(
+        "the command in the foreground",
+        Duration::from_secs(10),
+        || job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid),
+    );
+    terminal.type_in("\x1a");
+    wait_until(
+        "the shell to report the job stopped",
+        Duration::from_secs(10),
+        || terminal.screen().contains("Stopped"),
+    );
+    // The lease ends (by the server's clock) while fencelock is stopped: no renewal.
+    let lease_end = || -> i64 {
+        let until: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("until"));
+        until
+            .and_then(|value| value.split(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let end = lease_end();
+    assert!(end > 0, "held while stopped");
+    wait_until("the lease to end", Duration::from_secs(10), || {
+        let (secs, micros): (i64, i64) = server.node.cmd(&mut redis::cmd("TIME"));
+        secs * 1000 + micros / 1000 > end
+    });
+    terminal.type_in("fg\n");
+    wait_until(
+        "fencelock to report the loss",
+        Duration::from_secs(20),
+        || terminal.screen().contains("lost lock"),
+    );
+    terminal.type_in("echo status:$?:\n");
+    wait_until("fencelock's exit status", Duration::from_secs(20), || {
+        terminal.screen().contains("status:7")
+    });
+    let screen = terminal.screen();
+    assert!(screen.contains("status:70:"), "{screen}");
+    assert!(
+        screen.contains("until the lock's lease ran out"),
+        "{screen}"
+    );
+    assert!(
+        job_state(pid).is_none_or(|(state, ..)| state == "Z"),
+        "the command is gone"
+    );
+}

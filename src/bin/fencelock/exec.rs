@@ -19,7 +19,9 @@ use fencelock::{
     MIN_TTL,
 };
 use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use tokio::process::{Child, Command};
+use tokio::signal::unix::SignalKind;
 
 use crate::group::Group;
 use crate::prelude::PlacementArgs;
@@ -577,6 +579,23 @@ impl Hold {
         }
     }
 
+    /// Whether the hold is surely still valid (its lease has not run out, the watchdog has not
+    /// found it lost).
+    pub fn is_valid(&self) -> bool {
+        match self {
+            Hold::Mutex(guard) => guard.is_valid(),
+            Hold::Read(guard) => guard.is_valid(),
+            Hold::Write(guard) => guard.is_valid(),
+            Hold::Fair(guard) => guard.is_valid(),
+            Hold::Permit(guard) => guard.is_valid(),
+            Hold::Multi(guard) => guard.is_valid(),
+            Hold::FairMulti(guard) => guard.is_valid(),
+            Hold::ReadMulti(guard) => guard.is_valid(),
+            Hold::WriteMulti(guard) => guard.is_valid(),
+            Hold::Quorum(guard) => guard.is_valid(),
+        }
+    }
+
     pub async fn release(self) -> Result<(), Error> {
         match self {
             Hold::Mutex(guard) => guard.release().await,
@@ -607,7 +626,8 @@ enum Supervised {
 /// that signal (run its traps, exit) before fencelock terminates what is left.
 const SIGNALLED_GRACE: Duration = Duration::from_secs(1);
 
-/// Waits for the child while the watchdog renews the lock; forwards signals to its group.
+/// Waits for the child while the watchdog renews the lock; forwards signals to its group; on
+/// a terminal, passes the command's job-control stops on to the shell ([`Group::suspend`]).
 async fn supervise(
     child: &mut Child,
     group: &Group,
@@ -616,6 +636,7 @@ async fn supervise(
 ) -> Supervised {
     let lost = guard.lost();
     tokio::pin!(lost);
+    let mut children = tokio::signal::unix::signal(SignalKind::child()).ok();
     let mut signalled = false;
     loop {
         tokio::select! {
@@ -631,7 +652,45 @@ async fn supervise(
                 group.signal(received.signal);
             }
             err = &mut lost => return Supervised::Lost(err.to_string()),
+            Some(()) = next_child_event(&mut children) => {
+                let Some(stop) = job_stop(child) else { continue };
+                if !group.suspend(stop) {
+                    continue;
+                }
+                // Continued. The command goes on only under a lease that is surely still ours.
+                if !guard.is_valid() {
+                    return Supervised::Lost(format!(
+                        "the command was stopped ({}) until the lock's lease ran out",
+                        stop.as_str()
+                    ));
+                }
+                group.resume();
+            }
         }
+    }
+}
+
+/// The next SIGCHLD (a child exited, stopped or continued); never without the stream.
+async fn next_child_event(children: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match children {
+        Some(stream) => stream.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The job-control signal that stopped the command's own process, if it is stopped by one
+/// (SIGTSTP, SIGTTIN, SIGTTOU; not SIGSTOP, which no terminal sends). Reads the stop, not the
+/// exit, which the runtime reaps.
+fn job_stop(child: &Child) -> Option<Signal> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let pid = Pid::from_raw(i32::try_from(child.id()?).ok()?);
+    match waitid(Id::Pid(pid), WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG) {
+        Ok(WaitStatus::Stopped(_, signal))
+            if matches!(signal, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) =>
+        {
+            Some(signal)
+        }
+        _ => None,
     }
 }
 

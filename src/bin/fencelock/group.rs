@@ -17,6 +17,7 @@ use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::fcntl::{open, OFlag};
@@ -67,7 +68,10 @@ pub struct Group {
     guardian: Child,
     /// The pipe's write end; closing it makes the guardian kill the group.
     lifeline: Option<OwnedFd>,
+    /// fencelock's controlling terminal, if it has one.
     terminal: Option<Terminal>,
+    /// Whether the group is the terminal's foreground group by fencelock's doing.
+    handed: AtomicBool,
 }
 
 impl Group {
@@ -100,11 +104,14 @@ impl Group {
             .and_then(|pid| i32::try_from(pid).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| io::Error::other("the guardian exited at once"))?;
+        let terminal = Terminal::open();
+        let handed = terminal.as_ref().is_some_and(|t| t.hand_to(pgid));
         Ok(Group {
             pgid,
             guardian,
             lifeline: Some(write),
-            terminal: Terminal::hand_to(pgid),
+            terminal,
+            handed: AtomicBool::new(handed),
         })
     }
 
@@ -129,6 +136,40 @@ impl Group {
     /// SIGCONT, so that a stopped process acts on it too (as shells do for stopped jobs).
     pub fn signal(&self, signal: Signal) {
         let _ = killpg(self.pgid, signal);
+        let _ = killpg(self.pgid, Signal::SIGCONT);
+    }
+
+    /// Job control: the command stopped by `signal` (SIGTSTP from the terminal's Ctrl-Z, or
+    /// SIGTTIN/SIGTTOU: it used the terminal from the background), so fencelock stops its own
+    /// process group, the job a shell knows, by the same signal, as the terminal would have had
+    /// that group been in the foreground: the shell then sees the job stopped and gets the
+    /// terminal back. Returns once fencelock is continued (`fg`, `bg`, `kill -CONT`), at once
+    /// if it cannot be stopped (the signal ignored; an orphaned group, which the kernel does
+    /// not stop). The command stays stopped: [`resume`](Self::resume) continues it. Without a
+    /// controlling terminal there is no job control: nothing is done and false returned.
+    pub fn suspend(&self, signal: Signal) -> bool {
+        let Some(terminal) = &self.terminal else {
+            return false;
+        };
+        if self.handed.swap(false, Ordering::Relaxed) {
+            terminal.take_back();
+        }
+        if !ignored(signal) {
+            // Pid 0: fencelock's own group. The stop takes effect before the call returns.
+            let _ = killpg(Pid::from_raw(0), signal);
+        }
+        true
+    }
+
+    /// Continues the command after [`suspend`](Self::suspend): its group gets the terminal
+    /// again if fencelock's group is in the foreground now (`fg`; after `bg` it stays in the
+    /// background, where a read of the terminal stops it again), then SIGCONT.
+    pub fn resume(&self) {
+        if let Some(terminal) = &self.terminal {
+            if terminal.hand_to(self.pgid) {
+                self.handed.store(true, Ordering::Relaxed);
+            }
+        }
         let _ = killpg(self.pgid, Signal::SIGCONT);
     }
 
@@ -159,37 +200,51 @@ impl Group {
             self.signal(Signal::SIGKILL);
             let _ = self.guardian.wait().await;
         }
-        if let Some(terminal) = self.terminal.take() {
-            terminal.take_back();
+        if self.handed.swap(false, Ordering::Relaxed) {
+            if let Some(terminal) = &self.terminal {
+                terminal.take_back();
+            }
         }
     }
 }
 
-/// The controlling terminal while it is handed to the command's group.
+/// Whether `signal` is ignored in fencelock (then it cannot stop fencelock).
+fn ignored(signal: Signal) -> bool {
+    // SAFETY: a null new action only reads the current one into `current`.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal as libc::c_int, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
+}
+
+/// fencelock's controlling terminal.
 struct Terminal {
     fd: OwnedFd,
 }
 
 impl Terminal {
-    /// Makes `pgid` the foreground group of the controlling terminal if fencelock's own group
-    /// is in the foreground now; `None` otherwise (no terminal, running in the background).
-    fn hand_to(pgid: Pid) -> Option<Terminal> {
+    /// The controlling terminal; `None` without one.
+    fn open() -> Option<Terminal> {
         let fd = open(
             "/dev/tty",
             OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
         .ok()?;
-        let ours = tcgetpgrp(&fd).is_ok_and(|foreground| foreground == getpgrp());
-        if !ours || tcsetpgrp(&fd, pgid).is_err() {
-            return None;
-        }
         Some(Terminal { fd })
+    }
+
+    /// Makes `pgid` the terminal's foreground group if fencelock's own group is in the
+    /// foreground now; false otherwise (running in the background).
+    fn hand_to(&self, pgid: Pid) -> bool {
+        let ours = tcgetpgrp(&self.fd).is_ok_and(|foreground| foreground == getpgrp());
+        ours && tcsetpgrp(&self.fd, pgid).is_ok()
     }
 
     /// Makes fencelock's group the foreground group again (SIGTTOU blocked meanwhile, as
     /// fencelock is now in the background).
-    fn take_back(self) {
+    fn take_back(&self) {
         let mut block = SigSet::empty();
         block.add(Signal::SIGTTOU);
         let mut old = SigSet::empty();
