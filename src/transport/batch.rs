@@ -856,28 +856,22 @@ impl SlotMap {
 
     /// Maps each slot to an index of the master serving it, from a `CLUSTER SLOTS` reply.
     pub(crate) fn parse(reply: &Value) -> Self {
-        let mut map = vec![0u16; usize::from(crate::keys::SLOT_COUNT)];
-        let mut masters: Vec<Vec<u8>> = Vec::new();
-        let Value::Array(ranges) = reply else {
+        let Some(ranges) = super::slots::ranges(reply) else {
             return Self::default();
         };
+        let mut map = vec![0u16; usize::from(crate::keys::SLOT_COUNT)];
+        let mut masters = Vec::new();
         for range in ranges {
-            let Value::Array(fields) = range else {
-                continue;
-            };
-            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(master))) =
-                (fields.first(), fields.get(1), fields.get(2))
-            else {
-                continue;
-            };
-            let id = format!("{master:?}").into_bytes();
-            let index = masters.iter().position(|m| *m == id).unwrap_or_else(|| {
-                masters.push(id);
-                masters.len() - 1
-            });
+            let index = masters
+                .iter()
+                .position(|&m| m == range.master)
+                .unwrap_or_else(|| {
+                    masters.push(range.master);
+                    masters.len() - 1
+                });
             // Clamped to the slots there are: a malformed range must not make a long loop.
             let last = i64::from(crate::keys::SLOT_COUNT) - 1;
-            for slot in (*start).max(0)..=(*end).min(last) {
+            for slot in range.start.max(0)..=range.end.min(last) {
                 if let Some(entry) = usize::try_from(slot).ok().and_then(|s| map.get_mut(s)) {
                     *entry = u16::try_from(index + 1).unwrap_or(u16::MAX);
                 }

@@ -535,36 +535,16 @@ fn config_error(target: &str, source: RedisError) -> Error {
 }
 
 /// The address of every node (master or replica) in a `CLUSTER SLOTS` reply, each once; nodes
-/// whose address is unknown (an empty host, port 0) left out.
+/// whose address is unknown (no host, or no port) left out.
 fn node_addresses(reply: &redis::Value) -> Vec<(String, u16)> {
-    use redis::Value;
     let mut found: Vec<(String, u16)> = Vec::new();
-    let Value::Array(ranges) = reply else {
-        return found;
-    };
-    for range in ranges {
-        let Value::Array(fields) = range else {
-            continue;
-        };
-        for node in fields.iter().skip(2) {
-            let Value::Array(node) = node else {
-                continue;
-            };
-            let host = match node.first() {
-                Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-                Some(Value::SimpleString(text)) => text.clone(),
-                _ => continue,
-            };
-            let port = match node.get(1) {
-                Some(Value::Int(port)) => u16::try_from(*port).unwrap_or(0),
-                _ => 0,
-            };
-            if !host.is_empty()
-                && host != "?"
-                && port != 0
-                && !found.contains(&(host.clone(), port))
-            {
-                found.push((host, port));
+    for range in super::slots::ranges(reply).into_iter().flatten() {
+        for node in range.nodes() {
+            if let (Some(host), Some(port)) = (node.host(), node.port()) {
+                let address = (host.into_owned(), port);
+                if !found.contains(&address) {
+                    found.push(address);
+                }
             }
         }
     }

@@ -9,6 +9,7 @@
 //! - `subscriber.rs`: the waiters' subscriber connection;
 //! - `eval.rs`: `EVALSHA` with the `NOSCRIPT` fallback;
 //! - `module.rs`: fencelock's Redis module as a path for calls, with the script as fallback;
+//! - `slots.rs`: the `CLUSTER SLOTS` reply read: its ranges, their nodes, hosts and ports;
 //! - `batch.rs`: the per-node drivers that batch one-key calls;
 //! - `direct.rs`: lone calls sent past a quiet driver;
 //! - `lanes.rs`: the WAIT lanes;
@@ -24,6 +25,7 @@ mod eval;
 mod lanes;
 mod module;
 mod probe;
+mod slots;
 mod subscriber;
 mod tls;
 
