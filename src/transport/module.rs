@@ -14,6 +14,8 @@ use redis::{Cmd, RedisError};
 
 use crate::script::ScriptCall;
 
+use super::slots::Node;
+
 /// Whether a client runs its calls through fencelock's Redis module where a node loads it
 /// ([`ClientBuilder::module`](crate::ClientBuilder::module)).
 ///
@@ -245,33 +247,25 @@ impl Absent {
     }
 }
 
-/// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves and its address.
+/// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves and its address
+/// (an unknown host or port shown empty).
 pub(super) fn masters(slots: &redis::Value) -> Vec<(u16, String)> {
-    let mut masters: Vec<(u16, String)> = Vec::new();
-    let redis::Value::Array(ranges) = slots else {
-        return masters;
-    };
-    for range in ranges {
-        let redis::Value::Array(fields) = range else {
-            continue;
-        };
-        let (Some(redis::Value::Int(start)), Some(redis::Value::Array(master))) =
-            (fields.first(), fields.get(2))
-        else {
-            continue;
-        };
-        let text = |v: Option<&redis::Value>| match v {
-            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(redis::Value::SimpleString(s)) => s.clone(),
-            Some(redis::Value::Int(n)) => n.to_string(),
-            _ => String::new(),
-        };
-        let addr = format!("{}:{}", text(master.first()), text(master.get(1)));
-        if let (Ok(slot), false) = (u16::try_from(*start), masters.iter().any(|m| m.1 == addr)) {
-            masters.push((slot, addr));
+    let mut masters: Vec<(u16, Node<'_>)> = Vec::new();
+    for range in super::slots::ranges(slots).into_iter().flatten() {
+        if let (Ok(slot), false) = (
+            u16::try_from(range.start),
+            masters.iter().any(|m| m.1 == range.master),
+        ) {
+            masters.push((slot, range.master));
         }
     }
     masters
+        .into_iter()
+        .map(|(slot, node)| {
+            let port = node.port().map(|port| port.to_string()).unwrap_or_default();
+            (slot, format!("{}:{port}", node.host().unwrap_or_default()))
+        })
+        .collect()
 }
 
 /// Whether a `COMMAND INFO fencelock.acquire` reply describes the command (a node without the
