@@ -406,26 +406,7 @@ impl Client {
             return Ok(vec![0]);
         }
         let reply = transport.cluster_slots().await?;
-        let mut masters: Vec<(String, u16)> = Vec::new();
-        if let Value::Array(ranges) = reply {
-            for range in ranges {
-                let Value::Array(fields) = range else {
-                    continue;
-                };
-                let (Some(Value::Int(start)), Some(Value::Array(master))) =
-                    (fields.first(), fields.get(2))
-                else {
-                    continue;
-                };
-                let id = format!("{:?}", master.get(..2));
-                let Ok(start) = u16::try_from(*start) else {
-                    continue;
-                };
-                if !masters.iter().any(|(m, _)| *m == id) {
-                    masters.push((id, start));
-                }
-            }
-        }
+        let masters = crate::transport::slots::masters(&reply);
         if masters.is_empty() {
             return Err(Error::UnexpectedReply {
                 name: "*".into(),
@@ -433,7 +414,7 @@ impl Client {
                 detail: "no master serves a slot".into(),
             });
         }
-        Ok(masters.into_iter().map(|(_, slot)| slot).collect())
+        Ok(masters.into_iter().map(|(slot, _)| slot).collect())
     }
 }
 

@@ -227,18 +227,22 @@ async fn server_ids(client: &Client) -> Result<Vec<String>> {
     let transport = &client.core().transport;
     if transport.topology() == Topology::Cluster {
         let reply = transport.cluster_slots().await?;
-        let ranges: Vec<Vec<redis::Value>> = parse_reply("*", Operation::ClusterSlots, reply)?;
-        let mut ids = Vec::new();
-        for range in ranges {
-            for node in range.into_iter().skip(2) {
-                let node: Vec<redis::Value> = parse_reply("*", Operation::ClusterSlots, node)?;
-                if let Some(id) = node.get(2) {
-                    let id: String = parse_reply("*", Operation::ClusterSlots, id.clone())?;
-                    ids.push(format!("node id {id}"));
-                }
-            }
-        }
-        return Ok(ids);
+        let Some(ranges) = crate::transport::slots::ranges(&reply) else {
+            return Err(Error::UnexpectedReply {
+                name: "*".into(),
+                operation: Operation::ClusterSlots,
+                detail: format!("not an array: {reply:?}"),
+            });
+        };
+        return Ok(ranges
+            .flat_map(|range| {
+                range
+                    .nodes()
+                    .filter_map(|node| node.id())
+                    .collect::<Vec<_>>()
+            })
+            .map(|id| format!("node id {id}"))
+            .collect());
     }
     let mut info = redis::cmd("INFO");
     info.arg("server");

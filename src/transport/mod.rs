@@ -25,7 +25,7 @@ mod eval;
 mod lanes;
 mod module;
 mod probe;
-mod slots;
+pub(crate) mod slots;
 mod subscriber;
 mod tls;
 

@@ -14,8 +14,6 @@ use redis::{Cmd, RedisError};
 
 use crate::script::ScriptCall;
 
-use super::slots::Node;
-
 /// Whether a client runs its calls through fencelock's Redis module where a node loads it
 /// ([`ClientBuilder::module`](crate::ClientBuilder::module)).
 ///
@@ -250,16 +248,7 @@ impl Absent {
 /// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves and its address
 /// (an unknown host or port shown empty).
 pub(super) fn masters(slots: &redis::Value) -> Vec<(u16, String)> {
-    let mut masters: Vec<(u16, Node<'_>)> = Vec::new();
-    for range in super::slots::ranges(slots).into_iter().flatten() {
-        if let (Ok(slot), false) = (
-            u16::try_from(range.start),
-            masters.iter().any(|m| m.1 == range.master),
-        ) {
-            masters.push((slot, range.master));
-        }
-    }
-    masters
+    super::slots::masters(slots)
         .into_iter()
         .map(|(slot, node)| {
             let port = node.port().map(|port| port.to_string()).unwrap_or_default();

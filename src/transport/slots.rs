@@ -11,17 +11,17 @@ use redis::Value;
 
 /// One range of a `CLUSTER SLOTS` reply: the slots `start..=end` (as the reply gives them,
 /// unchecked) and the nodes serving them.
-pub(super) struct SlotRange<'a> {
-    pub(super) start: i64,
-    pub(super) end: i64,
-    pub(super) master: Node<'a>,
+pub(crate) struct SlotRange<'a> {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    pub(crate) master: Node<'a>,
     /// A replica entry that is not an array is left out.
-    pub(super) replicas: Vec<Node<'a>>,
+    pub(crate) replicas: Vec<Node<'a>>,
 }
 
 impl<'a> SlotRange<'a> {
     /// The master, then the replicas.
-    pub(super) fn nodes(&self) -> impl Iterator<Item = Node<'a>> + '_ {
+    pub(crate) fn nodes(&self) -> impl Iterator<Item = Node<'a>> + '_ {
         std::iter::once(self.master).chain(self.replicas.iter().copied())
     }
 }
@@ -29,12 +29,12 @@ impl<'a> SlotRange<'a> {
 /// One node entry of a range. Two nodes are equal when their whole entries are (the node id
 /// and metadata included), so the master of several ranges is found to be one node.
 #[derive(Clone, Copy, PartialEq)]
-pub(super) struct Node<'a>(&'a [Value]);
+pub(crate) struct Node<'a>(&'a [Value]);
 
 /// The ranges of a `CLUSTER SLOTS` reply, `None` when the reply is not an array. A range that
 /// is not an array, or whose start, end or master cannot be read (bounds that are not
 /// integers, a master entry that is not an array), is left out.
-pub(super) fn ranges(reply: &Value) -> Option<impl Iterator<Item = SlotRange<'_>>> {
+pub(crate) fn ranges(reply: &Value) -> Option<impl Iterator<Item = SlotRange<'_>>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
@@ -64,10 +64,34 @@ pub(super) fn ranges(reply: &Value) -> Option<impl Iterator<Item = SlotRange<'_>
     }))
 }
 
+/// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves (a range whose
+/// start is not a slot number is left out); empty when the reply is not an array.
+pub(crate) fn masters(reply: &Value) -> Vec<(u16, Node<'_>)> {
+    let mut masters: Vec<(u16, Node<'_>)> = Vec::new();
+    for range in ranges(reply).into_iter().flatten() {
+        if let (Ok(slot), false) = (
+            u16::try_from(range.start),
+            masters.iter().any(|(_, master)| *master == range.master),
+        ) {
+            masters.push((slot, range.master));
+        }
+    }
+    masters
+}
+
 impl<'a> Node<'a> {
+    /// The node's id (the field after the port, Redis 4 and later); `None` without one.
+    pub(crate) fn id(&self) -> Option<Cow<'a, str>> {
+        match self.0.get(2) {
+            Some(Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes)),
+            Some(Value::SimpleString(text)) => Some(Cow::Borrowed(text.as_str())),
+            _ => None,
+        }
+    }
+
     /// The host the node is reached at; `None` when the reply leaves it to the address that
     /// was asked (an empty host, `?`, nil) or gives no text.
-    pub(super) fn host(&self) -> Option<Cow<'a, str>> {
+    pub(crate) fn host(&self) -> Option<Cow<'a, str>> {
         let host = match self.0.first() {
             Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes),
             Some(Value::SimpleString(text)) => Cow::Borrowed(text.as_str()),
@@ -77,7 +101,7 @@ impl<'a> Node<'a> {
     }
 
     /// The node's port; `None` when it is not an integer from 1 to 65535.
-    pub(super) fn port(&self) -> Option<u16> {
+    pub(crate) fn port(&self) -> Option<u16> {
         match self.0.get(1) {
             Some(Value::Int(port)) => u16::try_from(*port).ok().filter(|&port| port != 0),
             _ => None,
