@@ -239,3 +239,73 @@ async fn noscript_on_a_master_costs_one_round_trip_and_no_other_node() {
         "the fallback cached acquire and release on that master again"
     );
 }
+
+/// A seed whose server answers the probe with an error that concerns it alone (`BUSY` running
+/// a long script; a reply that is not the Redis protocol, from another service on that port)
+/// does not fail `connect`: the other seeds answer, and locks work. The healthy seed is held
+/// back (`CLIENT PAUSE`) so that both errors arrive before its answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_answering_an_error_of_its_own_does_not_fail_connect() {
+    let cluster = Cluster::start();
+
+    // A server busy running a script past `busy-reply-threshold`: it answers BUSY to the probe.
+    let busy = common::Standalone::start();
+    let _: () = busy.node.cmd(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("busy-reply-threshold")
+            .arg(100),
+    );
+    let script = {
+        let mut conn = busy.node.connection().unwrap();
+        conn.set_read_timeout(None).unwrap();
+        std::thread::spawn(move || {
+            let _ = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query::<()>(&mut conn);
+        })
+    };
+    common::wait_until("BUSY", Duration::from_secs(10), || {
+        busy.node
+            .try_cmd::<String>(&mut redis::cmd("PING"))
+            .is_err_and(|e| e.code() == Some("BUSY"))
+    });
+
+    // Another service on the port: an HTTP answer to whatever it is sent.
+    let foreign = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let foreign_port = foreign.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in foreign.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut request = [0u8; 1024];
+            let _ = std::io::Read::read(&mut stream, &mut request);
+            let _ = std::io::Write::write_all(
+                &mut stream,
+                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            );
+        }
+    });
+
+    let healthy = &cluster.nodes[0];
+    let _: () = healthy.cmd(redis::cmd("CLIENT").arg("PAUSE").arg(500).arg("ALL"));
+    let seeds = [
+        busy.url(),
+        format!("redis://127.0.0.1:{foreign_port}"),
+        healthy.url(),
+    ];
+    let client = Client::connect(seeds)
+        .await
+        .expect("the healthy seed answers");
+    assert_eq!(client.topology(), Topology::Cluster);
+    let confirmed = LockOptions::new().wait_replicas(1, Duration::from_millis(1000));
+    let guard = client.try_lock("busy:1", &confirmed).await.expect("lock");
+    assert_eq!(guard.replicas_acked(), Some(1));
+    assert!(cluster
+        .master_of_slot(guard.keys().slot())
+        .held(guard.keys().lock_key()));
+    guard.release().await.unwrap();
+
+    let _: () = busy.node.cmd(redis::cmd("SCRIPT").arg("KILL"));
+    script.join().unwrap();
+}

@@ -17,8 +17,13 @@ use super::tls;
 const PROBE_GRACE: Duration = Duration::from_millis(25);
 
 /// Probes every seed at once. Returns the topology and the seeds that answered (the first, and
-/// any others within [`PROBE_GRACE`] of it), or, when none did, the most telling failure: a
-/// refusal such as a wrong password is returned at once, as no other seed will fare better.
+/// any others within [`PROBE_GRACE`] of it), or, when none did, the most telling failure. A
+/// refusal that every node would give alike (refused credentials, a failed TLS handshake, an
+/// ACL user that may not run the probe) is returned at once, as no other seed will fare better;
+/// any other failure concerns that node alone (`BUSY` running a long script, `LOADING` its
+/// dataset, `MASTERDOWN`, a reply that is not the Redis protocol because the URL names another
+/// service, no answer at all), so the other seeds are awaited, and when none answers either, a
+/// node that answered with an error is reported rather than one that did not answer.
 pub(super) async fn probe_all(
     seeds: &[ConnectionInfo],
     timeouts: Timeouts,
@@ -53,9 +58,10 @@ pub(super) async fn probe_all(
                 grace_end.get_or_insert(tokio::time::Instant::now() + PROBE_GRACE);
             }
             Err(err) if live.is_empty() && is_refusal(&err) => return Err(err),
-            Err(err) => {
-                failure.get_or_insert(err);
-            }
+            Err(err) => match &failure {
+                Some(known) if answered(known) || !answered(&err) => {}
+                _ => failure = Some(err),
+            },
         }
     }
     match topology {
@@ -182,11 +188,64 @@ fn io_error(source: &RedisError) -> Option<&std::io::Error> {
     None
 }
 
-/// A node answered and said no (bad password, failed TLS handshake), as opposed to not
-/// answering.
+/// A node said no in a way every node of the deployment would: refused credentials, a failed
+/// TLS handshake (the same certificates and settings go to every node), or `NOPERM` (the ACL
+/// user may not run the probe's command, and a deployment's nodes are given the same ACLs).
+/// Other errors a node answers (`BUSY`, `LOADING`, `MASTERDOWN`, a reply that is not the Redis
+/// protocol) concern that node alone.
 fn is_refusal(err: &Error) -> bool {
     matches!(err, Error::Connect { source: Some(s), .. }
-        if is_auth_failure(s)
-            || tls::failure(s).is_some()
-            || !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
+        if is_auth_failure(s) || tls::failure(s).is_some() || s.code() == Some("NOPERM"))
+}
+
+/// Whether the node answered (with an error), as opposed to not being reached or not answering.
+fn answered(err: &Error) -> bool {
+    matches!(err, Error::Connect { source: Some(s), .. }
+        if !(s.is_connection_refusal() || s.is_io_error() || s.is_timeout()))
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::{RedisError, Value};
+
+    use super::{answered, connect_error, is_refusal};
+
+    /// The error a server's reply line `-…` becomes, as the probe sees it.
+    fn replied(line: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(Value::ServerError(error)) => RedisError::from(error),
+            other => panic!("not a server error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_what_every_node_would_answer_is_final() {
+        let final_ = [
+            "WRONGPASS invalid username-password pair or user is disabled.",
+            "NOAUTH Authentication required.",
+            "NOPERM this user has no permissions to run the 'info' command",
+        ];
+        for line in final_ {
+            let err = connect_error("n:1", replied(line), false);
+            assert!(is_refusal(&err), "{line}");
+        }
+        let of_that_node = [
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "LOADING Redis is loading the dataset in memory",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "ERR unknown command 'INFO'",
+        ];
+        for line in of_that_node {
+            let err = connect_error("n:1", replied(line), false);
+            assert!(!is_refusal(&err) && answered(&err), "{line}");
+        }
+        // Not the Redis protocol (another service on that port): that node alone.
+        let foreign = redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n").unwrap_err();
+        let err = connect_error("n:1", foreign, false);
+        assert!(!is_refusal(&err) && answered(&err), "{err:?}");
+        // Not reached: neither final nor an answer.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let err = connect_error("n:1", RedisError::from(refused), false);
+        assert!(!is_refusal(&err) && !answered(&err), "{err:?}");
+    }
 }
