@@ -278,6 +278,64 @@ async fn a_command_the_node_lacks_goes_as_the_script_and_the_others_stay_with_th
     assert_eq!(server.node.calls("fencelock.acquire"), 3);
 }
 
+/// `ModuleUse::Required` asks each master itself whether it loads the module, never another
+/// node for it: a master without the module, paused while the client connects (redis-rs then
+/// has no connection to it), is not vouched for by its replica, which loads the module; once
+/// it answers again, connect names it as lacking the module.
+#[tokio::test(flavor = "multi_thread")]
+async fn required_asks_each_master_itself_not_another_node_of_its_shard() {
+    let cluster = Cluster::start_with_module();
+    let master = cluster.master_of_slot(0);
+    let _: () = master.cmd(redis::cmd("MODULE").arg("UNLOAD").arg("fencelock"));
+    let replica = cluster.replica_of(master.port);
+    let loaded: redis::Value =
+        replica.cmd(redis::cmd("COMMAND").arg("INFO").arg("fencelock.acquire"));
+    assert!(
+        matches!(&loaded, redis::Value::Array(items) if !matches!(items[0], redis::Value::Nil)),
+        "the replica still loads the module: {loaded:?}"
+    );
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.port != master.port)
+        .map(common::Node::url)
+        .collect();
+    let required = |seeds: Vec<String>| {
+        Client::builder(seeds)
+            .module(ModuleUse::Required)
+            .connect_timeout(Duration::from_millis(300))
+            .request_timeout(Duration::from_millis(500))
+            .connect()
+    };
+
+    master.pause();
+    let paused = std::time::Instant::now();
+    let outcome = required(seeds.clone()).await;
+    master.resume();
+    // Resumed well before the node timeout: no failover, the master is still the master.
+    assert!(
+        paused.elapsed() < common::NODE_TIMEOUT,
+        "{:?}",
+        paused.elapsed()
+    );
+    let err = outcome
+        .map(drop)
+        .expect_err("the paused master was not asked");
+    assert!(
+        matches!(&err, Error::Connect { target, .. } if *target == master.addr()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("could not be asked"), "{err}");
+
+    cluster.wait_healthy();
+    let err = required(seeds).await.map(drop).unwrap_err();
+    assert!(
+        matches!(&err, Error::Connect { target, .. } if *target == master.addr())
+            && err.to_string().contains("does not load it"),
+        "{err:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_module_serves_a_cluster_in_every_fence_mode() {
     let cluster = Cluster::start_with_module();

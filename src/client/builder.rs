@@ -163,6 +163,13 @@ impl ClientBuilder {
     /// map; [`Stats::module_calls`](crate::Stats::module_calls) counts what the module served.
     /// Managed services do not load custom modules: there `Auto` runs the scripts.
     ///
+    /// With [`ModuleUse::Required`], `connect` asks every master of the slot map it reads then,
+    /// each by its own address (never another node of its shard in its place), whether it
+    /// loads the module, and fails with [`Error::Connect`](crate::Error::Connect) naming one
+    /// that does not or could not be asked. That is checked only at connect: a master added or
+    /// promoted later is not checked, and a call it lacks the module for fails with
+    /// [`Error::ModuleMissing`](crate::Error::ModuleMissing).
+    ///
     /// # Examples
     ///
     /// ```no_run

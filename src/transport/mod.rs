@@ -166,37 +166,88 @@ impl Transport {
     /// (`COMMAND INFO fencelock.acquire` answers the command): at connect, so a client that
     /// requires it fails there rather than at its first lock. Nothing to check otherwise.
     ///
+    /// On a cluster the masters are those of a `CLUSTER SLOTS` read now, and each is asked on
+    /// its own connection, by its address ([`run_on_node`](Self::run_on_node)): routed by
+    /// slot, redis-rs would send the command, which has no key and so is never redirected, to
+    /// another node of the shard or any node when it has no connection to that master, whose
+    /// answer says nothing of the master's. A master that cannot be asked fails the check.
+    /// It runs once: a master that joins or is promoted later is not checked, and a call it
+    /// lacks the module for fails with [`Error::ModuleMissing`].
+    ///
     /// # Errors
     ///
-    /// [`Error::Connect`] naming a master without the module; the errors of the calls.
+    /// [`Error::Connect`] naming a master without the module or one that could not be asked;
+    /// the errors of reading the slot map.
     pub(crate) async fn check_module(&self) -> Result<()> {
         if !self.modules.required() {
             return Ok(());
         }
-        let masters: Vec<(u16, String)> = match self.topology() {
-            Topology::Standalone => vec![(0, self.endpoint().nodes.to_string())],
-            Topology::Cluster => module::masters(&self.cluster_slots().await?),
+        let masters = match self.topology() {
+            Topology::Standalone => vec![None],
+            Topology::Cluster => module::masters(&self.cluster_slots().await?)
+                .into_iter()
+                .map(Some)
+                .collect(),
         };
-        for (slot, node) in masters {
+        for master in masters {
+            let node = master
+                .as_ref()
+                .map_or_else(|| self.endpoint().nodes.to_string(), module::Master::addr);
             let cmd = redis::cmd("COMMAND")
                 .arg("INFO")
                 .arg("fencelock.acquire")
                 .to_owned();
-            let reply = self
-                .run_on_master(slot, cmd, Operation::ModuleCheck)
-                .await?;
-            if !module::loaded(&reply) {
-                return Err(Error::Connect {
-                    target: node,
-                    reason: "the client requires fencelock's Redis module \
-                             (ModuleUse::Required) and this node does not load it: load it \
-                             (docs/module.md) or use ModuleUse::Auto"
-                        .to_owned(),
-                    source: None,
-                });
-            }
+            let reply = match &master {
+                Some(master) => self.run_on_node(master, cmd, Operation::ModuleCheck).await,
+                None => self.run_on_master(0, cmd, Operation::ModuleCheck).await,
+            };
+            let reason = match reply {
+                Ok(reply) if module::loaded(&reply) => continue,
+                Ok(_) => "the client requires fencelock's Redis module (ModuleUse::Required) \
+                          and this node does not load it: load it (docs/module.md) or use \
+                          ModuleUse::Auto"
+                    .to_owned(),
+                Err(err) => format!(
+                    "the client requires fencelock's Redis module (ModuleUse::Required) and \
+                     this master could not be asked whether it loads it ({err})"
+                ),
+            };
+            return Err(Error::Connect {
+                target: node,
+                reason,
+                source: None,
+            });
         }
         Ok(())
+    }
+
+    /// Runs `cmd` on the cluster node `master` itself, by its address, within the request
+    /// timeout (redis-rs opens the connection again if it has none, and fails the call if the
+    /// node is not in its slot map). A master the slot map gave no host of its own
+    /// ([`Master::own_host`](module::Master::own_host)) goes by its slot, as
+    /// [`run_on_master`](Self::run_on_master) does.
+    async fn run_on_node(
+        &self,
+        master: &module::Master,
+        cmd: Cmd,
+        operation: Operation,
+    ) -> Result<Value> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        if !master.own_host() {
+            return self.run_on_master(master.slot, cmd, operation).await;
+        }
+        let Connection::Cluster(mut conn) = self.connection() else {
+            return self.run_on_master(master.slot, cmd, operation).await;
+        };
+        let route = SingleNodeRoutingInfo::ByAddress {
+            host: master.host.clone(),
+            port: master.port,
+        };
+        let call = async move {
+            conn.route_command(cmd, RoutingInfo::SingleNode(route))
+                .await
+        };
+        bounded("*", operation, self.request_timeout, call).await
     }
 
     /// Runs `cmd` on the master serving `slot` (a cluster; the client's slot map routes it) or

@@ -43,7 +43,11 @@ pub enum ModuleUse {
     Off,
     /// Every call the module serves goes to it; a node without it fails the call with
     /// [`Error::ModuleMissing`](crate::Error::ModuleMissing) (the scripts still run what the
-    /// module declines).
+    /// module declines). `connect` checks once that every master loads it, asking each
+    /// master by its address (`COMMAND INFO fencelock.acquire`), and fails with
+    /// [`Error::Connect`](crate::Error::Connect) naming a master that does not or could not be
+    /// asked; a master that joins or is promoted later is not checked again (its calls fail
+    /// with `ModuleMissing` if it lacks the module).
     Required,
 }
 
@@ -245,14 +249,39 @@ impl Absent {
     }
 }
 
-/// Each master of a `CLUSTER SLOTS` reply once, with the first slot it serves and its address
-/// (an unknown host or port shown empty).
-pub(super) fn masters(slots: &redis::Value) -> Vec<(u16, String)> {
+/// A master of a `CLUSTER SLOTS` reply: the first slot it serves and its address.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Master {
+    pub(super) slot: u16,
+    /// As the reply gives it (see [`own_host`](Self::own_host)).
+    pub(super) host: String,
+    pub(super) port: u16,
+}
+
+impl Master {
+    /// Whether the reply gave the node's own host, which redis-rs keys its connection by:
+    /// not empty, `?` (unknown) or a wildcard (`0.0.0.0`, `::`; redis-rs takes the empty and
+    /// the wildcard ones for the address of the node that answered the read).
+    pub(super) fn own_host(&self) -> bool {
+        !matches!(self.host.as_str(), "" | "?" | "0.0.0.0" | "::")
+    }
+
+    /// `host:port`, for messages.
+    pub(super) fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+}
+
+/// Each master of a `CLUSTER SLOTS` reply once (one whose port cannot be read left out).
+pub(super) fn masters(slots: &redis::Value) -> Vec<Master> {
     super::slots::masters(slots)
         .into_iter()
-        .map(|(slot, node)| {
-            let port = node.port().map(|port| port.to_string()).unwrap_or_default();
-            (slot, format!("{}:{port}", node.host().unwrap_or_default()))
+        .filter_map(|(slot, node)| {
+            Some(Master {
+                slot,
+                host: node.host().map(|host| host.into_owned()).unwrap_or_default(),
+                port: node.port()?,
+            })
         })
         .collect()
 }
@@ -279,4 +308,45 @@ fn declined(err: &RedisError) -> bool {
 fn unknown_command(err: &RedisError) -> bool {
     err.code() == Some("NOPERM")
         || (err.code() == Some("ERR") && err.to_string().contains("unknown command"))
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::{masters, Master};
+
+    fn node(host: &str, port: i64) -> Value {
+        Value::Array(vec![Value::BulkString(host.into()), Value::Int(port)])
+    }
+
+    fn range(start: i64, end: i64, master: Value) -> Value {
+        Value::Array(vec![Value::Int(start), Value::Int(end), master])
+    }
+
+    #[test]
+    fn each_master_once_with_its_first_slot_and_address() {
+        let reply = Value::Array(vec![
+            range(0, 99, node("10.0.0.1", 7000)),
+            range(100, 199, node("10.0.0.2", 7001)),
+            range(200, 299, node("10.0.0.1", 7000)),
+            range(300, 399, node("", 7002)),
+        ]);
+        let found = masters(&reply);
+        let want = |slot, host: &str, port| Master {
+            slot,
+            host: host.to_owned(),
+            port,
+        };
+        assert_eq!(
+            found,
+            [
+                want(0, "10.0.0.1", 7000),
+                want(100, "10.0.0.2", 7001),
+                want(300, "", 7002)
+            ]
+        );
+        assert!(found[0].own_host() && !found[2].own_host());
+        assert_eq!(found[1].addr(), "10.0.0.2:7001");
+    }
 }
