@@ -61,6 +61,7 @@ pub struct Stats {
     pub module_calls: u64,
     /// Calls sent to the module that it left to the script (`-FALLBACK`: a queue, a
     /// re-entered lock, …) or whose node did not load it: each was then sent as the script.
+    /// One per call, also for the calls of a batched module command refused as a whole.
     pub module_fallbacks: u64,
     /// Grants (clock mode) where the lock's stored fence was ahead of the node's clock: the
     /// node's clock is behind the clock of an earlier grant (a failover to a node whose clock

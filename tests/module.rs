@@ -149,6 +149,48 @@ async fn a_server_without_the_module_runs_the_scripts_or_fails_when_it_is_requir
     );
 }
 
+/// A batched command that a server without the module refuses as a whole counts one module
+/// fallback per call it carried, as each call sent alone counts one. The server is paused
+/// while the calls are made, so that every one of them is sent to the module (alone, or in a
+/// batched command) before its answer says the module is missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_call_of_a_refused_batch_counts_a_module_fallback() {
+    const TASKS: usize = 16;
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30));
+    server.node.pause();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (client, options) = (client.clone(), options.clone());
+            tokio::spawn(async move { client.try_lock(&format!("refused{i}"), &options).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.node.resume();
+    let mut guards = Vec::new();
+    for task in tasks {
+        guards.push(task.await.unwrap().expect("granted through the script"));
+    }
+    let stats = client.stats();
+    assert_eq!(stats.module_calls, 0, "{stats:?}");
+    assert_eq!(
+        stats.module_fallbacks, TASKS as u64,
+        "one per acquire sent to the module: {stats:?}"
+    );
+    // Some went in a batched command: the server refused fewer module commands than calls.
+    let errors = server.node.info("errorstats");
+    let refused: usize = errors
+        .lines()
+        .find_map(|line| line.strip_prefix("errorstat_ERR:count="))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{errors}"));
+    assert!(refused < TASKS, "{refused} module commands: {errors}");
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_node_that_unloads_the_module_makes_calls_fall_back_not_fail() {
     let server = Standalone::start_with_module();

@@ -648,7 +648,8 @@ async fn send_module(transport: Arc<Transport>, entries: Vec<Entry>) {
 }
 
 /// The module's batched command was refused as a whole: by a node without it (each call
-/// then goes alone, as the script), or for another reason (each call gets the error).
+/// then goes alone, as the script), or for another reason (each call gets the error). Each
+/// call that then runs as the script counts one module fallback, as a lone call does.
 async fn whole_refused(
     transport: &Arc<Transport>,
     entries: Vec<Entry>,
@@ -658,16 +659,29 @@ async fn whole_refused(
     let batch = entries[0].call.module_batch_name().unwrap_or_default();
     if transport.modules.batch_unknown(&error, node, batch) {
         // A module without the batched commands: one command each (no module at all: the
-        // first of them finds that out, and the rest go as scripts).
+        // first of them finds that out, and counts its fallback; the rest, also sent to the
+        // module in the batch, go as scripts and count theirs here).
         for entry in entries {
-            let outcome = transport
-                .run_alone(&entry.call, &entry.name, entry.operation)
-                .await;
+            let outcome = if transport.modules.serves(&entry.call, node) {
+                transport
+                    .run_alone(&entry.call, &entry.name, entry.operation)
+                    .await
+            } else {
+                transport.modules.fell_back(1);
+                transport
+                    .run_script(&entry.call, &entry.name, entry.operation)
+                    .await
+            };
             entry.answer(outcome);
         }
         return;
     }
-    match transport.modules.judge(Err(error), &entries[0].call, node) {
+    let verdict = transport.modules.judge(Err(error), &entries[0].call, node);
+    if !matches!(verdict, Verdict::Served(_)) {
+        // `judge` counted the first call's fallback; the batch carried the others too.
+        transport.modules.fell_back(entries.len() - 1);
+    }
+    match verdict {
         Verdict::Served(outcome) => {
             let (name, operation) = (&entries[0].name, entries[0].operation);
             transport.observe::<()>(&classify(name, operation, outcome.clone().map(drop)));

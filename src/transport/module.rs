@@ -196,6 +196,13 @@ impl Modules {
         }
     }
 
+    /// Counts `calls` more calls sent to the module that it declined or whose node lacked it
+    /// (those of a batched command refused as a whole, beyond the one [`judge`](Self::judge)
+    /// counted).
+    pub(super) fn fell_back(&self, calls: usize) {
+        self.declined.fetch_add(calls as u64, Ordering::Relaxed);
+    }
+
     /// Whether the module may serve a standalone server's calls: not turned off, and the
     /// server (node 0) not found without `fencelock.acquire` lately.
     pub(super) fn may_serve_standalone(&self) -> bool {
