@@ -286,7 +286,10 @@ pub(super) fn masters(slots: &redis::Value) -> Vec<Master> {
         .filter_map(|(slot, node)| {
             Some(Master {
                 slot,
-                host: node.host().map(|host| host.into_owned()).unwrap_or_default(),
+                host: node
+                    .host()
+                    .map(|host| host.into_owned())
+                    .unwrap_or_default(),
                 port: node.port()?,
             })
         })

@@ -452,6 +452,20 @@ impl Node {
         cmd.query(&mut conn)
     }
 
+    /// The node's cluster id (`CLUSTER MYID`).
+    pub fn id(&self) -> String {
+        self.cmd(redis::cmd("CLUSTER").arg("MYID"))
+    }
+
+    /// The node's config epoch (`cluster_my_epoch` of `CLUSTER INFO`).
+    pub fn config_epoch(&self) -> u64 {
+        let info: String = self.cmd(redis::cmd("CLUSTER").arg("INFO"));
+        info.lines()
+            .find_map(|line| line.strip_prefix("cluster_my_epoch:"))
+            .and_then(|epoch| epoch.trim().parse().ok())
+            .expect("cluster_my_epoch")
+    }
+
     pub fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> T {
         self.try_cmd(cmd)
             .unwrap_or_else(|e| panic!("{:?} on {}: {e}", cmd.args_iter().next(), self.port))
@@ -639,6 +653,17 @@ impl Standalone {
     pub fn url(&self) -> String {
         self.node.url()
     }
+}
+
+/// `CLUSTER SETSLOT slot state node_id` on `node`.
+fn setslot(node: &Node, slot: u16, state: &str, node_id: &str) {
+    node.cmd::<()>(
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node_id),
+    )
 }
 
 /// A 3-master/3-replica cluster (node timeout 2 s, replica validity factor 0).
@@ -876,19 +901,7 @@ impl Cluster {
     /// calling `between` after each key so traffic runs against the half-moved slot.
     pub fn migrate_slot(&self, slot: u16, from: u16, to: u16, mut between: impl FnMut()) {
         let (source, target) = (self.node(from), self.node(to));
-        let id = |n: &Node| n.cmd::<String>(redis::cmd("CLUSTER").arg("MYID"));
-        let (source_id, target_id) = (id(source), id(target));
-        let setslot = |n: &Node, state: &str, node_id: &str| {
-            n.cmd::<()>(
-                redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(slot)
-                    .arg(state)
-                    .arg(node_id),
-            )
-        };
-        setslot(target, "IMPORTING", &source_id);
-        setslot(source, "MIGRATING", &target_id);
+        self.begin_migration(slot, from, to);
         loop {
             let keys: Vec<String> = source.cmd(
                 redis::cmd("CLUSTER")
@@ -909,15 +922,29 @@ impl Cluster {
             );
             between();
         }
-        setslot(target, "NODE", &target_id);
-        setslot(source, "NODE", &target_id);
+        self.finish_migration(slot, from, to);
+    }
+
+    /// The start of a migration of `slot` from the master on `from` to the one on `to`:
+    /// `SETSLOT IMPORTING` on the target, `MIGRATING` on the source (the `ASK` window opens).
+    pub fn begin_migration(&self, slot: u16, from: u16, to: u16) {
+        let (source, target) = (self.node(from), self.node(to));
+        setslot(target, slot, "IMPORTING", &source.id());
+        setslot(source, slot, "MIGRATING", &target.id());
+    }
+
+    /// The end of a migration: `SETSLOT NODE` on the target, the source and the other masters.
+    pub fn finish_migration(&self, slot: u16, from: u16, to: u16) {
+        let target_id = self.node(to).id();
+        setslot(self.node(to), slot, "NODE", &target_id);
+        setslot(self.node(from), slot, "NODE", &target_id);
         for node in self
             .nodes
             .iter()
             .filter(|n| !n.killed && n.port != from && n.port != to)
         {
             if node.info("replication").contains("role:master") {
-                setslot(node, "NODE", &target_id);
+                setslot(node, slot, "NODE", &target_id);
             }
         }
     }
