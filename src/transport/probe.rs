@@ -168,7 +168,20 @@ fn connect_reason(source: &RedisError, tls: bool) -> &'static str {
             "the server's answer is not the Redis protocol: is that port Redis's (not HTTP or \
              another service)?"
         }
-        None => "the server refused the connection",
+        None => match source.code() {
+            Some("BUSY") => {
+                "the server is busy running a script or function (BUSY): wait for it, or end it \
+                 with SCRIPT KILL / FUNCTION KILL"
+            }
+            Some("LOADING") => {
+                "the server is loading its data set (LOADING): try again when it is done"
+            }
+            Some("MASTERDOWN") => "the replica has lost its master and does not serve (MASTERDOWN)",
+            Some("NOPERM") => {
+                "the ACL user may not run INFO, which the connection needs: grant it (+info)"
+            }
+            _ => "the server refused the connection",
+        },
     }
 }
 
@@ -209,6 +222,7 @@ mod tests {
     use redis::{RedisError, Value};
 
     use super::{answered, connect_error, is_refusal};
+    use crate::error::Error;
 
     /// The error a server's reply line `-…` becomes, as the probe sees it.
     fn replied(line: &str) -> RedisError {
@@ -238,6 +252,16 @@ mod tests {
         for line in of_that_node {
             let err = connect_error("n:1", replied(line), false);
             assert!(!is_refusal(&err) && answered(&err), "{line}");
+        }
+        // The reason names the state the node is in.
+        for (line, named) in of_that_node
+            .iter()
+            .zip(["(BUSY)", "(LOADING)", "(MASTERDOWN)"])
+        {
+            let Error::Connect { reason, .. } = connect_error("n:1", replied(line), false) else {
+                panic!("not a connect error");
+            };
+            assert!(reason.contains(named), "{line}: {reason}");
         }
         // Not the Redis protocol (another service on that port): that node alone.
         let foreign = redis::parse_redis_value(b"HTTP/1.1 400 Bad Request\r\n").unwrap_err();
