@@ -151,8 +151,9 @@ async fn a_server_without_the_module_runs_the_scripts_or_fails_when_it_is_requir
 
 /// A batched command that a server without the module refuses as a whole counts one module
 /// fallback per call it carried, as each call sent alone counts one. The server is paused
-/// while the calls are made, so that every one of them is sent to the module (alone, or in a
-/// batched command) before its answer says the module is missing.
+/// while the calls are made, so that they are sent to the module (alone, or in a batched
+/// command) before the first answer says the module is missing.
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_call_of_a_refused_batch_counts_a_module_fallback() {
     const TASKS: usize = 16;
@@ -174,18 +175,22 @@ async fn every_call_of_a_refused_batch_counts_a_module_fallback() {
     }
     let stats = client.stats();
     assert_eq!(stats.module_calls, 0, "{stats:?}");
-    assert_eq!(
-        stats.module_fallbacks, TASKS as u64,
-        "one per acquire sent to the module: {stats:?}"
-    );
-    // Some went in a batched command: the server refused fewer module commands than calls.
+    // The server refused each module command it got (a lone call, or a batched command of
+    // several); each call in them counts one fallback, so more fallbacks than refused commands
+    // once one batched command was refused (a call made after the first refusal reached the
+    // client goes to the script at once, uncounted: under load not every task's call was sent
+    // before that).
     let errors = server.node.info("errorstats");
-    let refused: usize = errors
+    let refused: u64 = errors
         .lines()
         .find_map(|line| line.strip_prefix("errorstat_ERR:count="))
         .and_then(|count| count.trim().parse().ok())
         .unwrap_or_else(|| panic!("{errors}"));
-    assert!(refused < TASKS, "{refused} module commands: {errors}");
+    assert!(
+        stats.module_fallbacks > refused && stats.module_fallbacks <= TASKS as u64,
+        "{refused} module commands refused, {} fallbacks counted: {stats:?}",
+        stats.module_fallbacks
+    );
     for guard in guards {
         guard.release().await.unwrap();
     }
