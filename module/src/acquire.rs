@@ -69,7 +69,7 @@ pub fn run(
         return queue::hold_place(&key, &lock, args, now_ms, place, grace);
     }
     if !live && queued {
-        let fence_of = |stored| fence_for(ctx, stored, floor, mode, now_us);
+        let fence_of = |stored| fence_for(ctx, key.name_bytes(), stored, floor, mode, now_us);
         return queue::acquire_free(&key, &lock, args, now_ms, place, ttl, grace, fence_of);
     }
     let tag = &owner[..owner.len().min(8)];
@@ -111,7 +111,7 @@ pub fn run(
         fence,
         behind,
         shift,
-    } = match fence_for(ctx, stored, floor, mode, now_us) {
+    } = match fence_for(ctx, key.name_bytes(), stored, floor, mode, now_us) {
         Ok(f) => f,
         Err(reply) => return reply,
     };
@@ -147,13 +147,19 @@ pub fn run(
 /// when the epoch cannot be read or the fence would pass 2^53 - 1.
 pub fn fence_for(
     ctx: *mut redis_module::raw::RedisModuleCtx,
+    key: &[u8],
     stored: u64,
     floor: u64,
     mode: rules::Mode,
     now_us: u64,
 ) -> Result<rules::Fence, Reply> {
     let epoch = if mode.reads_epoch() {
-        epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?
+        let epoch =
+            epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?;
+        if stored == 0 && epoch::slot_migrating(ctx, key) {
+            return Err(Reply::Error(rules::migrating(key)));
+        }
+        epoch
     } else {
         0
     };

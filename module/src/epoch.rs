@@ -112,6 +112,41 @@ pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
     epoch
 }
 
+/// Whether the slot of `key` migrates (this node imports or exports it), so that a grant with no
+/// stored fence may not be made here: fence.lua's check, the same call. `EXISTS key key:~` (two
+/// keys of the slot, the second never written) is refused by the server's cluster check, which
+/// `RM_Call` runs with the calling client's `ASKING`, in a slot that migrates (no reply, errno
+/// `EPERM`); on a node that owns the slot it answers. Any refusal counts as migrating: the grant
+/// is then refused with `TRYAGAIN`, never made with a fence that could fall below the source's.
+pub fn slot_migrating(ctx: *mut RedisModuleCtx, key: &[u8]) -> bool {
+    let mut never_written = Vec::with_capacity(key.len() + 2);
+    never_written.extend_from_slice(key);
+    never_written.extend_from_slice(b":~");
+    // SAFETY: the command's context; static C strings; each buffer is passed with its length
+    // and outlives the call; the reply is freed before returning. Presence checked at load.
+    unsafe {
+        let Some(call) = raw::RedisModule_Call else {
+            return true;
+        };
+        let reply = call(
+            ctx,
+            c"EXISTS".as_ptr(),
+            c"bb".as_ptr(),
+            key.as_ptr(),
+            key.len(),
+            never_written.as_ptr(),
+            never_written.len(),
+        );
+        if reply.is_null() {
+            return true;
+        }
+        if let Some(free) = raw::RedisModule_FreeCallReply {
+            free(reply);
+        }
+        false
+    }
+}
+
 /// Forgets the cached epoch: the next use reads it afresh.
 pub fn forget() {
     EPOCH_PLUS_ONE.store(0, Ordering::Relaxed);

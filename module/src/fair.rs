@@ -50,7 +50,7 @@ pub fn acquire(
         Err(reply) => return reply,
     };
     let live = lock.live(now_ms);
-    let fence_of = |stored| acquire::fence_for(ctx, stored, floor, mode, now_us);
+    let fence_of = |stored| acquire::fence_for(ctx, key.name_bytes(), stored, floor, mode, now_us);
     if !live && lock.waiters != Some(b"q") {
         // No place queued: granted at once, the state without marks (fair_acquire.lua).
         let f = match fence_of(lock.fence) {

@@ -528,6 +528,9 @@ fn grant_to(
     let mode = rules::parse_mode(mode).unwrap_or(Mode::Counter);
     let epoch = if mode.reads_epoch() {
         match epoch::my_epoch(ctx) {
+            Some(_) if stored == 0 && epoch::slot_migrating(ctx, key.name_bytes()) => {
+                return Ok(Head::Wake(who))
+            }
             Some(e) => e,
             None => return Ok(Head::Wake(who)),
         }

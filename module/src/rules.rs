@@ -84,6 +84,15 @@ pub struct Fence {
     pub shift: Option<u64>,
 }
 
+/// fence.lua's refusal of a grant with no stored fence in a slot that migrates.
+pub fn migrating(key: &[u8]) -> String {
+    format!(
+        "TRYAGAIN fencelock: the slot of {} is migrating and its last fence may be on the other \
+         node: try again when the migration ends",
+        String::from_utf8_lossy(key)
+    )
+}
+
 /// The fence rule (fence.lua): the next fence above `stored` and `floor`, TIME µs in clock mode,
 /// `epoch` × 2^32 in epoch mode, TIME µs + `epoch` × 2^34 in hybrid mode (`epoch` is only read
 /// in those two), or the scripts' error text when the epoch is too large for epoch mode or the

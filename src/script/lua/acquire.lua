@@ -72,7 +72,7 @@ if (live and (owner == ARGV[1] or place > 0)) or (not live and lock[5] == 'q') t
       wait, latest = q.head_end - now_ms, q.head_end
     else
       -- The head (this caller), or no live place is queued: granted.
-      local fence, behind = next_fence(tonumber(lock[3]) or 0, tonumber(ARGV[3]), ARGV[4])
+      local fence, behind = next_fence(tonumber(lock[3]) or 0, tonumber(ARGV[3]), ARGV[4], nil, KEYS[1])
       if not fence then return behind end
       if lock[4] then clear(KEYS[1], lock) end
       take(q, pending, last, me, fence, tonumber(ARGV[2]))
@@ -107,7 +107,7 @@ if w and w == 'y' .. string.sub(ARGV[1], 1, 8) then
   w = nil
 end
 -- fence.lua's rule, inlined (see its `--@fence` lines).
-local stored, floor, mode, count = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1
+local stored, floor, mode, count, key = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1, KEYS[1]
 local fence, behind = stored + 1, 0
 --@fence
 if not fence then return behind end

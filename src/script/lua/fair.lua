@@ -85,7 +85,7 @@ local function handed(q, how, stored, mark, seq)
   local fence, behind
   if ttl and ttl > 0 and place and place > 0 then
     if (q.head_end - now_ms) * 3 >= place * 2 then
-      fence, behind = next_fence(tonumber(stored) or 0, floor, mode)
+      fence, behind = next_fence(tonumber(stored) or 0, floor, mode, nil, KEYS[1])
     end
   end
   if not fence then

@@ -44,7 +44,7 @@ if not live and lock[5] ~= 'q' then
   -- No place queued (the state's waiters mark is `q` while one may be): a free lock is
   -- granted at once, as acquire.lua grants (the fence rule and the grant's expiry inlined, so
   -- this path creates no function).
-  local stored, floor, mode, count = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1
+  local stored, floor, mode, count, key = (lock[3] or 0) + 0, ARGV[3], ARGV[4], 1, KEYS[1]
   local fence, behind = stored + 1, 0
 --@fence
   if not fence then return behind end
@@ -77,7 +77,7 @@ if not live or last - walked >= 64 then
 end
 if not live and ((q and q.head == me) or (not q and not pending)) then
   -- The head (this caller), or no place is queued: granted.
-  local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4])
+  local fence, behind = next_fence(tonumber(lock[3]) or 0, ARGV[3], ARGV[4], nil, KEYS[1])
   if not fence then return behind end
   take(q, pending, last, me, fence, tonumber(ARGV[2]))
   return {1, fence, behind, 0}

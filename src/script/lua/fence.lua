@@ -1,8 +1,17 @@
 -- The fence rule every granting script shares (inserted after the prologue's once-per-call part,
--- which defines `now_us`): `next_fence(stored, floor, mode, count)` is the next fence above
--- `stored`, the last fence granted (0 for none); `count` (default 1) fences are taken from it at
--- once (a semaphore's many permits: `fence` .. `fence + count - 1`), all of which must stay below
--- 2^53.
+-- which defines `now_us`): `next_fence(stored, floor, mode, count, key)` is the next fence above
+-- `stored`, the last fence granted (0 for none) in `key`; `count` (default 1) fences are taken
+-- from it at once (a semaphore's many permits: `fence` .. `fence + count - 1`), all of which must
+-- stay below 2^53.
+--
+-- In modes `epoch` and `hybrid` a grant with no stored fence first makes sure this node is not
+-- importing the key's slot (a migration's `ASK` window): there a lock whose key expired on the
+-- source would get this node's config epoch, which Redis raises only when the migration ends, and
+-- when it is below the source's the fence would fall below the source's grants. A call with two
+-- keys of the slot, one of them a name never written (`key .. ':~'`), is refused inside a script
+-- in a slot that migrates (the importer answers that it cannot serve it, as it would answer
+-- `TRYAGAIN`); on a node that owns the slot it is one `EXISTS`. The grant is then refused with
+-- `TRYAGAIN` (the client tries again until the migration ends; docs/safety.md).
 --
 -- The fence is max(stored + 1, floor + 1, TIME µs + 1 in mode `clock`, cluster_my_epoch ×
 -- 2^32 + 1 in mode `epoch` (cluster only), TIME µs + cluster_my_epoch × 2^34 + 1 in mode
@@ -22,7 +31,7 @@
 -- its grant creates no function; on failure they leave `fence` nil and `behind` the error.
 -- The `--@floor` line is where the scripts that read the module's floor key (`acquire_floor`,
 -- `lock_all_floor`, `handoff_floor`) insert floor_read.lua; in the others it is a comment.
-local function next_fence(stored, floor, mode, count)
+local function next_fence(stored, floor, mode, count, key)
   local fence, behind = stored + 1, 0
 --@fence
 --@floor
@@ -40,6 +49,8 @@ local function next_fence(stored, floor, mode, count)
     end
     if not epoch then
       fence, behind = nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
+    elseif stored == 0 and type(redis.pcall('EXISTS', key, key .. ':~')) == 'table' then
+      fence, behind = nil, redis.error_reply('TRYAGAIN fencelock: the slot of ' .. key .. ' is migrating and its last fence may be on the other node: try again when the migration ends')
     elseif mode == 'epoch' then
       if epoch >= 2097152 then
         fence, behind = nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')

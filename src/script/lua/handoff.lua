@@ -62,7 +62,7 @@ if lock[5] == 'q' then
   local beyond = not q and (pending or redis.call('HLEN', KEYS[1]) > 3)
   if beyond or (q and ARGV[10] == 'c' and code == 1) then
     local reserve = tonumber(ARGV[9]) or 1
-    local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve)
+    local fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve, KEYS[1])
     if fence then
       if lock[4] then clear(KEYS[1], lock) end
       local ends = now_ms + ARGV[5]
@@ -83,7 +83,7 @@ else
 end
 local fence, behind
 local reserve = tonumber(ARGV[9]) or 1
-if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve) end
+if not others then fence, behind = next_fence((lock[3] or 0) + 0, ARGV[6], ARGV[7], reserve, KEYS[1]) end
 if not fence then
   clear(KEYS[1], lock)
   if others then store(KEYS[1], {nil, now_ms + ARGV[8], lock[3], nil, 'y' .. tag}) end

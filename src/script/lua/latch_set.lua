@@ -24,7 +24,7 @@
 #!lua
 local latch = redis.call('HMGET', KEYS[1], 'gen', 'set', 'opened', 'fence')
 if latch[1] and latch[2] == ARGV[2] then return {2, tonumber(latch[1]), 0} end
-local fence, behind = next_fence(tonumber(latch[4]) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(latch[4]) or 0, ARGV[3], ARGV[4], nil, KEYS[1])
 if not fence then return behind end
 local gen = string.format('%.0f', fence)
 redis.call('DEL', KEYS[1])

@@ -70,7 +70,7 @@ if mine == #KEYS then
 end
 local fences, behind = {}, 0
 for i = 1, #KEYS do
-  local fence, ahead = next_fence(tonumber(states[i][3]) or 0, tonumber(ARGV[3]), ARGV[4])
+  local fence, ahead = next_fence(tonumber(states[i][3]) or 0, tonumber(ARGV[3]), ARGV[4], nil, KEYS[i])
   if not fence then return ahead end
   fences[i] = fence
   if ahead > behind then behind = ahead end

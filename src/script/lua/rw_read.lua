@@ -60,7 +60,7 @@ if not mine and last_fence and redis.call('HLEN', KEYS[1]) >= ARGV[5] + 0 then
     return {0, math.min(first - now_ms, third), readers}
   end
 end
-local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4], nil, KEYS[1])
 if not fence then return behind end
 local ends = now_ms + ARGV[2]
 local stored = string.format('%d', fence)

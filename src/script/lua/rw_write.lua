@@ -49,7 +49,7 @@ if blocked > 0 then
   end
   return {0, blocked, #fields / 2}
 end
-local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4])
+local fence, behind = next_fence(tonumber(last_fence) or 0, ARGV[3], ARGV[4], nil, KEYS[1])
 if not fence then return behind end
 if writer then forget(writer, 'w') end
 local ends = now_ms + ttl

@@ -208,7 +208,7 @@ end
 -- strings), each with its fence, and the index fields in `index` as they stand after it (one
 -- permit written with one table constructor: no number turned into a string twice, no table
 -- grown field by field).
-local fence, behind = next_fence(tonumber(c[7]) or 0, ARGV[5], ARGV[6], count)
+local fence, behind = next_fence(tonumber(c[7]) or 0, ARGV[5], ARGV[6], count, KEYS[1])
 if not fence then return behind end
 local ends = now_ms + ttl
 local last = string.format('%d', fence + count - 1)
