@@ -365,6 +365,12 @@ impl Error {
         matches!(self, Error::Busy { .. })
     }
 
+    /// True when Redis answered `TRYAGAIN`: the key's slot is migrating (a grant with no stored
+    /// fence in the epoch fence modes is refused there until the migration ends).
+    pub(crate) fn is_slot_migrating(&self) -> bool {
+        matches!(self, Error::Redis { source, .. } if source.code() == Some("TRYAGAIN"))
+    }
+
     /// True when a deadline passed, the connection failed, the cluster is changing (failover,
     /// resharding) or the server is busy (loading, or running a long script), so trying again
     /// may succeed.

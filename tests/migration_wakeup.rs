@@ -219,12 +219,58 @@ async fn ask_window_grant(cluster: Cluster) {
         Duration::from_secs(20),
         || tryagains(&cluster, target) > refused,
     );
+    // Several refused attempts: the client tries again (on the same connection) while they last.
+    wait_until("refused attempts", Duration::from_secs(20), || {
+        client.stats().acquire_errors >= 4
+    });
     assert!(!waiting.is_finished(), "granted in the ASK window");
     cluster.finish_migration(keys.slot(), source, target);
     let granted = waiting.await.unwrap().unwrap();
     let after = granted.fence().get();
     granted.release().await.unwrap();
     assert!(after > before, "{after} <= {before}");
+    // TRYAGAIN is an answer, not a stale connection: no rebuilds while it lasted.
+    assert_eq!(
+        client.stats().connection_rebuilds,
+        0,
+        "{:?}",
+        client.stats()
+    );
+}
+
+/// The migrating-slot check's call (`EXISTS key key:~`) refused for another reason, such as
+/// an ACL user without `exists`, is that error, not a migration that never ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_without_exists_gets_its_refusal_not_a_migration() {
+    let cluster = Cluster::start();
+    for node in &cluster.nodes {
+        let _: () = node.cmd(
+            redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("noexists")
+                .arg("on")
+                .arg(">secret")
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all")
+                .arg("-exists"),
+        );
+    }
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://noexists:secret@127.0.0.1:{}", n.port))
+        .collect();
+    let client = Client::connect(urls).await.unwrap();
+    let err = client
+        .try_lock("acl:fresh", &LockOptions::new())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("can't run this command") && !text.contains("migrating"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -521,8 +521,11 @@ impl Transport {
     /// [`REBUILD_AFTER`] of them. redis-rs keeps routing a slot to a master that stopped
     /// answering with its socket open (SIGSTOP) even after a replica was promoted; a new
     /// connection reads a fresh slot map and routes to the new master.
+    /// `TRYAGAIN` is an answer (a slot that migrates, for as long as it does), not a sign of
+    /// a connection gone stale: it neither counts nor resets the count.
     fn observe<T>(self: &Arc<Self>, outcome: &Result<T>) {
         match outcome {
+            Err(err) if err.is_slot_migrating() => {}
             Err(err) if err.is_transient() => {
                 if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= REBUILD_AFTER {
                     self.rebuild();

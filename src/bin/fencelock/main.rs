@@ -529,6 +529,10 @@ pub fn fail(error: &Error) -> ExitCode {
         // --quorum, fewer than a majority answered). Any other call Redis did not answer: the
         // node is unreachable.
         Error::Timeout { operation, .. } if operation.acquires() => code::NOT_ACQUIRED,
+        // Refused until its slot's migration ends, and the timeout came first.
+        Error::Redis {
+            operation, source, ..
+        } if operation.acquires() && source.code() == Some("TRYAGAIN") => code::NOT_ACQUIRED,
         Error::ReplicasNotConfirmed { .. } => code::REPLICAS,
         Error::InvalidName { .. }
         | Error::InvalidOptions { .. }

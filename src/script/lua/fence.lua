@@ -11,7 +11,9 @@
 -- keys of the slot, one of them a name never written (`key .. ':~'`), is refused inside a script
 -- in a slot that migrates (the importer answers that it cannot serve it, as it would answer
 -- `TRYAGAIN`); on a node that owns the slot it is one `EXISTS`. The grant is then refused with
--- `TRYAGAIN` (the client tries again until the migration ends; docs/safety.md).
+-- `TRYAGAIN` (a waiting acquire tries again until the migration ends or its timeout; a one-shot
+-- call such as a latch's `set` returns it; docs/safety.md). Any other refusal of that call (an
+-- ACL user without `exists`) is the grant's error reply as it is.
 --
 -- The fence is max(stored + 1, floor + 1, TIME µs + 1 in mode `clock`, cluster_my_epoch ×
 -- 2^32 + 1 in mode `epoch` (cluster only), TIME µs + cluster_my_epoch × 2^34 + 1 in mode
@@ -47,10 +49,14 @@ local function next_fence(stored, floor, mode, count, key)
       epoch = ok and tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
       memo.epoch = epoch
     end
-    if not epoch then
-      fence, behind = nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
-    elseif stored == 0 and type(redis.pcall('EXISTS', key, key .. ':~')) == 'table' then
+    local refused = stored == 0 and epoch and redis.pcall('EXISTS', key, key .. ':~')
+    if type(refused) == 'table' and not (string.find(refused.err, 'non local key', 1, true)
+        or string.find(refused.err, 'rehashing', 1, true)) then
+      fence, behind = nil, refused
+    elseif type(refused) == 'table' then
       fence, behind = nil, redis.error_reply('TRYAGAIN fencelock: the slot of ' .. key .. ' is migrating and its last fence may be on the other node: try again when the migration ends')
+    elseif not epoch then
+      fence, behind = nil, redis.error_reply('ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO')
     elseif mode == 'epoch' then
       if epoch >= 2097152 then
         fence, behind = nil, redis.error_reply('ERR fencelock: config epoch ' .. epoch .. ' leaves no room below 2^53 for epoch fences')
