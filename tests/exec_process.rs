@@ -15,7 +15,7 @@ use common::{wait_until, Standalone};
 const TWO_SLEEPS: &str = "cut -d' ' -f5 /proc/$$/stat; sleep 30 & sleep 30; wait";
 
 fn spawn_exec(url: &str, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_fencelock"))
+    common::cli::default_signals(&mut Command::new(env!("CARGO_BIN_EXE_fencelock")))
         .env_remove("FENCELOCK_URL")
         .args(["--url", url, "exec"])
         .args(args)
@@ -391,6 +391,16 @@ impl Drop for Terminal {
     }
 }
 
+/// How many times process `pid` was switched out (it ran), from `/proc/PID/status`.
+fn switches(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.contains("ctxt_switches:"))
+        .filter_map(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// State, process group and the terminal's foreground group of process `pid`, from `/proc`.
 fn job_state(pid: i32) -> Option<(String, i32, i32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -525,4 +535,65 @@ fn a_job_stopped_past_its_lease_loses_the_lock_and_its_command_is_not_continued(
         job_state(pid).is_none_or(|(state, ..)| state == "Z"),
         "the command is gone"
     );
+}
+
+#[test]
+fn after_bg_a_command_that_reads_the_terminal_gets_it_back_on_fg() {
+    // `bg` continues the job in the background: the command's read of the terminal stops it
+    // (SIGTTIN), and fencelock stops its group by the same signal (a shell does not continue a
+    // job it thinks is running on `fg`, it only hands it the terminal). `fg` then continues
+    // fencelock, which gives the command the terminal and continues it.
+    let server = Standalone::start();
+    let mut terminal = Terminal::start();
+    terminal.type_in(&format!(
+        "{} --url {} exec --ttl 30s bgfg -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
+        env!("CARGO_BIN_EXE_fencelock"),
+        server.url()
+    ));
+    let mut pid = 0;
+    wait_until("the command to start", Duration::from_secs(20), || {
+        pid = terminal
+            .screen()
+            .split("ready:")
+            .skip(1)
+            .find_map(|rest| rest.split(':').next()?.parse().ok())
+            .unwrap_or(0);
+        pid != 0
+    });
+    let foreground =
+        |pid| job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid);
+    wait_until(
+        "the command in the foreground",
+        Duration::from_secs(10),
+        || foreground(pid),
+    );
+    terminal.type_in("\x1a");
+    wait_until(
+        "the shell to report the job stopped",
+        Duration::from_secs(10),
+        || terminal.screen().contains("Stopped"),
+    );
+    let ran = switches(pid);
+    terminal.type_in("bg\n");
+    // Continued by fencelock, it ran (its context switches rose) and stopped again.
+    wait_until(
+        "the command stopped by its read in the background",
+        Duration::from_secs(10),
+        || switches(pid) > ran && job_state(pid).is_some_and(|(state, ..)| state == "T"),
+    );
+    terminal.type_in("fg\n");
+    wait_until(
+        "the command continued in the foreground",
+        Duration::from_secs(10),
+        || foreground(pid),
+    );
+    terminal.type_in("hello\n");
+    wait_until(
+        "the command to read the line",
+        Duration::from_secs(10),
+        || terminal.screen().contains("got hello"),
+    );
+    wait_until("the release", Duration::from_secs(10), || {
+        !server.node.held("fencelock:{bgfg}:lock")
+    });
 }

@@ -637,6 +637,7 @@ async fn supervise(
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut children = tokio::signal::unix::signal(SignalKind::child()).ok();
+    let mut continued = tokio::signal::unix::signal(SignalKind::from_raw(libc::SIGCONT)).ok();
     let mut signalled = false;
     loop {
         tokio::select! {
@@ -652,9 +653,20 @@ async fn supervise(
                 group.signal(received.signal);
             }
             err = &mut lost => return Supervised::Lost(err.to_string()),
-            Some(()) = next_child_event(&mut children) => {
+            Some(()) = next_event(&mut children) => {
                 let Some(stop) = job_stop(child) else { continue };
                 if !group.suspend(stop) {
+                    continue;
+                }
+                // Stopped, fencelock was continued before going on (SIGCONT already heard);
+                // not stopped (an orphaned group, the signal ignored), it hears none.
+                let stopped = match &mut continued {
+                    Some(stream) => tokio::time::timeout(NOT_STOPPED, stream.recv()).await.is_ok(),
+                    None => true,
+                };
+                if !stopped && stop != Signal::SIGTSTP {
+                    // A read of the terminal from the background: continued, the command would
+                    // stop again at once, over and over. It stays stopped, as it would alone.
                     continue;
                 }
                 // Continued. The command goes on only under a lease that is surely still ours.
@@ -670,13 +682,18 @@ async fn supervise(
     }
 }
 
-/// The next SIGCHLD (a child exited, stopped or continued); never without the stream.
-async fn next_child_event(children: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match children {
+/// The next signal of a stream (SIGCHLD: a child exited, stopped or continued); never without
+/// the stream.
+async fn next_event(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match stream {
         Some(stream) => stream.recv().await,
         None => std::future::pending().await,
     }
 }
+
+/// How long fencelock waits to hear the SIGCONT that continued it after it stopped itself; none
+/// within this, it was not stopped.
+const NOT_STOPPED: Duration = Duration::from_millis(50);
 
 /// The job-control signal that stopped the command's own process, if it is stopped by one
 /// (SIGTSTP, SIGTTIN, SIGTTOU; not SIGSTOP, which no terminal sends). Reads the stop, not the

@@ -143,9 +143,9 @@ impl Group {
     /// SIGTTIN/SIGTTOU: it used the terminal from the background), so fencelock stops its own
     /// process group, the job a shell knows, by the same signal, as the terminal would have had
     /// that group been in the foreground: the shell then sees the job stopped and gets the
-    /// terminal back. Returns once fencelock is continued (`fg`, `bg`, `kill -CONT`), at once
-    /// if it cannot be stopped (the signal ignored; an orphaned group, which the kernel does
-    /// not stop). The command stays stopped: [`resume`](Self::resume) continues it. Without a
+    /// terminal back. Returns once fencelock is continued (`fg`, `bg`, `kill -CONT`), at once if
+    /// it cannot be stopped (the signal ignored; an orphaned group, which the kernel does not
+    /// stop). The command stays stopped: [`resume`](Self::resume) continues it. Without a
     /// controlling terminal there is no job control: nothing is done and false returned.
     pub fn suspend(&self, signal: Signal) -> bool {
         let Some(terminal) = &self.terminal else {
@@ -154,7 +154,7 @@ impl Group {
         if self.handed.swap(false, Ordering::Relaxed) {
             terminal.take_back();
         }
-        if !ignored(signal) {
+        if !crate::signals::ignored(signal) {
             // Pid 0: fencelock's own group. The stop takes effect before the call returns.
             let _ = killpg(Pid::from_raw(0), signal);
         }
@@ -205,16 +205,6 @@ impl Group {
                 terminal.take_back();
             }
         }
-    }
-}
-
-/// Whether `signal` is ignored in fencelock (then it cannot stop fencelock).
-fn ignored(signal: Signal) -> bool {
-    // SAFETY: a null new action only reads the current one into `current`.
-    unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(signal as libc::c_int, std::ptr::null(), &mut current) == 0
-            && current.sa_sigaction == libc::SIG_IGN
     }
 }
 
