@@ -10,13 +10,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use common::cli::{assert_died_by, finish, kill};
+use common::cli::{assert_died_by, default_signals, finish, kill};
 use common::{wait_until, Standalone};
 use fencelock::{Client, LockOptions};
 
 fn fencelock_cmd(url: &str, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fencelock"));
-    command
+    default_signals(&mut command)
         .env_remove("FENCELOCK_URL")
         .env_remove("FENCELOCK_FAIR")
         .arg("--url")
@@ -125,7 +125,7 @@ async fn ctrl_c_while_exec_waits_stops_the_calling_script() {
         "'{}' --url '{url}' exec --fair --ttl 30s queue true; echo carried on",
         env!("CARGO_BIN_EXE_fencelock")
     );
-    let shell = Command::new("bash")
+    let shell = default_signals(&mut Command::new("bash"))
         .arg("-c")
         .arg(script)
         .env_remove("FENCELOCK_URL")
@@ -146,6 +146,59 @@ async fn ctrl_c_while_exec_waits_stops_the_calling_script() {
         "the script went on"
     );
     assert_died_by(&output, libc::SIGINT);
+    assert_eq!(places(&server.node, key), 0, "place withdrawn");
+    holder.release().await.unwrap();
+}
+
+/// The mask of signal `signal` in a `/proc/PID/status` line `field` (`SigIgn`, `SigCgt`).
+fn signal_in(pid: u32, field: &str, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix(&format!("{field}:\t")))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap();
+    mask & (1 << (signal - 1)) != 0
+}
+
+/// `nohup fencelock exec …` starts it with SIGHUP ignored: a hangup must not end its wait (nor
+/// reach the command, which inherits the same), so fencelock leaves it ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_signal_ignored_at_start_stays_ignored() {
+    use std::os::unix::process::CommandExt;
+    let server = Standalone::start();
+    let url = server.url();
+    let key = "fencelock:{nohup}:fair";
+    let client = Client::connect([url.clone()]).await.unwrap();
+    let holder = client.try_fair_lock("nohup", &options()).await.unwrap();
+    let mut command = fencelock_cmd(&url, &["exec", "--fair", "--ttl", "30s", "nohup", "true"]);
+    // SAFETY: only signal(2) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let waiter = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run fencelock");
+    wait_until("the exec's place", Duration::from_secs(10), || {
+        places(&server.node, key) == 1
+    });
+    assert!(
+        signal_in(waiter.id(), "SigIgn", libc::SIGHUP),
+        "SIGHUP still ignored"
+    );
+    assert!(
+        signal_in(waiter.id(), "SigCgt", libc::SIGTERM),
+        "SIGTERM caught"
+    );
+    kill(&waiter, libc::SIGHUP);
+    kill(&waiter, libc::SIGTERM);
+    let output = finish(waiter);
+    assert_died_by(&output, libc::SIGTERM);
     assert_eq!(places(&server.node, key), 0, "place withdrawn");
     holder.release().await.unwrap();
 }

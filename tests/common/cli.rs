@@ -1,7 +1,7 @@
 //! Helpers for the tests that drive the `fencelock` binary as child processes.
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, Output};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 /// Sends `signal` to `child`.
@@ -34,4 +34,20 @@ pub fn assert_died_by(output: &Output, signal: i32) {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Starts `command` with SIGINT, SIGQUIT, SIGHUP and SIGTERM at their default actions, as from
+/// a terminal: a test run in the background of a shell script (CI) inherits SIGINT and SIGQUIT
+/// ignored, and fencelock leaves a signal it was started with ignored ignored.
+pub fn default_signals(command: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only signal(2), async-signal-safe, between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP, libc::SIGTERM] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+            Ok(())
+        })
+    }
 }

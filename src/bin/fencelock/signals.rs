@@ -52,6 +52,16 @@ impl Received {
     }
 }
 
+/// Whether `signal` is ignored in fencelock (inherited so, or set).
+pub fn ignored(signal: Signal) -> bool {
+    // SAFETY: a null new action only reads the current one into `current`.
+    unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal as libc::c_int, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// Dies by the signal a wait was ended by ([`Received::end`]), if any: its default action
 /// restored, it is unblocked and raised. Returns when no wait was ended by a signal, or if the
 /// signal did not end the process.
@@ -76,10 +86,13 @@ pub struct Signals {
 
 impl Signals {
     /// Catches SIGINT, SIGTERM, SIGHUP and SIGQUIT from now on (needs a Tokio runtime). A
-    /// signal that cannot be caught keeps its default action.
+    /// signal that cannot be caught keeps its default action; one that fencelock was started
+    /// with ignored stays ignored (`nohup` ignores SIGHUP, a shell script's `&` SIGINT and
+    /// SIGQUIT: those must not end fencelock, nor reach the command, which inherits the same).
     pub fn install() -> Signals {
         let streams = CAUGHT
             .iter()
+            .filter(|&&(_, caught)| !ignored(caught))
             .filter_map(|&(kind, caught)| {
                 let received = Received {
                     signal: caught,
