@@ -413,6 +413,67 @@ fn job_state(pid: i32) -> Option<(String, i32, i32)> {
     ))
 }
 
+impl Terminal {
+    /// Types `fencelock exec --ttl TTL NAME -- sh -c '…; read line; …'` (the command prints
+    /// `ready:PID:` first, then reads a line and prints `got LINE`), and returns the command's
+    /// pid once it runs in the terminal's foreground.
+    fn exec_reading_a_line(&mut self, url: &str, ttl: &str, name: &str) -> i32 {
+        self.type_in(&format!(
+            "{} --url {url} exec --ttl {ttl} {name} -- sh -c 'echo ready:$$:; read line; echo got \
+             $line'\n",
+            env!("CARGO_BIN_EXE_fencelock"),
+        ));
+        let mut pid = 0;
+        wait_until("the command to start", Duration::from_secs(20), || {
+            pid = self
+                .screen()
+                .split("ready:")
+                .skip(1)
+                .find_map(|rest| rest.split(':').next()?.parse().ok())
+                .unwrap_or(0);
+            pid != 0
+        });
+        wait_until(
+            "the command in the foreground",
+            Duration::from_secs(10),
+            || in_foreground(pid),
+        );
+        pid
+    }
+
+    /// Types Ctrl-Z and waits for the shell to report the job stopped.
+    fn ctrl_z(&mut self) {
+        self.type_in("\x1a");
+        wait_until(
+            "the shell to report the job stopped",
+            Duration::from_secs(10),
+            || self.screen().contains("Stopped"),
+        );
+    }
+
+    /// Types `fg`, waits for the command `pid` to run in the foreground, types a line and waits
+    /// for the command to print it.
+    fn fg_and_read_a_line(&mut self, pid: i32) {
+        self.type_in("fg\n");
+        wait_until(
+            "the command continued in the foreground",
+            Duration::from_secs(10),
+            || in_foreground(pid),
+        );
+        self.type_in("hello\n");
+        wait_until(
+            "the command to read the line",
+            Duration::from_secs(10),
+            || self.screen().contains("got hello"),
+        );
+    }
+}
+
+/// Whether process `pid` runs (not stopped) in its terminal's foreground group.
+fn in_foreground(pid: i32) -> bool {
+    job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid)
+}
+
 #[test]
 fn ctrl_z_stops_the_job_and_fg_continues_the_command_under_the_lock() {
     // Ctrl-Z stops the terminal's foreground group, the command's; fencelock passes the stop
@@ -421,51 +482,14 @@ fn ctrl_z_stops_the_job_and_fg_continues_the_command_under_the_lock() {
     // the terminal again and continues it.
     let server = Standalone::start();
     let mut terminal = Terminal::start();
-    terminal.type_in(&format!(
-        "{} --url {} exec --ttl 30s jobs -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
-        env!("CARGO_BIN_EXE_fencelock"),
-        server.url()
-    ));
-    let mut pid = 0;
-    wait_until("the command to start", Duration::from_secs(20), || {
-        let screen = terminal.screen();
-        pid = screen
-            .split("ready:")
-            .skip(1)
-            .find_map(|rest| rest.split(':').next()?.parse().ok())
-            .unwrap_or(0);
-        pid != 0
-    });
-    let foreground =
-        |pid| job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid);
-    wait_until(
-        "the command in the foreground",
-        Duration::from_secs(10),
-        || foreground(pid),
-    );
-    terminal.type_in("\x1a");
-    wait_until(
-        "the shell to report the job stopped",
-        Duration::from_secs(10),
-        || terminal.screen().contains("Stopped"),
-    );
+    let pid = terminal.exec_reading_a_line(&server.url(), "30s", "jobs");
+    terminal.ctrl_z();
     assert_eq!(job_state(pid).unwrap().0, "T", "the command is stopped");
     assert!(
         server.node.held("fencelock:{jobs}:lock"),
         "held while stopped"
     );
-    terminal.type_in("fg\n");
-    wait_until(
-        "the command continued in the foreground",
-        Duration::from_secs(10),
-        || foreground(pid),
-    );
-    terminal.type_in("hello\n");
-    wait_until(
-        "the command to read the line",
-        Duration::from_secs(10),
-        || terminal.screen().contains("got hello"),
-    );
+    terminal.fg_and_read_a_line(pid);
     wait_until("the release", Duration::from_secs(10), || {
         !server.node.held("fencelock:{jobs}:lock")
     });
@@ -476,32 +500,8 @@ fn a_job_stopped_past_its_lease_loses_the_lock_and_its_command_is_not_continued(
     let server = Standalone::start();
     let key = "fencelock:{lapsed}:lock";
     let mut terminal = Terminal::start();
-    terminal.type_in(&format!(
-        "{} --url {} exec --ttl 1s lapsed -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
-        env!("CARGO_BIN_EXE_fencelock"),
-        server.url()
-    ));
-    let mut pid = 0;
-    wait_until("the command to start", Duration::from_secs(20), || {
-        pid = terminal
-            .screen()
-            .split("ready:")
-            .skip(1)
-            .find_map(|rest| rest.split(':').next()?.parse().ok())
-            .unwrap_or(0);
-        pid != 0
-    });
-    wait_until(
-        "the command in the foreground",
-        Duration::from_secs(10),
-        || job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid),
-    );
-    terminal.type_in("\x1a");
-    wait_until(
-        "the shell to report the job stopped",
-        Duration::from_secs(10),
-        || terminal.screen().contains("Stopped"),
-    );
+    let pid = terminal.exec_reading_a_line(&server.url(), "1s", "lapsed");
+    terminal.ctrl_z();
     // The lease ends (by the server's clock) while fencelock is stopped: no renewal.
     let lease_end = || -> i64 {
         let until: Option<String> = server.node.cmd(redis::cmd("HGET").arg(key).arg("until"));
@@ -545,34 +545,8 @@ fn after_bg_a_command_that_reads_the_terminal_gets_it_back_on_fg() {
     // fencelock, which gives the command the terminal and continues it.
     let server = Standalone::start();
     let mut terminal = Terminal::start();
-    terminal.type_in(&format!(
-        "{} --url {} exec --ttl 30s bgfg -- sh -c 'echo ready:$$:; read line; echo got $line'\n",
-        env!("CARGO_BIN_EXE_fencelock"),
-        server.url()
-    ));
-    let mut pid = 0;
-    wait_until("the command to start", Duration::from_secs(20), || {
-        pid = terminal
-            .screen()
-            .split("ready:")
-            .skip(1)
-            .find_map(|rest| rest.split(':').next()?.parse().ok())
-            .unwrap_or(0);
-        pid != 0
-    });
-    let foreground =
-        |pid| job_state(pid).is_some_and(|(state, pgrp, tpgid)| state != "T" && pgrp == tpgid);
-    wait_until(
-        "the command in the foreground",
-        Duration::from_secs(10),
-        || foreground(pid),
-    );
-    terminal.type_in("\x1a");
-    wait_until(
-        "the shell to report the job stopped",
-        Duration::from_secs(10),
-        || terminal.screen().contains("Stopped"),
-    );
+    let pid = terminal.exec_reading_a_line(&server.url(), "30s", "bgfg");
+    terminal.ctrl_z();
     let ran = switches(pid);
     terminal.type_in("bg\n");
     // Continued by fencelock, it ran (its context switches rose) and stopped again.
@@ -581,18 +555,7 @@ fn after_bg_a_command_that_reads_the_terminal_gets_it_back_on_fg() {
         Duration::from_secs(10),
         || switches(pid) > ran && job_state(pid).is_some_and(|(state, ..)| state == "T"),
     );
-    terminal.type_in("fg\n");
-    wait_until(
-        "the command continued in the foreground",
-        Duration::from_secs(10),
-        || foreground(pid),
-    );
-    terminal.type_in("hello\n");
-    wait_until(
-        "the command to read the line",
-        Duration::from_secs(10),
-        || terminal.screen().contains("got hello"),
-    );
+    terminal.fg_and_read_a_line(pid);
     wait_until("the release", Duration::from_secs(10), || {
         !server.node.held("fencelock:{bgfg}:lock")
     });
