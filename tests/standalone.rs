@@ -365,6 +365,58 @@ async fn wait_replicas_without_replicas_fails_and_releases() {
     );
 }
 
+/// Polls `call` until it has answered `Pending` `polls` times, then drops it there, in the
+/// same poll (on a current-thread runtime nothing else runs in between): `None` when it was
+/// cut, else what it returned.
+async fn cut_after<F: Future>(call: F, polls: usize) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut left = polls;
+    std::future::poll_fn(move |cx| match call.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending if left <= 1 => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            left -= 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// The release of a grant too few replicas confirmed is an undo: a lock call cut at any of its
+/// polls, the one that sent that release included, leaves nothing held once the client's
+/// background calls have ended. With batching off no driver queues the undo; redis-rs leaves
+/// out a queued command whose caller is gone, so the undo is sent from a task of its own (the
+/// cut right after it went out left the lock held for its 30 s lease before).
+#[tokio::test]
+async fn an_unconfirmed_grants_release_is_sent_whichever_poll_the_call_is_cut_at() {
+    let server = Standalone::start();
+    let client = Client::builder([server.url()])
+        .batching(false)
+        .connect()
+        .await
+        .expect("connect");
+    let options = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_replicas(1, Duration::from_millis(20));
+    let mut cuts = 0;
+    for polls in 1.. {
+        let name = format!("cut-{polls}");
+        let outcome = cut_after(client.try_lock(&name, &options), polls).await;
+        client.shutdown().await.expect("background calls ended");
+        assert!(
+            !held(&server, &format!("fencelock:{{{name}}}:lock")),
+            "cut after {polls} polls ({outcome:?}): the unconfirmed lock is still held"
+        );
+        match outcome {
+            None => cuts += 1,
+            Some(Err(Error::ReplicasNotConfirmed { .. })) => break,
+            Some(other) => panic!("expected ReplicasNotConfirmed, got {other:?}"),
+        }
+        assert!(polls < 100, "the call never ended");
+    }
+    assert!(cuts >= 2, "cut at {cuts} polls only");
+}
+
 /// After `NOSCRIPT` the script is resent with its `WAIT`: the replicas get what is left of the
 /// WAIT timeout, not a second one, so an unconfirmed grant fails as `ReplicasNotConfirmed`
 /// within the call's bound (request timeout + WAIT timeout), not as `Timeout` after it. With no

@@ -43,7 +43,9 @@ impl Transport {
     }
 
     /// [`run_undo`](Self::run_undo), its reply awaited for `limit`, or (`None`) until the
-    /// driver answers: its rounds are bounded, and a driver that ends drops what it holds.
+    /// driver answers: its rounds are bounded, and a driver that ends drops what it holds. Where
+    /// no driver takes it (batching off, a cluster's slot map not read yet), a bounded undo runs
+    /// in a task of its own, so that it is sent even when its caller is cut first.
     async fn undo_within(
         self: &Arc<Self>,
         call: ScriptCall,
@@ -64,6 +66,18 @@ impl Transport {
                 },
                 None => reply.await.unwrap_or_else(|_| Err(timeout())),
             },
+            Err(call) if limit.is_some() => {
+                // No driver: sent from a task of its own, since redis-rs leaves out a queued
+                // command whose caller is gone, and a caller cut while it waits here must not
+                // take the undo with it.
+                let (sent, reply) = tokio::sync::oneshot::channel();
+                let transport = Arc::clone(self);
+                let key = name.to_owned();
+                self.spawn_detached(async move {
+                    let _ = sent.send(transport.run_alone(&call, &key, operation).await);
+                });
+                reply.await.unwrap_or_else(|_| Err(timeout()))
+            }
             Err(call) => self.run_alone(&call, name, operation).await,
         }
     }
