@@ -431,6 +431,19 @@ async fn exec_with_a_closed_stderr_keeps_its_exit_codes_and_releases() {
         "{}",
         String::from_utf8_lossy(&free.stdout)
     );
+    // With debug events on (`-vv`, as `RUST_LOG` would): the events go nowhere, the command
+    // runs and its status is exec's, and the lock is released (it exited 101 before running
+    // the command, its lock held for its TTL).
+    assert_eq!(
+        run(&["-vv", "exec", "--ttl", "30s", "logged", "--", "sh", "-c", "exit 3"]),
+        Some(3)
+    );
+    let free = fencelock(&url, &["status", "logged", "--json"]);
+    assert!(
+        String::from_utf8_lossy(&free.stdout).contains("\"held\":false"),
+        "{}",
+        String::from_utf8_lossy(&free.stdout)
+    );
 }
 
 /// A mutex's command does not inherit an outer `exec --permits`'s FENCELOCK_PERMIT: the number

@@ -70,18 +70,21 @@ pub fn redact(text: &str) -> String {
 }
 
 /// Standard error with known passwords redacted: the `tracing` events' writer (each event
-/// arrives in one write).
+/// arrives in one write). An event that cannot be written (stderr closed) is dropped, as `say!`
+/// drops a message: reported as an error, `tracing` would print it with `eprintln!`, which
+/// panics there.
 pub struct RedactingStderr;
 
 impl Write for RedactingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let text = redact(&String::from_utf8_lossy(buf));
-        std::io::stderr().write_all(text.as_bytes())?;
+        let _ = std::io::stderr().write_all(text.as_bytes());
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
+        let _ = std::io::stderr().flush();
+        Ok(())
     }
 }
 
