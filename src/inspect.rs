@@ -310,7 +310,9 @@ impl Client {
     }
 
     /// Every primitive's key under the client's prefix, on every master (`SCAN MATCH
-    /// '<prefix>:{*' COUNT 1000`, master by master), each inspected. Stops once about
+    /// '<prefix>:{*' COUNT 1000`, master by master, each asked by its address), each
+    /// inspected: a master that does not answer fails the listing rather than leaving its
+    /// locks out. Stops once about
     /// `max_scanned` keys were examined in all (calls × `COUNT`) and says so in
     /// [`LockList::truncated`]. Keys whose names do not decode back to the same key (another
     /// program's keys under the prefix) are skipped; so are keys with a primitive's name that
@@ -329,11 +331,18 @@ impl Client {
     pub async fn list_locks(&self, max_scanned: u64) -> Result<LockList> {
         let core = self.core();
         let pattern = format!("{}{{*", glob_escape(&prefix_part(&core.prefix)));
-        let masters = self.master_slots().await?;
+        let masters = core.transport.masters().await?;
+        if masters.is_empty() {
+            return Err(Error::UnexpectedReply {
+                name: "*".into(),
+                operation: Operation::ClusterSlots,
+                detail: "no master serves a slot".into(),
+            });
+        }
         let count = SCAN_COUNT.min(max_scanned.max(1));
         let mut keys = BTreeSet::new();
         let mut list = LockList::default();
-        'masters: for slot in masters {
+        'masters: for master in &masters {
             let mut cursor = 0u64;
             loop {
                 if list.scanned >= max_scanned {
@@ -348,7 +357,7 @@ impl Client {
                     .arg(count);
                 let reply = core
                     .transport
-                    .run_on_master(slot, cmd, Operation::Scan)
+                    .run_on(master.as_ref(), cmd, Operation::Scan)
                     .await?;
                 let (next, found): (u64, Vec<String>) = parse_reply("*", Operation::Scan, reply)?;
                 list.scanned += count;
@@ -397,24 +406,6 @@ impl Client {
 
     fn kind_keys(&self, kind: Kind, name: &str, placement: &Placement) -> Result<LockKeys> {
         LockKeys::of_kind(&self.core().prefix, name, placement, kind.key_suffix())
-    }
-
-    /// One slot served by each master (the first of its first range), or `[0]` standalone.
-    async fn master_slots(&self) -> Result<Vec<u16>> {
-        let transport = &self.core().transport;
-        if transport.topology() != Topology::Cluster {
-            return Ok(vec![0]);
-        }
-        let reply = transport.cluster_slots().await?;
-        let masters = crate::transport::slots::masters(&reply);
-        if masters.is_empty() {
-            return Err(Error::UnexpectedReply {
-                name: "*".into(),
-                operation: Operation::ClusterSlots,
-                detail: "no master serves a slot".into(),
-            });
-        }
-        Ok(masters.into_iter().map(|(slot, _)| slot).collect())
     }
 }
 

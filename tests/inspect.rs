@@ -674,3 +674,49 @@ async fn a_lease_end_that_is_not_whole_milliseconds_is_no_live_hold() {
         );
     }
 }
+
+/// `list_locks` asks each master by its address: with a master stopped (SIGSTOP, before the
+/// cluster fails it over), a client that could not open a connection to it fails the listing
+/// with a transient error. Routed by slot, the `SCAN` went to another node, which was scanned
+/// twice, and the listing came back without the stopped master's locks and no error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listing_with_a_master_stopped_fails_instead_of_leaving_its_locks_out() {
+    let cluster = Cluster::start();
+    let client = connect(cluster.urls()).await;
+    let mut guards = Vec::new();
+    for name in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        guards.push(client.lock(name, &options()).await.unwrap());
+    }
+    let stopped = cluster.master_of_slot(guards[0].keys().slot());
+    let others: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|node| node.port != stopped.port)
+        .map(|node| node.url())
+        .collect();
+    stopped.pause();
+    let admin = Client::builder(others)
+        .connect_timeout(Duration::from_millis(300))
+        .request_timeout(Duration::from_millis(300))
+        .connect()
+        .await;
+    let listed = match admin {
+        Ok(admin) => Some(admin.list_locks(100_000).await),
+        Err(_) => None,
+    };
+    stopped.resume();
+    let still_master = cluster.master_of_slot(guards[0].keys().slot()).port == stopped.port;
+    let Some(listed) = listed else {
+        panic!("connect without the stopped master failed");
+    };
+    match listed {
+        Err(err) => assert!(err.is_transient(), "{err:?}"),
+        Ok(list) => {
+            let names: Vec<&str> = list.locks.iter().map(|l| l.name.as_str()).collect();
+            assert!(
+                !still_master && names.len() == guards.len(),
+                "listed {names:?} while a master was stopped"
+            );
+        }
+    }
+}

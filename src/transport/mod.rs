@@ -44,6 +44,7 @@ pub(crate) use batch::SlotMap;
 pub(crate) use connection::Timeouts;
 pub use connection::Topology;
 pub(crate) use endpoint::{Endpoint, Seeds};
+pub(crate) use module::Master;
 pub use module::ModuleUse;
 pub(crate) use subscriber::Subscriber;
 pub(crate) use tls::TlsFiles;
@@ -182,25 +183,17 @@ impl Transport {
         if !self.modules.required() {
             return Ok(());
         }
-        let masters = match self.topology() {
-            Topology::Standalone => vec![None],
-            Topology::Cluster => module::masters(&self.cluster_slots().await?)
-                .into_iter()
-                .map(Some)
-                .collect(),
-        };
-        for master in masters {
+        for master in self.masters().await? {
             let node = master
                 .as_ref()
-                .map_or_else(|| self.endpoint().nodes.to_string(), module::Master::addr);
+                .map_or_else(|| self.endpoint().nodes.to_string(), Master::addr);
             let cmd = redis::cmd("COMMAND")
                 .arg("INFO")
                 .arg("fencelock.acquire")
                 .to_owned();
-            let reply = match &master {
-                Some(master) => self.run_on_node(master, cmd, Operation::ModuleCheck).await,
-                None => self.run_on_master(0, cmd, Operation::ModuleCheck).await,
-            };
+            let reply = self
+                .run_on(master.as_ref(), cmd, Operation::ModuleCheck)
+                .await;
             let reason = match reply {
                 Ok(reply) if module::loaded(&reply) => continue,
                 Ok(_) => "the client requires fencelock's Redis module (ModuleUse::Required) \
@@ -221,17 +214,41 @@ impl Transport {
         Ok(())
     }
 
-    /// Runs `cmd` on the cluster node `master` itself, by its address, within the request
-    /// timeout (redis-rs opens the connection again if it has none, and fails the call if the
-    /// node is not in its slot map). A master the slot map gave no host of its own
-    /// ([`Master::own_host`](module::Master::own_host)) goes by its slot, as
-    /// [`run_on_master`](Self::run_on_master) does.
-    async fn run_on_node(
+    /// The masters to run a command of one node on (`SCAN`, `COMMAND INFO`): each master of a
+    /// `CLUSTER SLOTS` read now, or `None` for the standalone server. See [`run_on`](Self::run_on).
+    pub(crate) async fn masters(&self) -> Result<Vec<Option<Master>>> {
+        Ok(match self.topology() {
+            Topology::Standalone => vec![None],
+            Topology::Cluster => module::masters(&self.cluster_slots().await?)
+                .into_iter()
+                .map(Some)
+                .collect(),
+        })
+    }
+
+    /// Runs `cmd` on `master` of [`masters`](Self::masters) itself, by its address, or on the
+    /// standalone server (`None`), within the request timeout. Routed by slot, redis-rs would
+    /// send a command without keys (never redirected) to another node when it has no
+    /// connection to that master (it stopped answering), whose answer says nothing of the
+    /// master's.
+    pub(crate) async fn run_on(
         &self,
-        master: &module::Master,
+        master: Option<&Master>,
         cmd: Cmd,
         operation: Operation,
     ) -> Result<Value> {
+        match master {
+            Some(master) => self.run_on_node(master, cmd, operation).await,
+            None => self.run_on_master(0, cmd, operation).await,
+        }
+    }
+
+    /// Runs `cmd` on the cluster node `master` itself, by its address, within the request
+    /// timeout (redis-rs opens the connection again if it has none, and fails the call if the
+    /// node is not in its slot map). A master the slot map gave no host of its own
+    /// ([`Master::own_host`]) goes by its slot, as
+    /// [`run_on_master`](Self::run_on_master) does.
+    async fn run_on_node(&self, master: &Master, cmd: Cmd, operation: Operation) -> Result<Value> {
         use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         if !master.own_host() {
             return self.run_on_master(master.slot, cmd, operation).await;

@@ -258,7 +258,7 @@ impl Absent {
 
 /// A master of a `CLUSTER SLOTS` reply: the first slot it serves and its address.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Master {
+pub(crate) struct Master {
     pub(super) slot: u16,
     /// As the reply gives it (see [`own_host`](Self::own_host)).
     pub(super) host: String,
@@ -274,7 +274,7 @@ impl Master {
     }
 
     /// `host:port`, for messages.
-    pub(super) fn addr(&self) -> String {
+    pub(crate) fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port)
     }
 }
