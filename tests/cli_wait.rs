@@ -310,6 +310,25 @@ async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
     let output = finish(hold);
     assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
 
+    // The server stops answering: exit 70 by the lease's end (2 s after the last renewal at
+    // most), not after a release and a shutdown that each wait a request timeout (2 s) more.
+    let mut hold = spawn(&url, &["hold", "--ttl", "2s", "door"]);
+    let mut line = String::new();
+    BufReader::new(hold.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    server.node.pause();
+    let stopped = std::time::Instant::now();
+    let output = finish(hold);
+    let took = stopped.elapsed();
+    server.node.resume();
+    assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
+    assert!(
+        took < Duration::from_millis(3500),
+        "exited {took:?} after the server stopped: {}",
+        stderr(&output)
+    );
+
     // A read hold: shared with an exec --read.
     let mut hold = spawn(&url, &["hold", "--read", "door"]);
     let mut line = String::new();
