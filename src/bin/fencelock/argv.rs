@@ -19,8 +19,9 @@ pub fn switch_arg(text: &str) -> Result<bool, String> {
 /// `exec NAME CMD [ARGS…]` as `exec NAME -- CMD [ARGS…]`: when the arguments after `exec` have
 /// no `--`, the first one that is neither an option nor an option's value is the one NAME and
 /// everything after it is the command, as with flock(1) and `etcdctl lock`. With a `--` (every
-/// argument before it is then a name), and for other subcommands, nothing changes. `cli` is the
-/// parser's definition, which tells which options take a value.
+/// argument before it that is not an option or an option's value is then a name), and for other
+/// subcommands, nothing changes. `cli` is the parser's definition, which tells which options
+/// take a value.
 pub fn command_after_name(args: Vec<OsString>, cli: &clap::Command) -> Vec<OsString> {
     let mut cli = cli.clone();
     cli.build();

@@ -36,7 +36,7 @@ pub struct ExecArgs {
     #[command(flatten)]
     pub lock: LockArgs,
     /// The command and its arguments: after NAME (one name), or after `--` (every argument
-    /// before `--` is then a name).
+    /// before `--` that is not an option or an option's value is then a name).
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
