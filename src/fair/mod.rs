@@ -264,10 +264,12 @@ impl Client {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: a dropped call holds no lock and leaves no place: its place (and a grant
-    /// whose reply it did not read) is withdrawn at once in the background, waking the next
-    /// waiter if it was the head; its watch and its subscription end with it. No task is left
-    /// behind for it.
+    /// Cancel safe: a dropped call holds no lock: its place (and a grant whose reply it did not
+    /// read) is withdrawn at once in the background, waking the next waiter if it was the head;
+    /// if that fails, the place lapses with its lease (the lock's TTL, at most 3 s) and such a
+    /// grant with its TTL. Its watch and its subscription end with it. The only task it leaves
+    /// is the background withdrawal, which ends once Redis answers or the request times out
+    /// (`Client::shutdown` waits for it).
     pub async fn fair_lock(&self, name: &str, options: &LockOptions) -> Result<FairLockGuard> {
         let keys = self.fair_keys(name, options)?;
         options.validate(name)?;

@@ -293,9 +293,14 @@ impl Client {
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped call holds no lock (an acquire request in flight is released in
-    /// the background, as in [`try_lock`](Self::try_lock)), and its registration on the lock's
-    /// channel is dropped with it; the subscription ends when no other call of this client waits
-    /// on that lock. No task is left behind for it.
+    /// the background, as in [`try_lock`](Self::try_lock)). Its place in the lock's queue (taken
+    /// once an attempt found the lock held, unless `wait_replicas` is set), with a grant made to
+    /// it whose reply it did not read, is withdrawn in the background, waking the next waiter if
+    /// it was the head; if that fails, the place lapses with its lease (the lock's TTL, at most
+    /// 3 s) and such a grant with its TTL. Its registration on the lock's channel is dropped with
+    /// it; the subscription ends when no other call of this client waits on that lock. The only
+    /// tasks it leaves are these background calls, which end once Redis answers or the request
+    /// times out (`Client::shutdown` waits for them).
     pub async fn lock(&self, name: &str, options: &LockOptions) -> Result<LockGuard> {
         let keys = self.keys(name, options)?;
         options.validate(name)?;

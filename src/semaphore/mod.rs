@@ -261,7 +261,9 @@ impl Semaphore {
     ///
     /// Cancel safe: a dropped call holds no permit (an attempt in flight is released in the
     /// background), its reservation is withdrawn in the background, and its registration on
-    /// the semaphore's channel is dropped with it. No task is left behind for it.
+    /// the semaphore's channel is dropped with it. The only tasks it leaves are these background
+    /// calls, which end once Redis answers or the request times out (`Client::shutdown` waits
+    /// for them).
     pub async fn acquire_many(&self, count: u32, options: &LockOptions) -> Result<PermitGuard> {
         let waiter = if count > 1 {
             crate::owner::id()
