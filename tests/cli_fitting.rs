@@ -142,6 +142,45 @@ fn environment_variables_take_effect() {
         .args(["--prefix", "fencelock", "exec", "job", "--", "true"]));
     assert_eq!(output.status.code(), Some(75), "{}", text(&output.stderr));
     runtime.block_on(guard.release()).unwrap();
+
+    // A flag on the command line also wins over another flag's variable it conflicts with
+    // (clap refused the pair, exit 64, naming neither variable): `--write` over
+    // FENCELOCK_READ takes the write lock, `-v` over FENCELOCK_QUIET says what it waits for.
+    let reading = runtime
+        .block_on(client.read_lock("doc", &LockOptions::new().ttl(Duration::from_secs(30))))
+        .unwrap();
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .env("FENCELOCK_READ", "1")
+        .args(["exec", "--write", "-w", "300ms", "doc", "--", "true"]));
+    assert_eq!(
+        output.status.code(),
+        Some(75),
+        "a write lock waits for the reader: {}",
+        text(&output.stderr)
+    );
+    runtime.block_on(reading.release()).unwrap();
+    let held = runtime
+        .block_on(client.lock("busy", &LockOptions::new().ttl(Duration::from_secs(30))))
+        .unwrap();
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .env("FENCELOCK_QUIET", "1")
+        .args(["-v", "exec", "-w", "300ms", "busy", "--", "true"]));
+    assert_eq!(output.status.code(), Some(75), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("waiting for busy"),
+        "{}",
+        text(&output.stderr)
+    );
+    runtime.block_on(held.release()).unwrap();
+    // Both from the environment: still refused.
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .env("FENCELOCK_READ", "1")
+        .env("FENCELOCK_WRITE", "1")
+        .args(["exec", "doc", "--", "true"]));
+    assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
 }
 
 /// Runs `fencelock exec` in the background, collecting its stderr as it comes.

@@ -112,16 +112,7 @@ pub fn env_error(err: &clap::Error, cli: &clap::Command, argv: &[OsString]) -> O
     if std::env::var_os(variable).as_deref() != Some(OsStr::new(value)) {
         return None;
     }
-    let on_command_line = argv.iter().any(|a| {
-        a.to_str().is_some_and(|a| {
-            a.strip_prefix("--")
-                .is_some_and(|rest| rest == long || rest.starts_with(&format!("{long}=")))
-                || arg.get_short().is_some_and(|short| {
-                    a.len() > 1 && !a.starts_with("--") && a.starts_with('-') && a.contains(short)
-                })
-        })
-    });
-    if on_command_line {
+    if on_command_line(arg, long, argv) {
         return None;
     }
     let text = err.render().to_string();
@@ -144,6 +135,56 @@ pub fn env_error(err: &clap::Error, cli: &clap::Command, argv: &[OsString]) -> O
         ));
     }
     Some(line)
+}
+
+/// Whether `arg` (long name `long`) is given on the command line `argv`.
+fn on_command_line(arg: &clap::Arg, long: &str, argv: &[OsString]) -> bool {
+    argv.iter().any(|a| {
+        a.to_str().is_some_and(|a| {
+            a.strip_prefix("--")
+                .is_some_and(|rest| rest == long || rest.starts_with(&format!("{long}=")))
+                || arg.get_short().is_some_and(|short| {
+                    a.len() > 1 && !a.starts_with("--") && a.starts_with('-') && a.contains(short)
+                })
+        })
+    })
+}
+
+/// For two options in conflict where one was given on the command line and the other only by
+/// its environment variable (`FENCELOCK_QUIET=1 fencelock -v …`): that variable, which the
+/// command line overrides. `None` for any other error, and when both come from the command
+/// line or both from the environment.
+pub fn overridden_variable(
+    err: &clap::Error,
+    cli: &clap::Command,
+    argv: &[OsString],
+) -> Option<OsString> {
+    if err.kind() != ErrorKind::ArgumentConflict {
+        return None;
+    }
+    let mut flags = Vec::new();
+    for kind in [ContextKind::InvalidArg, ContextKind::PriorArg] {
+        match err.get(kind) {
+            Some(ContextValue::String(flag)) => flags.push(flag.clone()),
+            Some(ContextValue::Strings(more)) => flags.extend(more.iter().cloned()),
+            _ => {}
+        }
+    }
+    let mut given = false;
+    let mut from_env = None;
+    for flag in &flags {
+        let long = flag
+            .split(|c: char| c.is_whitespace() || c == '.' || c == '=')
+            .next()?
+            .strip_prefix("--")?;
+        let arg = find_arg(cli, long)?;
+        if on_command_line(arg, long, argv) {
+            given = true;
+        } else if let Some(variable) = arg.get_env().filter(|v| std::env::var_os(v).is_some()) {
+            from_env = Some(variable.to_os_string());
+        }
+    }
+    from_env.filter(|_| given)
 }
 
 /// The argument with long name `long` in `cli` or any of its subcommands.

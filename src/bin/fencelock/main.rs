@@ -609,9 +609,23 @@ fn split_urls(values: &[String]) -> Vec<String> {
 /// usage error.
 fn parse() -> Result<Cli, ExitCode> {
     let argv = argv::command_after_name(std::env::args_os().collect(), &Cli::command());
-    let parsed = cli_command()
-        .try_get_matches_from(&argv)
-        .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches));
+    let parse = || {
+        cli_command()
+            .try_get_matches_from(&argv)
+            .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
+    };
+    let mut parsed = parse();
+    // A flag on the command line overrides an environment variable it conflicts with
+    // (`FENCELOCK_QUIET=1 fencelock -v …` is verbose): the variable is dropped and the line
+    // parsed again. Single-threaded still: nothing else reads the environment meanwhile.
+    for _ in 0..8 {
+        let Err(err) = &parsed else { break };
+        let Some(variable) = argv::overridden_variable(err, &Cli::command(), &argv) else {
+            break;
+        };
+        std::env::remove_var(variable);
+        parsed = parse();
+    }
     match parsed {
         Ok(mut cli) => {
             cli.urls = split_urls(&cli.urls);
