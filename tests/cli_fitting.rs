@@ -174,6 +174,14 @@ fn environment_variables_take_effect() {
         text(&output.stderr)
     );
     runtime.block_on(held.release()).unwrap();
+    // An empty FENCELOCK_URL is the default URL (it was "not a usable Redis URL", exit 64).
+    let output = run(fencelock().env("FENCELOCK_URL", "").args(["status", "x"]));
+    assert!(
+        output.status.success() || text(&output.stderr).contains("127.0.0.1:6379"),
+        "{:?}: {}",
+        output.status.code(),
+        text(&output.stderr)
+    );
     // Both from the environment: still refused.
     let output = run(fencelock()
         .env("FENCELOCK_URL", server.url())

@@ -507,11 +507,16 @@ fn cluster_builder(
 }
 
 fn parse_url(url: &str) -> Result<ConnectionInfo> {
+    let tls = if cfg!(feature = "tls") {
+        ""
+    } else {
+        " (this build has no TLS: it needs the `tls` feature)"
+    };
     url.into_connection_info()
         .map_err(|e| Error::InvalidConfig {
             reason: format!(
                 "{:?} is not a usable Redis URL ({e}): expected redis://[user:password@]host:port \
-             or rediss://… (TLS needs the `tls` feature)",
+                 or rediss://…{tls}",
                 redact(url)
             ),
         })

@@ -53,6 +53,9 @@ use clap::{ArgAction, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use fencelock::{Client, ClientBuilder, Error, FenceToken, MAX_FLOOR};
 use serde::Serialize;
 
+/// Where the CLI looks for Redis without `--url` or `FENCELOCK_URL`.
+const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
 #[derive(Parser, Debug)]
 #[command(name = "fencelock", version, after_help = EXIT_CODES)]
@@ -63,7 +66,7 @@ struct Cli {
         long = "url",
         global = true,
         env = "FENCELOCK_URL",
-        default_value = "redis://127.0.0.1:6379"
+        default_value = DEFAULT_URL
     )]
     urls: Vec<String>,
 
@@ -578,8 +581,13 @@ pub fn print_json(value: &impl Serialize) -> ExitCode {
 
 /// The node URLs of the `--url` values (or of `FENCELOCK_URL`): a value may list several,
 /// separated by commas. A comma that no URL scheme follows belongs to the URL before it, so a
-/// password holding one stays whole (and is redacted whole).
+/// password holding one stays whole (and is redacted whole). Empty values are left out, and
+/// none at all (`FENCELOCK_URL=`) is the default URL.
 fn split_urls(values: &[String]) -> Vec<String> {
+    let values: Vec<&String> = values.iter().filter(|v| !v.trim().is_empty()).collect();
+    if values.is_empty() {
+        return vec![DEFAULT_URL.to_owned()];
+    }
     let starts_url = |piece: &str| {
         piece.split_once("://").is_some_and(|(scheme, _)| {
             !scheme.is_empty()
