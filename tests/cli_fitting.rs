@@ -173,6 +173,11 @@ fn environment_variables_take_effect() {
         "{}",
         text(&output.stderr)
     );
+    // `-w` takes a bare number of seconds, as flock(1)'s does (it needed a unit: exit 64).
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .args(["exec", "-w", "0.3", "busy", "--", "true"]));
+    assert_eq!(output.status.code(), Some(75), "{}", text(&output.stderr));
     runtime.block_on(held.release()).unwrap();
     // An empty FENCELOCK_URL is the default URL (it was "not a usable Redis URL", exit 64).
     let output = run(fencelock().env("FENCELOCK_URL", "").args(["status", "x"]));

@@ -27,7 +27,7 @@ use crate::group::Group;
 use crate::prelude::PlacementArgs;
 use crate::signals::Signals;
 use crate::wait::{Progress, REDRAW};
-use crate::{code, duration_arg, fail, switch_arg};
+use crate::{code, duration_arg, fail, switch_arg, timeout_arg};
 
 /// Arguments of `fencelock exec`.
 #[derive(Args, Debug)]
@@ -52,8 +52,8 @@ pub struct LockArgs {
     #[arg(long, env = "FENCELOCK_MAX_HOLD", value_parser = duration_arg)]
     max_hold: Option<Duration>,
     /// How long to wait for the lock (woken at once when the holder releases); 0 makes one
-    /// attempt. `-w D` as in flock(1).
-    #[arg(short = 'w', long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
+    /// attempt. `-w D` as in flock(1): a bare number is seconds.
+    #[arg(short = 'w', long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = timeout_arg)]
     timeout: Duration,
     /// One attempt, no waiting: --timeout 0 (as in flock(1); wins over --timeout).
     #[arg(short = 'n', long)]

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::prelude::OutputArgs;
 use crate::signals::Signals;
-use crate::{duration_arg, fail, print_json};
+use crate::{fail, print_json, timeout_arg};
 
 /// Arguments of `fencelock latch` (`--json` is global: given before or after the action).
 #[derive(Args, Debug)]
@@ -73,8 +73,9 @@ enum LatchCommand {
     Wait {
         /// Latch name.
         name: String,
-        /// How long to wait (woken as soon as the last count-down lands); 0 looks once.
-        #[arg(long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = duration_arg)]
+        /// How long to wait (woken as soon as the last count-down lands); 0 looks once. A bare
+        /// number is seconds.
+        #[arg(long, env = "FENCELOCK_TIMEOUT", default_value = "30s", value_parser = timeout_arg)]
         timeout: Duration,
     },
 }

@@ -775,3 +775,16 @@ pub use argv::switch_arg;
 pub fn duration_arg(text: &str) -> Result<Duration, String> {
     duration::parse(text)
 }
+
+/// clap value parser for `--timeout`/`-w`: a duration, or a bare number of seconds as
+/// flock(1)'s `-w` takes (`-w 5`, `-w 0.5`).
+pub fn timeout_arg(text: &str) -> Result<Duration, String> {
+    let bare = text.trim();
+    if !bare.is_empty() && bare.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        if let Ok(seconds) = bare.parse::<f64>() {
+            return Duration::try_from_secs_f64(seconds)
+                .map_err(|_| format!("{bare} seconds is out of range"));
+        }
+    }
+    duration::parse(text)
+}
