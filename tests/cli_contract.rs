@@ -227,6 +227,23 @@ fn the_password_comes_from_the_environment_a_file_or_the_url_and_is_never_shown(
         );
     }
 
+    // A password for a server that has none: refused, saying so (it said "check the user name
+    // and password").
+    let open = Standalone::start();
+    let output = run(fencelock().env("FENCELOCK_PASSWORD", PASSWORD).args([
+        "--url",
+        &open.url(),
+        "status",
+        "job",
+    ]));
+    assert_eq!(output.status.code(), Some(69), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("the server has no password set"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!stderr(&output).contains(PASSWORD), "{}", stderr(&output));
+
     // A connect error that shows the URL redacts it, and a URL that does not parse too.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

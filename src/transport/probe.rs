@@ -77,6 +77,47 @@ pub(super) async fn probe_all(
 /// Asks one node whether it runs in cluster mode.
 async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
     let target = info.addr().to_string();
+    match ask_topology(info, timeouts).await {
+        Ok(Ok(topology)) => Ok(topology),
+        Ok(Err(source)) if is_auth_failure(&source) && no_password_set(info, timeouts).await => {
+            Err(Error::Connect {
+                target,
+                reason: "authentication failed: the server has no password set, and one was \
+                         given (in the URL, FENCELOCK_PASSWORD or --password-file): leave it \
+                         out, or set one on the server"
+                    .into(),
+                source: Some(source),
+            })
+        }
+        Ok(Err(source)) => Err(connect_error(&target, source, is_tls(info))),
+        Err(deadline) => Err(Error::Connect {
+            target,
+            reason: format!(
+                "no answer within {}: is Redis running there?",
+                HumanDuration(deadline)
+            ),
+            source: None,
+        }),
+    }
+}
+
+/// Whether `info`'s password was refused because the server has none: it was given for the
+/// default user, and the node answers without it.
+async fn no_password_set(info: &ConnectionInfo, timeouts: Timeouts) -> bool {
+    let settings = info.redis_settings();
+    if settings.password().is_none() || settings.username().is_some_and(|u| u != "default") {
+        return false;
+    }
+    let bare = redis::RedisConnectionInfo::default().set_protocol(settings.protocol());
+    let without = info.clone().set_redis_settings(bare);
+    matches!(ask_topology(&without, timeouts).await, Ok(Ok(_)))
+}
+
+/// `INFO cluster` on one node: its topology, the error, or (`Err`) the deadline that passed.
+async fn ask_topology(
+    info: &ConnectionInfo,
+    timeouts: Timeouts,
+) -> std::result::Result<std::result::Result<Topology, RedisError>, Duration> {
     let attempt = async {
         let client = redis::Client::open(info.clone())?;
         let config = AsyncConnectionConfig::new()
@@ -92,17 +133,10 @@ async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
     };
     let deadline = timeouts.connect + timeouts.response;
     match tokio::time::timeout(deadline, attempt).await {
-        Ok(Ok(info)) if info.contains("cluster_enabled:1") => Ok(Topology::Cluster),
-        Ok(Ok(_)) => Ok(Topology::Standalone),
-        Ok(Err(source)) => Err(connect_error(&target, source, is_tls(info))),
-        Err(_) => Err(Error::Connect {
-            target,
-            reason: format!(
-                "no answer within {}: is Redis running there?",
-                HumanDuration(deadline)
-            ),
-            source: None,
-        }),
+        Ok(Ok(info)) if info.contains("cluster_enabled:1") => Ok(Ok(Topology::Cluster)),
+        Ok(Ok(_)) => Ok(Ok(Topology::Standalone)),
+        Ok(Err(source)) => Ok(Err(source)),
+        Err(_) => Err(deadline),
     }
 }
 
