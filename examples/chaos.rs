@@ -102,7 +102,9 @@ async fn main() {
             for report in chaos::run(&plan).await {
                 println!("{}", report.row());
                 if report.kind.is_fencelock() {
-                    violations += report.fencing_violations() + report.lost_updates;
+                    violations += report.fencing_violations()
+                        + report.lost_updates
+                        + report.exclusion_violations();
                     if report.grants < grants {
                         eprintln!(
                             "{} under {:?}: only {} grants",
@@ -116,7 +118,10 @@ async fn main() {
         }
     }
     if violations > 0 {
-        eprintln!("fencelock: {violations} fencing violations or lost updates");
+        eprintln!(
+            "fencelock: {violations} fencing violations, lost updates or overlapping holders \
+             where the leases promise none"
+        );
         std::process::exit(1);
     }
 }

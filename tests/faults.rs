@@ -203,8 +203,9 @@ async fn the_clock_shim_moves_a_running_servers_wall_clock_and_nothing_else() {
 const GRANTS: usize = 100;
 
 /// Runs `fault` with `fence` on `kinds`, prints the table, and checks what every mode
-/// promises everywhere: each fencelock lane kept granting, and its store accepted no stale
-/// write and lost no update (the store rejects lower tokens, whatever the mode).
+/// promises everywhere: each fencelock lane kept granting, its store accepted no stale
+/// write and lost no update (the store rejects lower tokens, whatever the mode), and no two
+/// holders overlapped where the leases promise none (`Report::exclusion_violations`).
 async fn chaos_run(fault: Fault, fence: FenceMode, kinds: &[Kind]) -> Vec<Report> {
     let _serial = SERIAL.lock().await;
     let started = Instant::now();
@@ -224,6 +225,7 @@ async fn chaos_run(fault: Fault, fence: FenceMode, kinds: &[Kind]) -> Vec<Report
         assert!(report.grants >= GRANTS, "lane kept granting: {report:?}");
         assert_eq!(report.stale_writes_accepted, 0, "{report:?}");
         assert_eq!(report.lost_updates, 0, "{report:?}");
+        assert_eq!(report.exclusion_violations(), 0, "{report:?}");
     }
     reports
 }

@@ -152,6 +152,20 @@ impl Fault {
         }
     }
 
+    /// Whether the fault leaves Redis with every write it acknowledged (nothing lost, no
+    /// server down): a lease then holds, and no two holders may overlap (guarantee 1 of
+    /// docs/safety.md; a paused or cut-off holder stops believing at its lease's end).
+    pub fn keeps_every_write(self) -> bool {
+        matches!(
+            self,
+            Fault::Failover
+                | Fault::SlotMigration
+                | Fault::ClientPause
+                | Fault::ClientLatency
+                | Fault::ClientPartition
+        )
+    }
+
     pub fn parse(id: &str) -> Option<Fault> {
         Fault::ALL.into_iter().find(|f| f.id() == id)
     }
@@ -324,6 +338,8 @@ pub struct Report {
     pub stale_writes_accepted: usize,
     pub lost_updates: usize,
     pub overlaps: usize,
+    /// Overlaps whose later holder was granted before the fault started (Redis healthy).
+    pub overlaps_before_fault: usize,
     /// The longest time two holders both believed they held the same resource.
     pub longest_overlap: Duration,
     pub writes_rejected: usize,
@@ -396,6 +412,19 @@ impl Report {
     /// The three numbers fencing promises to keep at zero.
     pub fn fencing_violations(&self) -> usize {
         self.duplicate_tokens + self.regressions + self.stale_writes_accepted
+    }
+
+    /// Overlapping holders where the leases promise none: before the fault, and throughout a
+    /// fault that keeps every write ([`Fault::keeps_every_write`]). 0 for lanes without holders.
+    pub fn exclusion_violations(&self) -> usize {
+        if !self.kind.has_store() {
+            return 0;
+        }
+        if self.fault.keeps_every_write() {
+            self.overlaps
+        } else {
+            self.overlaps_before_fault
+        }
     }
 }
 
@@ -558,9 +587,18 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
                     let env = env.lock().unwrap_or_else(|e| e.into_inner());
                     let net = env.net.as_ref().expect("network faults have a net");
                     let side = net.client(0).ip.clone();
+                    let cut = Instant::now();
                     net.isolate(&side);
+                    let server = &env.urls()[0];
+                    assert_eq!(
+                        ping_from(net, 0, server, Duration::from_millis(300)),
+                        None,
+                        "client 0 still reaches {server} across the cut"
+                    );
                     // The fault is this long: a wait for time itself, not for an event.
-                    std::thread::sleep(ttl * 5 / 2);
+                    std::thread::sleep(
+                        (cut + ttl * 5 / 2).saturating_duration_since(Instant::now()),
+                    );
                     net.heal();
                 })
                 .await
@@ -642,6 +680,24 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
         .await
         .expect("servers stop");
     reports
+}
+
+/// How long `redis-cli PING` from client `i`'s namespace to `url` took (its connect
+/// included), or `None` when it got no answer (connecting gives up after `connect`).
+fn ping_from(net: &Net, i: usize, url: &str, connect: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let output = net
+        .command(i, "redis-cli")
+        .args(["-u", url, "--no-raw", "PING"])
+        .env(
+            "REDISCLI_CONNECT_TIMEOUT",
+            connect.as_secs_f64().to_string(),
+        )
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&output.stdout)
+        .contains("PONG")
+        .then(|| started.elapsed())
 }
 
 /// Applies a fault to the master of `slot` (or to the standalone server) and returns once the
@@ -749,6 +805,13 @@ fn inject(
             for i in 0..net.clients() {
                 net.shape(i, Shape::degraded());
             }
+            // A connect and a PING: two round trips of at least 2 × 30 ms each.
+            let server = cluster.node(master).url();
+            let took = ping_from(net, 0, &server, Duration::from_secs(5));
+            assert!(
+                took.is_some_and(|took| took >= Duration::from_millis(100)),
+                "client 0's link to {server} is not degraded: PING took {took:?}"
+            );
             await_grants(degraded_grants, Duration::from_secs(30));
             for i in 0..net.clients() {
                 net.shape(i, Shape::default());
@@ -925,7 +988,14 @@ impl Lane {
         self.shared.stop.store(true, Ordering::SeqCst);
         let mut all = History::default();
         for worker in self.workers {
-            let history = worker.await.expect("worker");
+            // Each call is bounded by its deadline and a hold by the longest pause (a
+            // partition's, at most 60 s): a worker still running after that hangs.
+            let history = tokio::time::timeout(Duration::from_secs(120), worker)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("a {} worker did not stop: a call hangs", self.kind.id())
+                })
+                .expect("worker");
             all.grants.extend(history.grants);
             all.failed_acquires += history.failed_acquires;
             all.longest_call = all.longest_call.max(history.longest_call);
@@ -1318,6 +1388,108 @@ impl Store {
     }
 }
 
+/// What [`overlaps`] found.
+#[derive(Debug, PartialEq)]
+struct Overlaps {
+    count: usize,
+    /// Those whose later holder was granted before `fault_start`.
+    before: usize,
+    longest: Duration,
+}
+
+/// Overlap, per resource, in `by_granted` (sorted by grant time): a writer granted while an
+/// earlier holder (writer or reader) still believed it held it, or a reader granted while an
+/// earlier writer did.
+fn overlaps(by_granted: &[&Grant], fault_start: Instant) -> Overlaps {
+    #[derive(Default)]
+    struct Believed {
+        writer: Option<Instant>,
+        any: Option<Instant>,
+    }
+    let mut believed: BTreeMap<u32, Believed> = BTreeMap::new();
+    let mut found = Overlaps {
+        count: 0,
+        before: 0,
+        longest: Duration::ZERO,
+    };
+    for grant in by_granted.iter().filter(|g| g.role != Role::Setter) {
+        let until = believed.entry(grant.resource).or_default();
+        let conflict = match grant.role {
+            Role::Writer => until.any,
+            _ => until.writer,
+        };
+        if let Some(until) = conflict.filter(|until| grant.granted < *until) {
+            found.count += 1;
+            if grant.granted < fault_start {
+                found.before += 1;
+            }
+            found.longest = found.longest.max(
+                until
+                    .min(grant.end)
+                    .saturating_duration_since(grant.granted),
+            );
+        }
+        until.any = until.any.max(Some(grant.end));
+        if grant.role == Role::Writer {
+            until.writer = until.writer.max(Some(grant.end));
+        }
+    }
+    found
+}
+
+/// The overlap check on made-up histories: it finds a second writer granted inside the
+/// first's hold (and one before the fault as such), a reader inside a writer's, the same on
+/// another permit number not, and neither holders that follow each other nor two readers.
+pub fn overlap_check_finds_double_grants() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let grant = |resource, role, from: u64, to: u64| Grant {
+        token: from,
+        resource,
+        role,
+        requested: at(from),
+        granted: at(from),
+        end: at(to),
+    };
+    let check = |grants: &[Grant], fault_start: u64| {
+        let mut by_granted: Vec<&Grant> = grants.iter().collect();
+        by_granted.sort_by_key(|g| g.granted);
+        overlaps(&by_granted, at(fault_start))
+    };
+    let apart = [
+        grant(0, Role::Writer, 0, 10),
+        grant(0, Role::Writer, 10, 20),
+        grant(0, Role::Reader, 20, 30),
+        grant(0, Role::Reader, 25, 35),
+        grant(1, Role::Writer, 25, 30),
+        grant(0, Role::Setter, 26, 26),
+    ];
+    assert_eq!(
+        check(&apart, 100),
+        Overlaps {
+            count: 0,
+            before: 0,
+            longest: Duration::ZERO
+        }
+    );
+    let double = [
+        grant(0, Role::Writer, 0, 10),
+        grant(0, Role::Writer, 4, 20),
+        grant(0, Role::Reader, 30, 40),
+        grant(0, Role::Writer, 35, 50),
+    ];
+    assert_eq!(
+        check(&double, 20),
+        Overlaps {
+            count: 2,
+            before: 1,
+            longest: Duration::from_millis(6)
+        }
+    );
+    let reader_in_writer = [grant(0, Role::Writer, 0, 10), grant(0, Role::Reader, 9, 12)];
+    assert_eq!(check(&reader_in_writer, 0).count, 1);
+}
+
 fn check(
     kind: Kind,
     fault: Fault,
@@ -1350,35 +1522,11 @@ fn check(
         }
     }
 
-    // Overlap, per resource: a writer granted while an earlier holder (writer or reader) still
-    // believed it held it, or a reader granted while an earlier writer did.
-    #[derive(Default)]
-    struct Believed {
-        writer: Option<Instant>,
-        any: Option<Instant>,
-    }
-    let mut believed: BTreeMap<u32, Believed> = BTreeMap::new();
-    let mut overlaps = 0;
-    let mut longest_overlap = Duration::ZERO;
-    for grant in by_granted.iter().filter(|g| g.role != Role::Setter) {
-        let until = believed.entry(grant.resource).or_default();
-        let conflict = match grant.role {
-            Role::Writer => until.any,
-            _ => until.writer,
-        };
-        if let Some(until) = conflict.filter(|until| grant.granted < *until) {
-            overlaps += 1;
-            longest_overlap = longest_overlap.max(
-                until
-                    .min(grant.end)
-                    .saturating_duration_since(grant.granted),
-            );
-        }
-        until.any = until.any.max(Some(grant.end));
-        if grant.role == Role::Writer {
-            until.writer = until.writer.max(Some(grant.end));
-        }
-    }
+    let Overlaps {
+        count: overlaps,
+        before: overlaps_before_fault,
+        longest: longest_overlap,
+    } = overlaps(&by_granted, fault_start);
 
     // Availability and latency are measured on the lane's counted grants (not on reads).
     let counted: Vec<&Grant> = by_granted
@@ -1432,6 +1580,7 @@ fn check(
         stale_writes_accepted: sum(|s| s.stale_accepted),
         lost_updates: sum(|s| s.lost_updates),
         overlaps,
+        overlaps_before_fault,
         longest_overlap,
         writes_rejected: sum(|s| s.rejected),
         longest_call: history.longest_call,
