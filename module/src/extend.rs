@@ -3,8 +3,9 @@
 //! re-entered lock never earlier than it ends already), the key-expiry rule of a call that did
 //! not grant (keep.lua's `keep`), and the other owner's, the expired and the forcibly freed
 //! lock answered as the script does. A key of layout 1 answers `-FALLBACK` before any write
-//! (the script converts it). Allowed at maxmemory, as the script: it rewrites one existing
-//! field.
+//! (the script converts it), and so does a state with a lease end or fence past 2^53 - 1
+//! (`State::exact`: a re-entered lock's lease kept past 2^63 made the key's expiry negative).
+//! Allowed at maxmemory, as the script: it rewrites one existing field.
 
 use crate::rules;
 use crate::server::{Key, Reply};

@@ -5,7 +5,8 @@
 //! waiting processes (queue.rs, issue 25: a busy caller's place, the release's handoff to the
 //! head); and the fair lock's `fencelock.fair_acquire` and `fencelock.fair_release` (fair.rs) on
 //! the same queue. What a command does not serve natively it answers with `-FALLBACK <reason>`
-//! before any write, for the client to send through the script.
+//! before any write, for the client to send through the script; among it every lock state with
+//! a lease end or fence past 2^53 - 1, which Lua reads inexactly (`State::exact`).
 //!
 //! `fencelock.acquire_packed`, `fencelock.release_packed`, `fencelock.extend_packed` and
 //! `fencelock.reenter_packed` (batch.rs) serve the client's per-node batches as one command,

@@ -4,8 +4,9 @@
 //! already did, the count in the state's ` h<holds>`), the lease moved to now + TTL unless it
 //! ends later, keep.lua's key-expiry rule, and `{1, fence, lease left}`; the other owner's, the
 //! expired and the forcibly freed lock answered as the script does. A key of layout 1 answers
-//! `-FALLBACK` before any write (the script converts it). Refused at maxmemory, as the script
-//! (it adds fields).
+//! `-FALLBACK` before any write (the script converts it), and so does a state with a lease end
+//! or fence past 2^53 - 1 (`State::exact`: a lease kept past 2^63 made the key's expiry and
+//! the reply negative). Refused at maxmemory, as the script (it adds fields).
 
 use crate::rules;
 use crate::server::{Key, Reply};

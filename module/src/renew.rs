@@ -21,9 +21,6 @@ use crate::state::{self, Buf, State};
 /// The most locks one call renews (the client's watchdog sends at most 200).
 pub const MAX_LOCKS: usize = 256;
 
-/// Lease ends at or past this are left to the script (Lua reads them as inexact doubles).
-const MAX_EXACT: u64 = 1 << 53;
-
 /// One parsed triple.
 struct Triple<'a> {
     key: *mut redis_module::raw::RedisModuleString,
@@ -72,9 +69,9 @@ pub fn run(
     for t in &triples {
         let key = Key::open(ctx, t.key);
         if let Ok(Some(value)) = key.read_until_any() {
-            let exact = State::parse(value.bytes()).is_some_and(|s| s.lease < MAX_EXACT);
+            let exact = State::parse(value.bytes()).is_some_and(|s| s.exact());
             if !exact && State::lua_matches(value.bytes()) {
-                return Reply::Error("FALLBACK a lease end or fence past 2^53".into());
+                return Reply::Error("FALLBACK a lease end or fence past 2^53 - 1".into());
             }
         }
     }

@@ -294,8 +294,9 @@ impl Key {
 
     /// The lock's state, read into `value` (which the state borrows) and parsed: `Ok(None)` for
     /// an empty key or a hash without it, `Err` with the reply to send for a key of another
-    /// type (`WRONGTYPE`) or one the module leaves to the scripts (`-FALLBACK`: layout 1, or
-    /// numbers past u64).
+    /// type (`WRONGTYPE`) or one the module leaves to the scripts (`-FALLBACK`: layout 1, numbers
+    /// past u64, or a lease end or fence past 2^53 - 1, `State::exact`). Every command but the
+    /// renewal reads its lock here, before its first write.
     pub fn read_state<'v>(&self, value: &'v mut Option<Owned>) -> Result<Option<State<'v>>, Reply> {
         *value = self.read_until()?;
         let value: &'v Option<Owned> = value;
@@ -303,11 +304,14 @@ impl Key {
     }
 
     /// The state `read_until` read, parsed; `Err` with `-FALLBACK` for one the module leaves to
-    /// the scripts (layout 1, or numbers past u64).
+    /// the scripts (layout 1, numbers past u64, a lease end or fence past 2^53 - 1).
     fn parsed(value: &Option<Owned>) -> Result<Option<State<'_>>, Reply> {
         match value {
             Some(v) => match State::parse(v.bytes()) {
-                Some(s) => Ok(Some(s)),
+                Some(s) if s.exact() => Ok(Some(s)),
+                Some(_) => Err(Reply::Error(
+                    "FALLBACK a lease end or fence past 2^53 - 1".into(),
+                )),
                 None => Err(Reply::Error(
                     "FALLBACK key layout 1 (or an unreadable state)".into(),
                 )),

@@ -149,6 +149,16 @@ impl<'a> State<'a> {
         }
     }
 
+    /// Whether the module reads this state as the scripts' Lua does: its lease end and fence
+    /// are at most 2^53 - 1. Lua reads them as doubles, exact up to there; past it (digits a
+    /// client never writes: the module and the scripts never store such a lease or fence) the
+    /// scripts' answers are their own (`tonumber` rounds, `%d` wraps a number past 2^63, a lease
+    /// left comes out of Lua's integer conversion), so every command leaves such a state to them
+    /// (`-FALLBACK`, before any write).
+    pub fn exact(&self) -> bool {
+        self.lease <= MAX_FENCE && self.fence <= MAX_FENCE
+    }
+
     /// The prologue's `live`: an owner holds an unexpired lease.
     pub fn live(&self, now_ms: u64) -> bool {
         !self.owner.is_empty() && self.lease > now_ms
@@ -304,6 +314,22 @@ mod tests {
         assert!(!free.live(1));
         assert!(State::parse(b"10 1 a").unwrap().live(9));
         assert!(!State::parse(b"10 1 a").unwrap().live(10));
+    }
+
+    #[test]
+    fn numbers_past_2_53_are_not_the_modules() {
+        let exact = |v: &[u8]| State::parse(v).unwrap().exact();
+        assert!(exact(b"9007199254740991 9007199254740991 a h3"));
+        assert!(exact(b"0 9007199254740991 "));
+        // The review's states: a lease end past 2^63 (a re-entered lock's lease, kept by extend
+        // and reenter, made the key's expiry negative) and a fence of 19 digits (a reply of
+        // `fence as i64` went negative).
+        assert!(!exact(b"9300000000000000000 5 own"));
+        assert!(!exact(b"9300000000000000000 5 own h3"));
+        assert!(!exact(b"9999999999999 9999999999999999999 own"));
+        assert!(!exact(b"9007199254740992 5 own"));
+        assert!(!exact(b"1700000000000 9007199254740992 own"));
+        assert!(!exact(b"0 9999999999999999999 "));
     }
 
     #[test]
