@@ -105,12 +105,7 @@ pub fn run(
             .push(lock.marks);
         key.set_until(value.bytes());
         match grace {
-            Some(g) => {
-                let current = key.expire_time();
-                if current >= 0 && current < (ends + g) as i64 {
-                    key.expire_at((ends + g) as i64);
-                }
-            }
+            Some(g) => key.raise_expiry(ends + g, true),
             None => key.persist(),
         }
         codes.push(1);

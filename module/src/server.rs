@@ -7,7 +7,7 @@
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_longlong};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString};
 
@@ -188,13 +188,20 @@ impl Key {
     }
 
     /// `SET key value PXAT ms` (`ms` -1: `SET key value`, no expiry), replicated as that
-    /// command, with its keyspace events (the key is a string or empty, open for writing).
+    /// command, with its keyspace events (the key is a string or empty, open for writing). An
+    /// expiry the server refuses is neither kept nor replicated: `SET key value` is, and the
+    /// call answers an error (`refuse_expiry`).
     pub fn set_string(&self, value: &[u8], ms: i64) {
         let v = Owned::new(self.ctx, value);
         // SAFETY: a key open for writing; the strings live until after the replication call.
         unsafe {
             api!(RedisModule_StringSet)(self.key, v.ptr);
-            if ms == -1 {
+            let refused = ms != -1
+                && api!(RedisModule_SetAbsExpire)(self.key, ms) != raw::REDISMODULE_OK as c_int;
+            if refused {
+                refuse_expiry();
+            }
+            if ms == -1 || refused {
                 api!(RedisModule_Replicate)(
                     self.ctx,
                     c"SET".as_ptr(),
@@ -203,7 +210,6 @@ impl Key {
                     v.ptr,
                 );
             } else {
-                api!(RedisModule_SetAbsExpire)(self.key, ms);
                 api!(RedisModule_Replicate)(
                     self.ctx,
                     c"SET".as_ptr(),
@@ -593,13 +599,23 @@ impl Key {
     pub fn apply(&self, expiry: Expiry) {
         match expiry {
             Expiry::Persist => self.persist(),
-            Expiry::At(ms) => self.expire_at(ms as i64),
-            Expiry::RaiseTo(ms) => {
-                if self.expire_time() < ms as i64 {
-                    self.expire_at(ms as i64);
-                }
-            }
+            Expiry::At(ms) => self.expire_at(ms),
+            Expiry::RaiseTo(ms) => self.raise_expiry(ms, false),
         }
+    }
+
+    /// Raises the key's expiry to `ms` when it expires earlier; a key without one gets it, or,
+    /// with `only_if_set` (`PEXPIREAT … GT`), keeps none.
+    pub fn raise_expiry(&self, ms: u64, only_if_set: bool) {
+        let current = self.expire_time();
+        if only_if_set && current == -1 {
+            return;
+        }
+        // Past i64::MAX it is later than any expiry (and `expire_at` refuses it).
+        if i64::try_from(ms).is_ok_and(|ms| current >= ms) {
+            return;
+        }
+        self.expire_at(ms);
     }
 
     /// `PEXPIRETIME key`: the absolute expiry in ms, -1 for none.
@@ -613,11 +629,21 @@ impl Key {
         }
     }
 
-    /// `PEXPIREAT key ms`, replicated as that command (the key exists: it was just written).
-    pub fn expire_at(&self, ms: i64) {
+    /// `PEXPIREAT key ms`, replicated as that command (the key exists: it was just written),
+    /// only when the server took it: a time it refuses (past i64::MAX, or one the server does
+    /// not set) is neither set nor replicated, and the call answers an error (`refuse_expiry`),
+    /// so master, replicas and AOF stay alike.
+    pub fn expire_at(&self, ms: u64) {
+        let Ok(ms) = i64::try_from(ms) else {
+            refuse_expiry();
+            return;
+        };
         // SAFETY: a key open for writing that holds a value.
         unsafe {
-            api!(RedisModule_SetAbsExpire)(self.key, ms);
+            if api!(RedisModule_SetAbsExpire)(self.key, ms) != raw::REDISMODULE_OK as c_int {
+                refuse_expiry();
+                return;
+            }
             api!(RedisModule_Replicate)(
                 self.ctx,
                 c"PEXPIREAT".as_ptr(),
@@ -733,8 +759,35 @@ pub enum Reply {
     WrongArity,
 }
 
-/// Sends `reply`.
+/// Set when the server refused an expiry the call set (`expire_at`, `set_string`): the call's
+/// reply becomes [`EXPIRY_REFUSED`] (`send`, which every command's reply, and each item's of a
+/// batch, goes through; all on the server's main thread).
+static EXPIRY_WAS_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// The reply of a call whose expiry the server refused. The module computes no such expiry
+/// (lease ends and fences past 2^53 - 1 are left to the scripts), so this is a guard: without
+/// it the call's other writes would be answered as done while the key kept no expiry.
+pub const EXPIRY_REFUSED: &str = "ERR fencelock module: the server refused the key's expiry \
+    (out of range): it was neither set nor replicated, the call's other writes stand";
+
+/// Marks the call's expiry as refused (see [`EXPIRY_WAS_REFUSED`]).
+fn refuse_expiry() {
+    EXPIRY_WAS_REFUSED.store(true, Ordering::Relaxed);
+}
+
+/// `reply`, or the error [`EXPIRY_REFUSED`] when the call's expiry was refused (the mark is
+/// cleared).
+fn finish(reply: Reply) -> Reply {
+    if EXPIRY_WAS_REFUSED.swap(false, Ordering::Relaxed) {
+        Reply::Error(EXPIRY_REFUSED.into())
+    } else {
+        reply
+    }
+}
+
+/// Sends `reply` (or, when the call's expiry was refused, the error [`EXPIRY_REFUSED`]).
 pub fn send(ctx: *mut RedisModuleCtx, reply: Reply) -> c_int {
+    let reply = finish(reply);
     // SAFETY: the command's context; error text without NUL bytes (replaced if any).
     unsafe {
         match reply {
@@ -752,5 +805,21 @@ pub fn send(ctx: *mut RedisModuleCtx, reply: Reply) -> c_int {
             }
             Reply::WrongArity => api!(RedisModule_WrongArity)(ctx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_expiry_makes_that_calls_reply_an_error() {
+        refuse_expiry();
+        assert_eq!(
+            finish(Reply::Ints(vec![1, 5, 1000])),
+            Reply::Error(EXPIRY_REFUSED.into())
+        );
+        // Cleared: the next call answers as it would.
+        assert_eq!(finish(Reply::Int(7)), Reply::Int(7));
     }
 }
