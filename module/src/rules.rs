@@ -25,6 +25,31 @@ impl Mode {
 pub const EPOCH_UNREADABLE: &str =
     "ERR fencelock: epoch fence mode cannot read cluster_my_epoch from CLUSTER INFO";
 
+/// The most bytes of an argument an error reply echoes.
+pub const ECHO_MAX: usize = 64;
+
+/// An argument (or key name) as an error reply quotes it: its first characters, at most
+/// [`ECHO_MAX`] bytes of them (bytes that are not UTF-8 shown as U+FFFD, a character that
+/// would not fit whole left out), and "…" when that is not all of it. A reply never grows
+/// with its argument (a 20 MB mode argument was echoed whole).
+pub fn quote(arg: &[u8]) -> String {
+    // A few bytes more than fit: a character cut at the end of them does not fit either.
+    let head = &arg[..arg.len().min(ECHO_MAX + 3)];
+    let mut text = String::with_capacity(ECHO_MAX + 3);
+    let mut cut = head.len() < arg.len();
+    for c in String::from_utf8_lossy(head).chars() {
+        if text.len() + c.len_utf8() > ECHO_MAX {
+            cut = true;
+            break;
+        }
+        text.push(c);
+    }
+    if cut {
+        text.push('…');
+    }
+    text
+}
+
 /// Parses a mode argument (Err: unknown).
 pub fn parse_mode(arg: &[u8]) -> Result<Mode, String> {
     match arg {
@@ -34,7 +59,7 @@ pub fn parse_mode(arg: &[u8]) -> Result<Mode, String> {
         b"hybrid" => Ok(Mode::Hybrid),
         _ => Err(format!(
             "ERR fencelock: unknown fence mode '{}' (clock, counter, epoch, hybrid)",
-            String::from_utf8_lossy(arg)
+            quote(arg)
         )),
     }
 }
@@ -84,12 +109,13 @@ pub struct Fence {
     pub shift: Option<u64>,
 }
 
-/// fence.lua's refusal of a grant with no stored fence in a slot that migrates.
+/// fence.lua's refusal of a grant with no stored fence in a slot that migrates (the key quoted
+/// as `quote` cuts it; the script's names it whole).
 pub fn migrating(key: &[u8]) -> String {
     format!(
         "TRYAGAIN fencelock: the slot of {} is migrating and its last fence may be on the other \
          node: try again when the migration ends",
-        String::from_utf8_lossy(key)
+        quote(key)
     )
 }
 
@@ -362,6 +388,36 @@ mod tests {
             grant_expiry(None, 3 * 4294967296 + 1, 4000, Some(10)),
             Expiry::RaiseTo(4010)
         );
+    }
+
+    #[test]
+    fn echoed_arguments_are_cut_to_64_bytes() {
+        assert_eq!(quote(b"clokc"), "clokc");
+        assert_eq!(quote(b""), "");
+        let a64 = "a".repeat(64);
+        assert_eq!(quote(a64.as_bytes()), a64);
+        assert_eq!(quote("a".repeat(65).as_bytes()), format!("{a64}…"));
+        // The review's 20 MB argument: the reply stays short.
+        let huge = vec![b'x'; 20 << 20];
+        assert_eq!(quote(&huge), format!("{}…", "x".repeat(64)));
+        let e = parse_mode(&huge).unwrap_err();
+        assert!(e.len() < 200, "{} bytes", e.len());
+        assert!(e.starts_with("ERR fencelock: unknown fence mode 'xxx") && e.contains("…'"));
+        assert!(migrating(&huge).len() < 250);
+        assert!(migrating(b"{orders}:lock").contains("slot of {orders}:lock is migrating"));
+        // Whole characters only: 32 two-byte ones fill 64 bytes; after one byte, 31 fit.
+        let e_acute = "é".repeat(40);
+        assert_eq!(quote(e_acute.as_bytes()), format!("{}…", "é".repeat(32)));
+        assert_eq!(
+            quote(format!("a{e_acute}").as_bytes()),
+            format!("a{}…", "é".repeat(31))
+        );
+        assert_eq!(quote("é".repeat(32).as_bytes()), "é".repeat(32));
+        // Bytes that are not UTF-8 count as the U+FFFD shown for them (3 bytes each).
+        assert_eq!(quote(&[0xff; 100]), format!("{}…", "\u{fffd}".repeat(21)));
+        for arg in [&huge[..], e_acute.as_bytes(), &[0xff; 100], &[0xe2, 0x82]] {
+            assert!(quote(arg).trim_end_matches('…').len() <= ECHO_MAX);
+        }
     }
 
     #[test]
