@@ -156,8 +156,12 @@ pub fn fence_for(
     let epoch = if mode.reads_epoch() {
         let epoch =
             epoch::my_epoch(ctx).ok_or_else(|| Reply::Error(rules::EPOCH_UNREADABLE.into()))?;
-        if stored == 0 && epoch::slot_migrating(ctx, key) {
-            return Err(Reply::Error(rules::migrating(key)));
+        if stored == 0 {
+            match epoch::check_slot(ctx, key) {
+                epoch::SlotCheck::Stable => {}
+                epoch::SlotCheck::Migrating => return Err(Reply::Error(rules::migrating(key))),
+                epoch::SlotCheck::Refused(error) => return Err(Reply::Error(error.into())),
+            }
         }
         epoch
     } else {

@@ -112,21 +112,37 @@ pub fn my_epoch(ctx: *mut RedisModuleCtx) -> Option<u64> {
     epoch
 }
 
-/// Whether the slot of `key` migrates (this node imports or exports it), so that a grant with no
-/// stored fence may not be made here: fence.lua's check, the same call. `EXISTS key key:~` (two
-/// keys of the slot, the second never written) is refused by the server's cluster check, which
-/// `RM_Call` runs with the calling client's `ASKING`, in a slot that migrates (no reply, errno
-/// `EPERM`); on a node that owns the slot it answers. Any refusal counts as migrating: the grant
-/// is then refused with `TRYAGAIN`, never made with a fence that could fall below the source's.
-pub fn slot_migrating(ctx: *mut RedisModuleCtx, key: &[u8]) -> bool {
+/// What fence.lua's check of a key's slot found: its `EXISTS key key:~` (two keys, the second
+/// never written) answered, or the server refused it as fence.lua classifies the refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotCheck {
+    /// Answered: this node serves the slot, and it does not migrate.
+    Stable,
+    /// Refused as fence.lua's refusal naming a non local key or rehashing: a slot this node
+    /// imports or exports (`ASK`, `TRYAGAIN`); the grant is refused with `TRYAGAIN`.
+    Migrating,
+    /// Refused otherwise: fence.lua's grant answers this error reply as it is.
+    Refused(&'static str),
+}
+
+/// fence.lua's check of the slot of `key` before a grant with no stored fence: the same call,
+/// `EXISTS key key:~`, which the server's cluster check refuses (through `RM_Call`, with the
+/// calling client's `ASKING`) in a slot that migrates, and answers on a node that owns it.
+/// `RM_Call` tells a refusal only by errno (`EPERM` for every refusal but a cluster that is
+/// down, whose texts a script sees as they are), where the script sees the server's text, so a
+/// refusal is classified from what the server would have told the script
+/// ([`classify_refusal`]): whether the two keys are in different slots (a key without a hash
+/// tag), and the server's version.
+pub fn check_slot(ctx: *mut RedisModuleCtx, key: &[u8]) -> SlotCheck {
     let mut never_written = Vec::with_capacity(key.len() + 2);
     never_written.extend_from_slice(key);
     never_written.extend_from_slice(b":~");
     // SAFETY: the command's context; static C strings; each buffer is passed with its length
-    // and outlives the call; the reply is freed before returning. Presence checked at load.
+    // and outlives the call; the reply is freed before returning, errno read right after the
+    // call. Presence checked at load.
     unsafe {
         let Some(call) = raw::RedisModule_Call else {
-            return true;
+            return SlotCheck::Migrating;
         };
         let reply = call(
             ctx,
@@ -138,13 +154,75 @@ pub fn slot_migrating(ctx: *mut RedisModuleCtx, key: &[u8]) -> bool {
             never_written.len(),
         );
         if reply.is_null() {
-            return true;
+            let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            let version = { raw::RedisModule_GetServerVersion }.map_or(0, |f| f());
+            return classify_refusal(errno, key_slot(key) != key_slot(&never_written), version);
         }
         if let Some(free) = raw::RedisModule_FreeCallReply {
             free(reply);
         }
-        false
+        SlotCheck::Stable
     }
+}
+
+/// The first server version (`RM_GetServerVersion`, 0x00MMmmpp) whose scripts tell a command
+/// of keys in two slots from one in a slot that migrates: Redis 7.4 ("Command '<name>' in
+/// script attempted to access keys that don't hash to the same slot"); before it both are "a
+/// non local key". Valkey reports its own version here (8.0 has the new text, 7.2 the old).
+const SCRIPTS_TELL_CROSS_SLOT: i32 = 0x0007_0400;
+
+/// How fence.lua classifies the refusal of its `EXISTS key key:~` (its error names a non
+/// local key or rehashing: migrating; any other error is the grant's reply), from what
+/// `RM_Call` tells of it: `errno` (`ENETDOWN`, `EROFS`: a cluster that is down; `EPERM`: any
+/// other refusal), whether the two keys are in different slots (`crosses`), and the server's
+/// `version`. The script's texts, by server (script.c, `scriptVerifyClusterState`): keys of
+/// two slots are "a non local key" before Redis 7.4 and "keys that don't hash to the same slot"
+/// from it; a slot that migrates is "a non local key" or (7.4) "rehashing"; a cluster that is
+/// down is named so in every version.
+pub fn classify_refusal(errno: i32, crosses: bool, version: i32) -> SlotCheck {
+    match errno {
+        libc::ENETDOWN => SlotCheck::Refused(
+            "ERR Script attempted to execute a command while the cluster is down",
+        ),
+        libc::EROFS => SlotCheck::Refused(
+            "ERR Script attempted to execute a write command while the cluster is down and \
+             readonly",
+        ),
+        _ if crosses && version >= SCRIPTS_TELL_CROSS_SLOT => SlotCheck::Refused(
+            "ERR Command 'exists' in script attempted to access keys that don't hash to the \
+             same slot",
+        ),
+        _ => SlotCheck::Migrating,
+    }
+}
+
+/// CRC16 (XMODEM), the cluster's key hash.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in data {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// The cluster hash slot of `key` (`CLUSTER KEYSLOT`): CRC16 of its hash tag (what lies between
+/// its first `{` and the first `}` after it, when not empty), else of the whole key, mod 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) & 0x3fff
 }
 
 /// Forgets the cached epoch: the next use reads it afresh.
@@ -265,6 +343,53 @@ mod tests {
         assert_eq!(parse_my_epoch(b"cluster_my_epoch:0"), Some(0));
         assert_eq!(parse_my_epoch(b"cluster_my_epoch:\r\n"), None);
         assert_eq!(parse_my_epoch(b"cluster_state:ok\r\n"), None);
+    }
+
+    #[test]
+    fn key_slots_as_cluster_keyslot() {
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        // CLUSTER KEYSLOT on Redis 7.0.15.
+        assert_eq!(key_slot(b"notag"), 15322);
+        assert_eq!(key_slot(b"notag:~"), 2963);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"fencelock:{orders}:lock:~"), key_slot(b"orders"));
+        // An empty tag, or none closed, hashes the whole key.
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") & 0x3fff);
+        assert_eq!(key_slot(b"foo{bar"), crc16(b"foo{bar") & 0x3fff);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+    }
+
+    #[test]
+    fn refusals_classified_as_fence_lua_does() {
+        let (perm, v70, v74) = (libc::EPERM, 0x0007_000f, 0x0007_0401);
+        // A key without a hash tag: `key:~` is in another slot. Before 7.4 the script's error
+        // names a non local key (TRYAGAIN, as the module answered); from 7.4 it names the two
+        // slots, and the script answers it as it is (the module answered TRYAGAIN: a review).
+        assert_eq!(classify_refusal(perm, true, v70), SlotCheck::Migrating);
+        assert_eq!(
+            classify_refusal(perm, true, v74),
+            SlotCheck::Refused(
+                "ERR Command 'exists' in script attempted to access keys that don't hash to \
+                 the same slot"
+            )
+        );
+        assert!(matches!(
+            classify_refusal(perm, true, 0x0008_0000),
+            SlotCheck::Refused(_)
+        ));
+        // One slot, refused: it migrates (ASK, TRYAGAIN), in every version.
+        assert_eq!(classify_refusal(perm, false, v70), SlotCheck::Migrating);
+        assert_eq!(classify_refusal(perm, false, v74), SlotCheck::Migrating);
+        // A cluster that is down is named so.
+        assert!(matches!(
+            classify_refusal(libc::ENETDOWN, false, v70),
+            SlotCheck::Refused(e) if e.contains("cluster is down")
+        ));
+        assert!(matches!(
+            classify_refusal(libc::EROFS, true, v74),
+            SlotCheck::Refused(e) if e.contains("down and readonly")
+        ));
     }
 
     #[test]

@@ -528,7 +528,11 @@ fn grant_to(
     let mode = rules::parse_mode(mode).unwrap_or(Mode::Counter);
     let epoch = if mode.reads_epoch() {
         match epoch::my_epoch(ctx) {
-            Some(_) if stored == 0 && epoch::slot_migrating(ctx, key.name_bytes()) => {
+            // Any refusal leaves the grant to the head undone (fair.lua's `handed` wakes it).
+            Some(_)
+                if stored == 0
+                    && epoch::check_slot(ctx, key.name_bytes()) != epoch::SlotCheck::Stable =>
+            {
                 return Ok(Head::Wake(who))
             }
             Some(e) => e,
