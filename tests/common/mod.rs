@@ -381,11 +381,27 @@ impl Node {
             .expect("redis-server must be installed (scripts/test.sh installs it)")
     }
 
+    /// Waits until the server answers, and checks that it is this node's process (another
+    /// server that took the port between its choice and the start would answer too).
     fn await_answer(&mut self) {
         let port = self.port;
+        let pid = self.child.id();
+        let log = self.dir.join("redis.log");
+        let mut exited = None;
         wait_until(&format!("redis on {port}"), Duration::from_secs(10), || {
-            self.answers()
+            exited = self.child.try_wait().ok().flatten();
+            exited.is_some() || self.answers()
         });
+        if let Some(status) = exited {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            panic!("redis-server on port {port} exited ({status}); its log ends: {tail:?}");
+        }
+        let info = self.info("server");
+        assert!(
+            info.lines().any(|line| line.trim() == format!("process_id:{pid}")),
+            "port {port} is answered by another server than ours (pid {pid})"
+        );
     }
 
     /// SIGKILLs the server (if running) and starts it again on the same port, directory and
@@ -395,6 +411,8 @@ impl Node {
     /// still the slot's master, and its replica resynchronises from it (losing the data too).
     pub fn restart_empty(&mut self) {
         self.kill();
+        // A node that was ever a replica keeps the RDB file of its last full sync.
+        let _ = std::fs::remove_file(self.dir.join("dump.rdb"));
         self.child = Self::launch(&self.launch, &self.listen, &self.extra, &self.dir);
         self.killed = false;
         self.await_answer();
