@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use common::{eventually, Standalone};
+use common::{cut_after, eventually, Standalone};
 use fencelock::{Client, Error, LockGuard, LockOptions};
 
 fn options() -> LockOptions {
@@ -494,4 +494,57 @@ async fn a_release_that_failed_never_hands_the_lock_on_without_a_call() {
     .await;
     server.node.resume();
     drop((b, c));
+}
+
+/// A release cut at any of its polls while it hands the lock to a task queued in its client
+/// (the handoff call in flight, or not sent yet): the grant it may have made is released in the
+/// background and the waiters ask Redis, so both queued tasks get the lock within a few
+/// seconds, and nothing is left held (`src/lock/handoff.rs`, `release_to`'s cancel safety).
+#[tokio::test]
+async fn a_release_cut_at_any_poll_while_handing_off_leaves_the_waiters_the_lock() {
+    let server = Standalone::start();
+    let client = Client::connect([server.url()]).await.unwrap();
+    let mut completed = false;
+    for polls in 1..=40 {
+        let name: &'static str = Box::leak(format!("cut-handoff-{polls}").into_boxed_str());
+        let holder = client.lock(name, &options()).await.unwrap();
+        let b = queued(&client, name, options()).await;
+        let c = queued(&client, name, options()).await;
+        let released = cut_after(holder.release(), polls).await;
+        // Both waited on at once: B, told nothing by the cut call, asks Redis, and C may be
+        // handed the lock first.
+        let took = tokio::time::timeout(Duration::from_secs(10), async {
+            tokio::join!(
+                async {
+                    b.await
+                        .expect("B granted")
+                        .release()
+                        .await
+                        .expect("B released")
+                },
+                async {
+                    c.await
+                        .expect("C granted")
+                        .release()
+                        .await
+                        .expect("C released")
+                },
+            )
+        })
+        .await;
+        assert!(
+            took.is_ok(),
+            "cut after {polls} polls ({released:?}): a waiter got stuck"
+        );
+        client.shutdown().await.expect("background calls ended");
+        assert!(
+            !server.node.held(&format!("fencelock:{{{name}}}:lock")),
+            "cut after {polls} polls: the lock is still held"
+        );
+        if released.is_some() {
+            completed = true;
+            break;
+        }
+    }
+    assert!(completed, "the release never completed within 40 polls");
 }

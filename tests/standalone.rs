@@ -5,7 +5,7 @@ mod common;
 use std::future::Future;
 use std::time::Duration;
 
-use common::{wait_until, Standalone};
+use common::{cut_after, wait_until, Standalone};
 use fencelock::{Client, Error, FenceMode, FenceToken, LockOptions, Topology};
 
 async fn client(server: &Standalone) -> Client {
@@ -363,23 +363,6 @@ async fn wait_replicas_without_replicas_fails_and_releases() {
         !held(&server, "fencelock:{r}:lock"),
         "the unconfirmed lock was released"
     );
-}
-
-/// Polls `call` until it has answered `Pending` `polls` times, then drops it there, in the
-/// same poll (on a current-thread runtime nothing else runs in between): `None` when it was
-/// cut, else what it returned.
-async fn cut_after<F: Future>(call: F, polls: usize) -> Option<F::Output> {
-    let mut call = std::pin::pin!(call);
-    let mut left = polls;
-    std::future::poll_fn(move |cx| match call.as_mut().poll(cx) {
-        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
-        std::task::Poll::Pending if left <= 1 => std::task::Poll::Ready(None),
-        std::task::Poll::Pending => {
-            left -= 1;
-            std::task::Poll::Pending
-        }
-    })
-    .await
 }
 
 /// The release of a grant too few replicas confirmed is an undo: a lock call cut at any of its

@@ -40,6 +40,23 @@ pub async fn eventually(what: &str, limit: Duration, mut condition: impl FnMut()
     }
 }
 
+/// Polls `call` until it has answered `Pending` `polls` times, then drops it there, in the
+/// same poll (on a current-thread runtime nothing else runs in between): `None` when it was
+/// cut, else what it returned. Cutting at 1, 2, 3, ... polls cuts a call at each of its stages.
+pub async fn cut_after<F: std::future::Future>(call: F, polls: usize) -> Option<F::Output> {
+    let mut call = std::pin::pin!(call);
+    let mut left = polls;
+    std::future::poll_fn(move |cx| match call.as_mut().poll(cx) {
+        std::task::Poll::Ready(out) => std::task::Poll::Ready(Some(out)),
+        std::task::Poll::Pending if left <= 1 => std::task::Poll::Ready(None),
+        std::task::Poll::Pending => {
+            left -= 1;
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Tasks alive on the current Tokio runtime, to show that nothing is left running.
 pub fn alive_tasks() -> usize {
     tokio::runtime::Handle::current()
@@ -399,7 +416,8 @@ impl Node {
         }
         let info = self.info("server");
         assert!(
-            info.lines().any(|line| line.trim() == format!("process_id:{pid}")),
+            info.lines()
+                .any(|line| line.trim() == format!("process_id:{pid}")),
             "port {port} is answered by another server than ours (pid {pid})"
         );
     }
