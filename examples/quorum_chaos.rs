@@ -296,6 +296,7 @@ struct Shared {
     grants_in_outage: AtomicU64,
     stop: AtomicBool,
     next_holder: AtomicU64,
+    worker_failures: AtomicU64,
 }
 
 struct Row {
@@ -311,6 +312,8 @@ struct Row {
     errors: u64,
     grants_in_outage: u64,
     seconds: f64,
+    /// Worker tasks that panicked (each one a failed run).
+    worker_failures: u64,
 }
 
 async fn worker(quorum: QuorumClient, shared: Arc<Shared>, ttl: Duration, hold: Duration) {
@@ -473,7 +476,11 @@ async fn run(
     grants_reach(&shared, grants).await;
     shared.stop.store(true, Ordering::Release);
     for task in tasks {
-        let _ = task.await;
+        if let Err(err) = task.await {
+            eprintln!("{}: a worker failed: {err}", fault.id());
+            shared.errors.fetch_add(1, Ordering::Relaxed);
+            shared.worker_failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
     let seconds = started.elapsed().as_secs_f64();
     drop(servers);
@@ -510,6 +517,7 @@ async fn run(
         errors: shared.errors.load(Ordering::Relaxed),
         grants_in_outage: shared.grants_in_outage.load(Ordering::Relaxed),
         seconds,
+        worker_failures: shared.worker_failures.load(Ordering::Relaxed),
     }
 }
 
@@ -593,5 +601,24 @@ async fn main() {
             row.errors,
             row.seconds
         );
+    }
+    // The commit round's promise (the no-commit rows are there to show what it prevents):
+    // no duplicate, regressed or stale-accepted token, every planned grant made, no worker lost.
+    let mut failed = 0;
+    for row in &rows {
+        let fencing = row.duplicates + row.regressions + row.stale_accepted;
+        if row.commit && (fencing > 0 || row.grants < grants) || row.worker_failures > 0 {
+            eprintln!(
+                "{} ({}): {fencing} fencing violations, {} of {grants} grants, {} workers failed",
+                row.fault.id(),
+                if row.commit { "commit" } else { "no-commit" },
+                row.grants,
+                row.worker_failures
+            );
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        std::process::exit(1);
     }
 }
