@@ -125,8 +125,8 @@ impl LockKeys {
     /// # Errors
     ///
     /// [`Error::InvalidName`] for an empty name or one longer than [`MAX_NAME_LEN`] bytes;
-    /// [`Error::InvalidOptions`] for a prefix containing `{` or `}`, an empty tag or a slot
-    /// beyond 16383.
+    /// [`Error::InvalidOptions`] for a prefix containing `{` or `}`, an empty tag, a tag longer
+    /// than [`MAX_NAME_LEN`] bytes or a slot beyond 16383.
     pub fn new(prefix: &str, name: &str, placement: &Placement) -> Result<Self> {
         Self::of_kind(prefix, name, placement, "lock")
     }
@@ -160,6 +160,15 @@ impl LockKeys {
                         name: name.to_owned(),
                         reason: "the hash tag is empty: give a non-empty tag or use the name"
                             .into(),
+                    });
+                }
+                if tag.len() > MAX_NAME_LEN {
+                    return Err(Error::InvalidOptions {
+                        name: name.to_owned(),
+                        reason: format!(
+                            "the hash tag is longer than {MAX_NAME_LEN} bytes (as a name may \
+                             be): use a shorter tag"
+                        ),
                     });
                 }
                 (tag.as_str(), true, true)
@@ -488,5 +497,11 @@ mod tests {
             LockKeys::new("p", "n", &Placement::Tag(String::new())),
             Err(Error::InvalidOptions { .. })
         ));
+        assert!(matches!(
+            LockKeys::new("p", "n", &Placement::Tag(long)),
+            Err(Error::InvalidOptions { .. })
+        ));
+        let longest = "t".repeat(MAX_NAME_LEN);
+        assert!(LockKeys::new("p", "n", &Placement::Tag(longest)).is_ok());
     }
 }
