@@ -102,6 +102,12 @@ fn help_names_the_environment_variable_of_every_flag() {
             "{var} missing in\n{help}"
         );
     }
+    // exec's own options first, the options every command shares under a heading of their own.
+    let global = help
+        .find("Global options:")
+        .expect("a global options heading");
+    assert!(help.find("--ttl").is_some_and(|at| at < global), "{help}");
+    assert!(help.find("--url").is_some_and(|at| at > global), "{help}");
 }
 
 #[test]

@@ -58,7 +58,12 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
 /// Distributed locks with fencing tokens on Redis Cluster or standalone Redis.
 #[derive(Parser, Debug)]
-#[command(name = "fencelock", version, after_help = EXIT_CODES)]
+#[command(
+    name = "fencelock",
+    version,
+    after_help = EXIT_CODES,
+    next_help_heading = "Global options"
+)]
 struct Cli {
     /// Redis node URL; repeat for several nodes (any reachable cluster node is enough). A
     /// password in it works, but --password-file or FENCELOCK_PASSWORD keep it out of `ps`.
@@ -120,7 +125,8 @@ struct Cli {
     #[command(flatten)]
     tls: TlsArgs,
 
-    /// Grant only fences above TOKEN (exec, latch set): after a cluster was re-created or the
+    /// Grant only fences above TOKEN (exec, hold, latch set; other commands grant nothing):
+    /// after a cluster was re-created or the
     /// locks moved to another server, the highest token storage accepted before (see
     /// docs/safety.md). A lock's own floor still applies; the higher one wins.
     #[arg(
