@@ -87,6 +87,11 @@ async fn list_skips_a_foreign_key_with_a_warning() {
         "{}",
         stderr(&output)
     );
+    // top says so too (it left the key out silently).
+    let output = fencelock(&[server.url()], &["top", "--once"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let frame = String::from_utf8_lossy(&output.stdout);
+    assert!(frame.contains("skipped 1 key(s)"), "{frame}");
     guard.release().await.unwrap();
 }
 

@@ -188,6 +188,13 @@ fn frame(
             list.scanned
         ));
     }
+    if !list.skipped.is_empty() {
+        out.push_str(&format!(
+            "(skipped {} key(s) with a lock's name under the prefix that are not locks: another \
+             program's? fencelock list names them){newline}",
+            list.skipped.len()
+        ));
+    }
     out.push_str(newline);
     let mut header = cell("NAME", name_width);
     for (title, width) in COLUMNS {
