@@ -8,7 +8,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../module"
-if ! ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' && ! ls /usr/lib/llvm-*/lib/libclang*.so >/dev/null 2>&1; then
+# The -dev package, not only a libclang runtime another package pulled in: bindgen also needs
+# clang's builtin headers (libclang-common-*-dev).
+if ! dpkg -s libclang-dev >/dev/null 2>&1; then
   echo "installing libclang-dev and clang with apt-get (bindgen needs them)" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-dev clang >/dev/null

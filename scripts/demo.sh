@@ -19,6 +19,7 @@ done
 case "$base" in
   ''|*[!0-9]*) echo "the base port must be a number, got '$base'" >&2; exit 2 ;;
 esac
+ensure_build_tools
 ensure_redis
 started=no
 if ! redis-cli -p "$base" cluster info 2>/dev/null | grep -q cluster_state:ok; then

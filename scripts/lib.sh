@@ -1,5 +1,16 @@
 # Shared helpers for fencelock's scripts. Source it; do not run it.
 
+# Installs what building Rust code here needs besides the toolchain: a C compiler and the C
+# library's headers (rustc links with `cc`; the ring crate and the clock shim compile C).
+ensure_build_tools() {
+  if command -v cc >/dev/null && [ -e /usr/include/stdio.h ]; then
+    return 0
+  fi
+  echo "installing gcc and libc6-dev with apt-get" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+}
+
 # Installs redis-server and redis-cli with apt-get when either is missing.
 ensure_redis() {
   if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
@@ -30,14 +41,18 @@ ensure_postgres() {
 # (`fencelock top` under a terminal, tests/cli_ops.rs).
 ensure_test_tools() {
   # openssl: TLS test certificates; script/tmux: terminal tests; ip (iproute2): the network
-  # namespaces of tests/faults.rs; gcc: its clock-offset shim.
+  # namespaces of tests/faults.rs; gcc and the C headers: its clock-offset shim; procps: kill
+  # and ps (pausing servers, a terminal test; `command -v kill` finds the shell's builtin, so ps
+  # is what is looked for).
   if command -v openssl >/dev/null && command -v script >/dev/null && command -v tmux >/dev/null \
-    && command -v ip >/dev/null && command -v gcc >/dev/null; then
+    && command -v ip >/dev/null && command -v gcc >/dev/null && [ -e /usr/include/stdio.h ] \
+    && command -v ps >/dev/null; then
     return 0
   fi
-  echo "installing openssl, bsdutils, tmux, iproute2 and gcc with apt-get" >&2
+  echo "installing openssl, bsdutils, tmux, iproute2, gcc, libc6-dev and procps with apt-get" >&2
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux iproute2 gcc >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl bsdutils tmux iproute2 gcc \
+    libc6-dev procps >/dev/null
 }
 
 # Prints the first port from $1 up on which nothing answers or listens.

@@ -11,5 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 . "$here/lib.sh"
+ensure_build_tools
 ensure_redis
+ensure_test_tools
 cargo run --quiet --release --example quorum_chaos -- "$@"

@@ -5,11 +5,12 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 . "$here/lib.sh"
+ensure_build_tools
 ensure_redis
 ensure_postgres
 ensure_test_tools
-rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
-rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
