@@ -193,12 +193,34 @@ fn environment_variables_take_effect() {
         output.status.code(),
         text(&output.stderr)
     );
-    // Both from the environment: still refused.
+    // The command exec runs still gets the variable the command line overrode.
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .env("FENCELOCK_QUIET", "1")
+        .args([
+            "-v",
+            "exec",
+            "kept",
+            "--",
+            "sh",
+            "-c",
+            "echo $FENCELOCK_QUIET",
+        ]));
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert_eq!(text(&output.stdout).trim(), "1");
+    // Both from the environment: still refused, also when the command has a flag of that
+    // letter (its arguments are not fencelock's).
     let output = run(fencelock()
         .env("FENCELOCK_URL", server.url())
         .env("FENCELOCK_READ", "1")
         .env("FENCELOCK_WRITE", "1")
         .args(["exec", "doc", "--", "true"]));
+    assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
+    let output = run(fencelock()
+        .env("FENCELOCK_URL", server.url())
+        .env("FENCELOCK_QUIET", "1")
+        .env("FENCELOCK_VERBOSE", "1")
+        .args(["exec", "doc", "--", "grep", "-v", "x", "/dev/null"]));
     assert_eq!(output.status.code(), Some(64), "{}", text(&output.stderr));
 }
 

@@ -137,9 +137,10 @@ pub fn env_error(err: &clap::Error, cli: &clap::Command, argv: &[OsString]) -> O
     Some(line)
 }
 
-/// Whether `arg` (long name `long`) is given on the command line `argv`.
+/// Whether `arg` (long name `long`) is given on the command line `argv`, before its first `--`
+/// (what follows is `exec`'s command, whose own flags are not fencelock's).
 fn on_command_line(arg: &clap::Arg, long: &str, argv: &[OsString]) -> bool {
-    argv.iter().any(|a| {
+    argv.iter().take_while(|a| *a != "--").any(|a| {
         a.to_str().is_some_and(|a| {
             a.strip_prefix("--")
                 .is_some_and(|rest| rest == long || rest.starts_with(&format!("{long}=")))
@@ -151,14 +152,14 @@ fn on_command_line(arg: &clap::Arg, long: &str, argv: &[OsString]) -> bool {
 }
 
 /// For two options in conflict where one was given on the command line and the other only by
-/// its environment variable (`FENCELOCK_QUIET=1 fencelock -v …`): that variable, which the
-/// command line overrides. `None` for any other error, and when both come from the command
-/// line or both from the environment.
-pub fn overridden_variable(
+/// its environment variable (`FENCELOCK_QUIET=1 fencelock -v …`): the long name of the latter,
+/// whose variable the command line overrides ([`without_env`]). `None` for any other error,
+/// and when both come from the command line or both from the environment.
+pub fn overridden_flag(
     err: &clap::Error,
     cli: &clap::Command,
     argv: &[OsString],
-) -> Option<OsString> {
+) -> Option<String> {
     if err.kind() != ErrorKind::ArgumentConflict {
         return None;
     }
@@ -180,11 +181,27 @@ pub fn overridden_variable(
         let arg = find_arg(cli, long)?;
         if on_command_line(arg, long, argv) {
             given = true;
-        } else if let Some(variable) = arg.get_env().filter(|v| std::env::var_os(v).is_some()) {
-            from_env = Some(variable.to_os_string());
+        } else if arg.get_env().is_some_and(|v| std::env::var_os(v).is_some()) {
+            from_env = Some(long.to_owned());
         }
     }
     from_env.filter(|_| given)
+}
+
+/// `cli` with the option whose long name is `long` no longer read from its environment
+/// variable, in every subcommand that has it. The process's environment is left as it is: a
+/// command `exec` runs still gets the variable.
+pub fn without_env(cli: clap::Command, long: &str) -> clap::Command {
+    let ids: Vec<String> = cli
+        .get_arguments()
+        .filter(|a| a.get_long() == Some(long))
+        .map(|a| a.get_id().to_string())
+        .collect();
+    let mut cli = cli;
+    for id in ids {
+        cli = cli.mut_arg(id, |arg| arg.env(None));
+    }
+    cli.mut_subcommands(|sub| without_env(sub, long))
 }
 
 /// The argument with long name `long` in `cli` or any of its subcommands.

@@ -623,22 +623,23 @@ fn split_urls(values: &[String]) -> Vec<String> {
 /// usage error.
 fn parse() -> Result<Cli, ExitCode> {
     let argv = argv::command_after_name(std::env::args_os().collect(), &Cli::command());
-    let parse = || {
-        cli_command()
+    let parse = |command: clap::Command| {
+        command
             .try_get_matches_from(&argv)
             .and_then(|mut matches| Cli::from_arg_matches_mut(&mut matches))
     };
-    let mut parsed = parse();
+    let mut command = cli_command();
+    let mut parsed = parse(command.clone());
     // A flag on the command line overrides an environment variable it conflicts with
-    // (`FENCELOCK_QUIET=1 fencelock -v …` is verbose): the variable is dropped and the line
-    // parsed again. Single-threaded still: nothing else reads the environment meanwhile.
+    // (`FENCELOCK_QUIET=1 fencelock -v …` is verbose): the line is parsed again with that
+    // variable not read (each round drops one; a handful at most conflict).
     for _ in 0..8 {
         let Err(err) = &parsed else { break };
-        let Some(variable) = argv::overridden_variable(err, &Cli::command(), &argv) else {
+        let Some(flag) = argv::overridden_flag(err, &command, &argv) else {
             break;
         };
-        std::env::remove_var(variable);
-        parsed = parse();
+        command = argv::without_env(command, &flag);
+        parsed = parse(command.clone());
     }
     match parsed {
         Ok(mut cli) => {
