@@ -329,6 +329,20 @@ async fn hold_prints_the_token_holds_until_a_signal_and_maps_losses_to_70() {
         stderr(&output)
     );
 
+    // The maximum hold time reached: exit 70, and the hold Redis still kept is released, not
+    // left for its 30 s TTL.
+    let output = finish(spawn(
+        &url,
+        &["hold", "--ttl", "30s", "--max-hold", "500ms", "capped"],
+    ));
+    assert_eq!(output.status.code(), Some(70), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("maximum hold time"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!server.node.held("fencelock:{capped}:lock"), "released");
+
     // A read hold: shared with an exec --read.
     let mut hold = spawn(&url, &["hold", "--read", "door"]);
     let mut line = String::new();

@@ -27,10 +27,6 @@ pub struct HoldArgs {
 }
 
 /// Runs `fencelock hold`.
-/// How long `hold` tries to release a lock it lost before it exits: a healthy server answers
-/// in well under a millisecond.
-const LOST_RELEASE: std::time::Duration = std::time::Duration::from_millis(100);
-
 pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
     let mut signals = Signals::install();
     let Taken {
@@ -68,15 +64,15 @@ pub async fn run(target: Target, args: HoldArgs) -> ExitCode {
             }
         },
         Some(reason) => {
-            // Said and exited at once: a script waiting on `hold` stops relying on the lock now,
-            // not after a release to a server that may not answer. The release only frees a
-            // hold Redis still keeps (the maximum hold time reached), in a moment if at all.
+            // Said at once, and exited at once unless Redis still keeps the hold (the maximum
+            // hold time reached): a script waiting on `hold` stops relying on the lock now, not
+            // after a release and a shutdown waiting on a server that may not answer. That
+            // release is bounded by the request timeout (several nodes' alike).
             say!("fencelock: lost lock {name:?} (fence {fence}) while holding it: {reason}");
-            let _ = tokio::time::timeout(LOST_RELEASE, async {
+            if matches!(reason, fencelock::Error::MaxHoldReached { .. }) {
                 let _ = guard.release().await;
-                let _ = client.shutdown().await;
-            })
-            .await;
+            }
+            drop(client);
             ExitCode::from(code::LOCK_LOST)
         }
     }
