@@ -71,7 +71,7 @@ pub fn run(
         if let Ok(Some(value)) = key.read_until_any() {
             let exact = State::parse(value.bytes()).is_some_and(|s| s.exact());
             if !exact && State::lua_matches(value.bytes()) {
-                return Reply::Error("FALLBACK a lease end or fence past 2^53 - 1".into());
+                return Reply::Error(rules::PAST_2_53.into());
             }
         }
     }

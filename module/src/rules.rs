@@ -28,6 +28,10 @@ pub const EPOCH_UNREADABLE: &str =
 /// The most bytes of an argument an error reply echoes.
 pub const ECHO_MAX: usize = 64;
 
+/// The reply to a call on a lock state whose lease end or fence is past 2^53 - 1 (another
+/// program's numbers): the scripts judge it, as they would alone.
+pub const PAST_2_53: &str = "FALLBACK a lease end or fence past 2^53 - 1";
+
 /// An argument (or key name) as an error reply quotes it: its first characters, at most
 /// [`ECHO_MAX`] bytes of them (bytes that are not UTF-8 shown as U+FFFD, a character that
 /// would not fit whole left out), and "…" when that is not all of it. A reply never grows

@@ -315,9 +315,7 @@ impl Key {
         match value {
             Some(v) => match State::parse(v.bytes()) {
                 Some(s) if s.exact() => Ok(Some(s)),
-                Some(_) => Err(Reply::Error(
-                    "FALLBACK a lease end or fence past 2^53 - 1".into(),
-                )),
+                Some(_) => Err(Reply::Error(crate::rules::PAST_2_53.into())),
                 None => Err(Reply::Error(
                     "FALLBACK key layout 1 (or an unreadable state)".into(),
                 )),
