@@ -587,11 +587,15 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
                     let env = env.lock().unwrap_or_else(|e| e.into_inner());
                     let net = env.net.as_ref().expect("network faults have a net");
                     let side = net.client(0).ip.clone();
+                    let server = &env.urls()[0];
+                    assert!(
+                        ping_from(net, 0, server, Duration::from_secs(5)).is_some(),
+                        "client 0 reaches {server} before the cut"
+                    );
                     let cut = Instant::now();
                     net.isolate(&side);
-                    let server = &env.urls()[0];
                     assert_eq!(
-                        ping_from(net, 0, server, Duration::from_millis(300)),
+                        ping_from(net, 0, server, Duration::from_secs(1)),
                         None,
                         "client 0 still reaches {server} across the cut"
                     );
@@ -683,18 +687,20 @@ pub async fn run(plan: &Plan) -> Vec<Report> {
 }
 
 /// How long `redis-cli PING` from client `i`'s namespace to `url` took (its connect
-/// included), or `None` when it got no answer (connecting gives up after `connect`).
-fn ping_from(net: &Net, i: usize, url: &str, connect: Duration) -> Option<Duration> {
+/// included), or `None` when it got no answer within `limit` (`timeout(1)` ends it).
+fn ping_from(net: &Net, i: usize, url: &str, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     let output = net
-        .command(i, "redis-cli")
-        .args(["-u", url, "--no-raw", "PING"])
-        .env(
-            "REDISCLI_CONNECT_TIMEOUT",
-            connect.as_secs_f64().to_string(),
-        )
+        .command(i, "timeout")
+        .args([
+            &format!("{:.3}", limit.as_secs_f64()),
+            "redis-cli",
+            "-u",
+            url,
+        ])
+        .args(["--no-raw", "PING"])
         .output()
-        .ok()?;
+        .expect("timeout and redis-cli run");
     String::from_utf8_lossy(&output.stdout)
         .contains("PONG")
         .then(|| started.elapsed())
@@ -1412,7 +1418,11 @@ fn overlaps(by_granted: &[&Grant], fault_start: Instant) -> Overlaps {
         before: 0,
         longest: Duration::ZERO,
     };
-    for grant in by_granted.iter().filter(|g| g.role != Role::Setter) {
+    // A grant whose reply came after its own lease end was never believed: no overlap.
+    for grant in by_granted
+        .iter()
+        .filter(|g| g.role != Role::Setter && g.end > g.granted)
+    {
         let until = believed.entry(grant.resource).or_default();
         let conflict = match grant.role {
             Role::Writer => until.any,
@@ -1488,6 +1498,12 @@ pub fn overlap_check_finds_double_grants() {
     );
     let reader_in_writer = [grant(0, Role::Writer, 0, 10), grant(0, Role::Reader, 9, 12)];
     assert_eq!(check(&reader_in_writer, 0).count, 1);
+    // A reply that arrived past its lease's end (a delayed link): never believed, no overlap.
+    let late = Grant {
+        end: at(5),
+        ..grant(0, Role::Writer, 6, 6)
+    };
+    assert_eq!(check(&[grant(0, Role::Writer, 0, 10), late], 0).count, 0);
 }
 
 fn check(
