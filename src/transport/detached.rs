@@ -45,7 +45,8 @@ impl Transport {
     /// [`run_undo`](Self::run_undo), its reply awaited for `limit`, or (`None`) until the
     /// driver answers: its rounds are bounded, and a driver that ends drops what it holds. Where
     /// no driver takes it (batching off, a cluster's slot map not read yet), a bounded undo runs
-    /// in a task of its own, so that it is sent even when its caller is cut first.
+    /// in a task of its own, so that it is sent even when its caller is cut first (in its
+    /// caller's future when no Tokio runtime is there to spawn on).
     async fn undo_within(
         self: &Arc<Self>,
         call: ScriptCall,
@@ -66,7 +67,7 @@ impl Transport {
                 },
                 None => reply.await.unwrap_or_else(|_| Err(timeout())),
             },
-            Err(call) if limit.is_some() => {
+            Err(call) if limit.is_some() && tokio::runtime::Handle::try_current().is_ok() => {
                 // No driver: sent from a task of its own, since redis-rs leaves out a queued
                 // command whose caller is gone, and a caller cut while it waits here must not
                 // take the undo with it.

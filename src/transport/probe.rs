@@ -83,8 +83,8 @@ async fn probe(info: &ConnectionInfo, timeouts: Timeouts) -> Result<Topology> {
             Err(Error::Connect {
                 target,
                 reason: "authentication failed: the server has no password set, and one was \
-                         given (in the URL, FENCELOCK_PASSWORD or --password-file): leave it \
-                         out, or set one on the server"
+                         given: leave the password out (the URL's, or the client's setting), or \
+                         set one on the server"
                     .into(),
                 source: Some(source),
             })
