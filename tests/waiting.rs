@@ -352,3 +352,53 @@ async fn standalone_waiters_wake_on_release_too() {
     assert!(client.stats().wakeups >= 1);
     second.release().await.unwrap();
 }
+
+/// A waiter whose subscribe is refused (here its ACL user may not use the lock's channels yet;
+/// a lossy link's timeout is the usual cause) subscribes once it can: a failed subscribe is
+/// tried again while the waiter waits (it was not: the waiter polled to the end, and a release
+/// reached it only at its next re-check).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_subscribe_is_tried_again_while_its_waiter_waits() {
+    let server = Standalone::start();
+    let acl = |rules: &[&str]| {
+        server
+            .node
+            .cmd::<()>(redis::cmd("ACL").arg("SETUSER").arg("waiter").arg(rules));
+    };
+    acl(&["on", ">pw", "~*", "+@all", "resetchannels"]);
+    let holder = Client::connect([server.url()]).await.unwrap();
+    let held = holder
+        .lock("x", &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let url = format!("redis://waiter:pw@{}", server.node.addr());
+    let waiter = Client::connect([url]).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let options = LockOptions::new().timeout(Duration::from_secs(25));
+        let guard = waiter.lock("x", &options).await.expect("granted");
+        let granted = Instant::now();
+        guard.release().await.expect("released");
+        granted
+    });
+    eventually("the refused subscribe", Duration::from_secs(10), || {
+        let log: Vec<redis::Value> = server.node.cmd(redis::cmd("ACL").arg("LOG"));
+        format!("{log:?}").contains("channel")
+    })
+    .await;
+    acl(&["allchannels"]);
+    eventually("the waiter's subscription", Duration::from_secs(10), || {
+        server
+            .node
+            .lock_waiters_subscribed_plain("fencelock:{x}:lock")
+            == 1
+    })
+    .await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let granted = waiting.await.unwrap();
+    assert!(
+        granted.saturating_duration_since(released) < Duration::from_secs(1),
+        "woken {:?} after the release",
+        granted.saturating_duration_since(released)
+    );
+}

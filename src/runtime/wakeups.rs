@@ -472,6 +472,15 @@ async fn dispatch(
                 if let Some(done) = done {
                     let _ = done.send(now);
                 }
+                // A subscribe that failed or timed out (a lossy link) is tried again as a
+                // dropped subscription is, while waiters want it; they poll meanwhile.
+                let retry = !now
+                    && !retrying.contains(&channel)
+                    && wakeups.is_wanted(&channel)
+                    && !wakeups.state().unsupported;
+                if retry {
+                    schedule_retry(&retries, &mut retrying, channel, 1);
+                }
             }
             Command::Dropped(channel) => {
                 if !subscribed.contains(&channel) && retrying.contains(&channel) {
@@ -525,12 +534,13 @@ fn renew_pause(attempt: u32) -> Duration {
     Duration::from_millis(50u64 << attempt.saturating_sub(1).min(5)).min(Duration::from_secs(1))
 }
 
-/// Renews the subscription to `channel` after the server or the connection dropped it: makes
-/// the connection learn who serves the slot (`locate`), subscribes, and checks that the node
-/// the subscription went to serves the slot. True when it did not: the slot map was stale
-/// (the failover's news had not reached the node redis-rs refreshed it from), so the
-/// subscription sat on a demoted master that never delivers the shard's messages; it is taken
-/// back and the caller tries again later.
+/// Renews the subscription to `channel` after the server or the connection dropped it (or a
+/// first subscribe failed): makes the connection learn who serves the slot (`locate`),
+/// subscribes, and checks that the node the subscription went to serves the slot. True when
+/// the caller should try again later: the subscribe failed while waiters still want the
+/// channel, or the node did not serve the slot (the slot map was stale: the failover's news
+/// had not reached the node redis-rs refreshed it from, so the subscription sat on a demoted
+/// master that never delivers the shard's messages; it is taken back).
 async fn renew(
     wakeups: &Wakeups,
     conn: &mut Subscriber,
@@ -542,7 +552,9 @@ async fn renew(
         let _ = tokio::time::timeout(limit, conn.locate(channel)).await;
     }
     if !sync(wakeups, conn, subscribed, channel).await {
-        return false;
+        // Failed or timed out (a lossy link, a node that stopped answering): again later while
+        // waiters want it.
+        return wakeups.is_wanted(channel) && !wakeups.state().unsupported;
     }
     match tokio::time::timeout(limit, conn.serves(channel)).await {
         Ok(Ok(false)) => {
