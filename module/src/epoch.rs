@@ -196,20 +196,9 @@ pub fn classify_refusal(errno: i32, crosses: bool, version: i32) -> SlotCheck {
     }
 }
 
-/// CRC16 (XMODEM), the cluster's key hash.
+/// CRC16 (XMODEM), the cluster's key hash (the `crc16` crate, as the client computes slots).
 fn crc16(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in data {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
+    crc16::State::<crc16::XMODEM>::calculate(data)
 }
 
 /// The cluster hash slot of `key` (`CLUSTER KEYSLOT`): CRC16 of its hash tag (what lies between
